@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Memory leaks of attnc._C under valgrind: a loop calls every entry point
+# (successes, rejected calls and injected allocation failures) many times;
+# the script sums the "definitely lost" bytes whose allocation stack passes
+# through attnc's extension (_C*.so) and fails unless that sum is 0.
+# (Python's own "possibly lost" and still-reachable memory is ignored.)
+#
+#   .ci/leaks.sh            # ROUNDS=30 by default; ROUNDS=200 .ci/leaks.sh for more
+#
+# Builds a -g copy of the extension in a temporary directory (the in-place
+# build is left alone), in a fresh venv with only NumPy.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-python3}"
+rounds="${ROUNDS:-30}"
+
+if ! command -v valgrind > /dev/null || ! command -v gcc > /dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get > /dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind gcc python3-dev python3-venv > /dev/null
+    else
+        echo "leaks.sh: needs valgrind and gcc" >&2; exit 2
+    fi
+fi
+
+work="$(mktemp -d /tmp/attnc-leaks.XXXXXX)"
+[[ ${KEEP:-0} == 1 ]] || trap 'rm -rf "$work"' EXIT
+tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__pycache__ \
+    --exclude='*.egg-info' -cf - attnc csrc setup.py pyproject.toml README.md | tar -C "$work" -xf -
+"$python" -m venv "$work/venv"
+venv_py="$work/venv/bin/python"
+"$venv_py" -m pip install -q --upgrade pip setuptools wheel 2> /dev/null
+"$venv_py" -m pip install -q "numpy>=2.0" 2> /dev/null
+(cd "$work" && CFLAGS="-g -fno-omit-frame-pointer" "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1) \
+    || { cat "$work/build.log"; exit 1; }
+
+cat > "$work/loop.py" <<'PY'
+"""Every entry point, ROUNDS times: results, rejected calls, allocation failures."""
+import sys
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+import attnc
+from attnc import functional as F
+
+ROUNDS = int(sys.argv[1])
+attnc.set_num_threads(2)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 70, 16)).astype(np.float32)
+x64 = x.astype(np.float64)
+mask = rng.integers(0, 2, (2, 70, 70)).astype(bool)
+mask_h = mask[:, None]
+huge = as_strided(np.zeros(1, np.float32), (2 ** 40, 16), (0, 0))
+modules = [
+    (attnc.SelfAttentionV1(16), False), (attnc.SelfAttentionV2(16), False),
+    (attnc.SelfAttentionV3(16, 0.1), True), (attnc.SelfAttentionV4(16, 0.1), True),
+    (attnc.MultiHeadAttention(16, 4, 0.1), "heads"), (attnc.SelfAttention(16, 8, 12, bias=True), True),
+    (attnc.MultiHeadSelfAttention(16, 8, 12, 4), "heads"),
+]
+w = rng.standard_normal((24, 16))
+calls = []
+for m, masked in modules:
+    for train in (False, True):
+        def call(m=m, masked=masked, train=train):
+            m.train(train)
+            args = (x,) if not masked else (x, mask_h if masked == "heads" else mask)
+            m(*args)
+            m(*args, return_weights=True)
+        calls.append(call)
+calls += [
+    lambda: F.linear(x, w), lambda: F.linear(x64, w, w[:, 0]), lambda: attnc.Linear(16, 8)(x),
+    lambda: F.softmax(x, axis=1), lambda: F.softmax(x64),
+    lambda: attnc.Dropout(0.3)(x), lambda: attnc.Dropout(0.3).eval()(x64),
+    lambda: F.scaled_dot_product_attention(x, x64, x, attn_mask=mask, is_causal=True, return_weights=True),
+    lambda: F.scaled_dot_product_attention(x[:, None], x, x64, dropout_p=0.2),
+]
+rejected = [
+    lambda: modules[3][0](x, mask[:, :, :5]), lambda: modules[4][0](x[..., :3]),
+    lambda: F.scaled_dot_product_attention(x, x, x[:, :5]), lambda: F.linear(x, w[:, :3]),
+    lambda: F.scaled_dot_product_attention(x, x, x, attn_mask=mask.astype(complex)),
+    lambda: F.scaled_dot_product_attention(huge, x, x), lambda: modules[0][0](huge[None]),
+    lambda: F.softmax(x, axis=7),
+]
+for _ in range(ROUNDS):
+    for call in calls:
+        call()
+    for call in rejected:
+        try:
+            call()
+        except (ValueError, TypeError, MemoryError):
+            pass
+        else:
+            raise AssertionError("no error")
+# every allocation of some forwards fails once
+for call in calls:
+    for n in range(400):
+        attnc._C.fail_alloc_after(n)
+        try:
+            call()
+        except MemoryError:
+            continue
+        finally:
+            attnc._C.fail_alloc_after(-1)
+        break
+print("loop done:", ROUNDS, "rounds of", len(calls), "calls and", len(rejected), "rejected calls")
+PY
+
+echo "leaks.sh: valgrind on $rounds rounds (a few minutes)"
+cd "$work"
+start=$SECONDS
+PYTHONMALLOC=malloc PYTHONPATH="$work" valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite \
+    --num-callers=60 --log-file="$work/valgrind.log" "$venv_py" loop.py "$rounds"
+echo "leaks.sh: valgrind run took $((SECONDS - start)) s"
+grep -E "definitely lost:|indirectly lost:|ERROR SUMMARY" "$work/valgrind.log" | sed 's/^==[0-9]*== /  all of python: /'
+
+# Sum the definitely lost records (and count memcheck errors) whose stack passes through attnc's extension.
+"$venv_py" - "$work/valgrind.log" <<'PY'
+import re
+import sys
+
+text = open(sys.argv[1]).read()
+records = re.split(r"\n==\d+== \n", text)
+attnc_bytes = attnc_records = attnc_errors = 0
+for record in records:
+    head = re.search(r"([\d,]+) (?:\(([\d,]+) direct, ([\d,]+) indirect\) )?bytes in [\d,]+ blocks are definitely lost", record)
+    ours = "_C.cpython" in record or "/csrc/" in record
+    if not head:
+        if ours and re.search(r"Invalid (read|write|free)|uninitialised|Conditional jump|Mismatched free", record):
+            attnc_errors += 1
+            print(record)
+        continue
+    if ours:
+        attnc_records += 1
+        attnc_bytes += int(head.group(1).replace(",", ""))
+        print(record)
+print(f"leaks.sh: definitely lost in attnc (_C*.so): {attnc_bytes} bytes in {attnc_records} records")
+print(f"leaks.sh: memcheck errors (invalid access, uninitialised value) in attnc: {attnc_errors}")
+sys.exit(1 if attnc_bytes or attnc_errors else 0)
+PY

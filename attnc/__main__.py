@@ -1,0 +1,110 @@
+"""python -m attnc: a tour of the documents' own examples, computed by attnc.
+
+Runs the example cells of ../shared/seeds (000's four levels, 001's
+multi-head attention with its (3, 8, 2, 2) mask, 003's hand derivation) and
+prints shapes, weights and outputs the way the documents do. Needs only NumPy.
+"""
+import numpy as np
+
+import attnc
+from attnc import functional as F
+
+
+def section(title):
+    print("\n" + "=" * 72 + "\n" + title + "\n" + "=" * 72)
+
+
+def padding_mask(rows, seq):
+    """The documents' mask: (batch, seq) rows repeated over queries -> (batch, seq, seq)."""
+    mask = np.array(rows)
+    return np.repeat(mask[:, None, :], seq, axis=1)
+
+
+def level_1(rng):
+    section("000 level 1: SelfAttentionV1(hidden_dim=4) on X (3, 2, 4)")
+    x = rng.standard_normal((3, 2, 4), dtype=np.float32)
+    net = attnc.SelfAttentionV1(hidden_dim=4)
+    print(net)
+    print("output shape:", net(x).shape)
+
+
+def level_2(rng):
+    section("000 level 2: SelfAttentionV2(dim=4), one fused Q/K/V projection")
+    x = rng.standard_normal((3, 2, 4), dtype=np.float32)
+    output, weights = attnc.SelfAttentionV2(4)(x, return_weights=True)
+    print("attention_weight:\n", weights)
+    print("output:\n", output)
+
+
+def level_3(rng):
+    section("000 level 3: SelfAttentionV3(2): padding mask, dropout, output_proj")
+    x = rng.standard_normal((3, 4, 2), dtype=np.float32)
+    mask = padding_mask([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]], 4)
+    print("mask shape:", mask.shape)
+    net = attnc.SelfAttentionV3(2)  # training mode, as in the document: dropout is on
+    output, weights = net(x, mask, return_weights=True)
+    print("attention_weight shape:", weights.shape)
+    print("attention_weight (before dropout; masked keys are 0):\n", weights)
+    print("output:\n", output)
+
+
+def level_4(rng):
+    section("000 level 4: SelfAttentionInterview(4) on (3, 3, 4) with its mask")
+    x = rng.standard_normal((3, 3, 4), dtype=np.float32)
+    mask = padding_mask([[1, 0, 1], [1, 0, 0], [0, 0, 1]], 3)
+    net = attnc.SelfAttentionInterview(4).eval()
+    output, weights = net(x, mask, return_weights=True)
+    print(weights)
+    print(output)
+
+
+def multi_head(rng):
+    section("001 MultiHeadAttention(128, 8) on X (3, 2, 128) with a (3, 8, 2, 2) mask")
+    x = rng.standard_normal((3, 2, 128), dtype=np.float32)
+    rows = np.array([[0, 1], [0, 0], [1, 0]])
+    mask = np.broadcast_to(rows[:, None, None, :], (3, 8, 2, 2))  # unsqueeze(1).unsqueeze(2).expand
+    print("mask shape:", mask.shape)
+    net = attnc.MultiHeadAttention(128, 8).eval()
+    output, weights = net(x, mask, return_weights=True)
+    print("attention_weight shape:", weights.shape)
+    print("batch 1 masks every key: each head attends uniformly:\n", weights[1, 0])
+    print("output shape:", output.shape)
+    print("output[0, :, :6]:\n", output[0, :, :6])
+
+
+def hand_derivation():
+    section("003 by hand: keys, querys, values, scores, softmax, outputs")
+    x = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]], dtype=np.float32)
+    w_key = np.array([[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]], dtype=np.float32)
+    w_query = np.array([[1, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 1]], dtype=np.float32)
+    w_value = np.array([[0, 2, 0], [0, 3, 0], [1, 0, 3], [1, 1, 0]], dtype=np.float32)
+    keys, querys, values = (F.linear(x, w.T) for w in (w_key, w_query, w_value))
+    print("keys:\n", keys, "\nquerys:\n", querys, "\nvalues:\n", values)
+    outputs, weights = F.scaled_dot_product_attention(querys, keys, values, scale=1.0, return_weights=True)
+    print("attn_scores = querys @ keys.T:\n", F.linear(querys, keys))
+    print("softmax(attn_scores):\n", weights)
+    print("outputs (exact weights):\n", outputs)
+    rounded = np.array([[0.0, 0.5, 0.5], [0.0, 1.0, 0.0], [0.0, 0.9, 0.1]], dtype=np.float32)
+    print("outputs with the document's rounded weights:\n", rounded @ values)
+    net = attnc.SelfAttention(4, 3, 3, bias=False)
+    net.load_state_dict({"linear_q.weight": w_query.T, "linear_k.weight": w_key.T, "linear_v.weight": w_value.T})
+    print("attnc.SelfAttention with these weights (scaled by 1/sqrt(3)):\n", net(x[None])[0])
+
+
+def main():
+    np.set_printoptions(precision=4, suppress=True)
+    print(f"attnc {attnc.__version__}: {attnc.get_num_threads()} threads, "
+          f"{'AVX2+FMA' if attnc._C.simd_active() else 'portable'} kernels")
+    attnc.manual_seed(0)
+    rng = np.random.default_rng(0)
+    level_1(rng)
+    level_2(rng)
+    level_3(rng)
+    level_4(rng)
+    multi_head(rng)
+    hand_derivation()
+    print("\nEvery class mirrors a document's; see README.md for the table and the errata.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,764 @@
+"""attnc against PyTorch and plain NumPy: the benchmark of the performance issue.
+
+Every implementation runs in this one process, interleaved round by round (the
+order rotates each round) so that machine noise hits all of them equally, on the
+same weights and inputs; outputs are checked against the NumPy implementation
+before any timing. Peak memory is measured one implementation at a time in a
+fresh subprocess. Writes results.json, results.md and plot.png to --out.
+
+Run it as (see README.md: the two OpenBLAS variables slow a current NumPy down):
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench.py [--quick]
+"""
+import argparse
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import attnc
+
+try:
+    import threadpoolctl
+except ImportError:  # NumPy then keeps OpenBLAS's own thread count; recorded in the results
+    threadpoolctl = None
+
+THREADS = 2
+FP32_PEAK_PER_CORE = 90.0  # GFLOP/s, the machine's documented FMA peak (fp64: half of it)
+MIB = 2**20
+TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}  # relative to max(1, max|ref|)
+# Memory children: large blocks are mmapped and given back on free, so that the
+# warm-up call's freed buffers cannot hide the measured call's allocations.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+ATTNC = "attnc"
+TORCH_MODULE = "torch module"
+TORCH_NN_MHA = "torch nn.MultiheadAttention"
+TORCH_SDPA = "torch SDPA"
+TORCH_LINEAR = "torch F.linear"
+NUMPY = "numpy"
+
+# Shapes: mha (B, T, C, heads); sdpa/long (B, H, L, E); tiny (B, T, C);
+# tiny_calls (batches, calls per batch); linear (rows, in, out); sweep: L values.
+SIZES = {
+    "full": dict(mha=(8, 512, 768, 12), sdpa=(8, 12, 1024, 64), long=(1, 8, 8192, 64), tiny=(3, 2, 4),
+                 tiny_calls=(20, 1000), linear=(4096, 768, 2304), sweep=(256, 512, 1024, 2048), gemm=2048,
+                 repeats=7),
+    "quick": dict(mha=(2, 128, 128, 4), sdpa=(2, 4, 256, 32), long=(1, 2, 2048, 32), tiny=(3, 2, 4),
+                  tiny_calls=(10, 200), linear=(256, 256, 768), sweep=(64, 128, 256, 512), gemm=512,
+                  repeats=3),
+}
+
+
+# ----------------------------------------------------------------------------
+# PyTorch, imported only by the implementations that need it (a memory child
+# measuring attnc or NumPy never pays for it).
+
+@functools.cache
+def _torch():
+    import torch
+    torch.set_num_threads(THREADS)
+    torch.set_grad_enabled(False)  # every torch call here runs as under torch.no_grad()
+    return torch
+
+
+def _tensors(*arrays):
+    return [_torch().from_numpy(a) for a in arrays]
+
+
+def _load_torch_module(module, weights, dtype):
+    torch = _torch()
+    module.to(getattr(torch, np.dtype(dtype).name)).eval()
+    module.load_state_dict({key: torch.from_numpy(value) for key, value in weights.items()})
+    return module
+
+
+@functools.cache
+def doc_classes():
+    """000's SelfAttentionv1 and 001's MuitiHeadAttention as the documents write them
+    (debugging prints removed)."""
+    torch = _torch()
+    nn = torch.nn
+
+    class SelfAttentionv1(nn.Module):
+        def __init__(self, hidden_dim=728):
+            super().__init__()
+            self.hidden_dim = hidden_dim
+            self.Q_proj = nn.Linear(hidden_dim, hidden_dim)
+            self.K_proj = nn.Linear(hidden_dim, hidden_dim)
+            self.V_proj = nn.Linear(hidden_dim, hidden_dim)
+
+        def forward(self, X):
+            Q, K, V = self.Q_proj(X), self.K_proj(X), self.V_proj(X)
+            attention_scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(self.hidden_dim)
+            attention_weights = torch.softmax(attention_scores, dim=-1)
+            return torch.matmul(attention_weights, V)
+
+    class MuitiHeadAttention(nn.Module):
+        def __init__(self, hidden_dim, head_num, dropout=0.1):
+            super().__init__()
+            self.hidden_dim = hidden_dim
+            self.head_num = head_num
+            self.head_dim = hidden_dim // head_num
+            self.dropout = nn.Dropout(dropout)
+            self.query_linear = nn.Linear(hidden_dim, hidden_dim)
+            self.key_linear = nn.Linear(hidden_dim, hidden_dim)
+            self.value_linear = nn.Linear(hidden_dim, hidden_dim)
+            self.output_linear = nn.Linear(hidden_dim, hidden_dim)
+
+        def forward(self, X, attention_mask=None):
+            batch_size, seq_len, _ = X.size()
+            Q, K, V = self.query_linear(X), self.key_linear(X), self.value_linear(X)
+            q_state = Q.view(batch_size, seq_len, self.head_num, self.head_dim).transpose(1, 2)
+            k_state = K.view(batch_size, seq_len, self.head_num, self.head_dim).transpose(1, 2)
+            v_state = V.view(batch_size, seq_len, self.head_num, self.head_dim).transpose(1, 2)
+            attention_weight = torch.matmul(q_state, k_state.transpose(-1, 2)) / math.sqrt(self.head_dim)
+            if attention_mask is not None:
+                attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
+            attention_weight = torch.softmax(attention_weight, dim=-1)
+            attention_weight = self.dropout(attention_weight)
+            output_mid = (attention_weight @ v_state).transpose(1, 2).contiguous()
+            return self.output_linear(output_mid.view(batch_size, seq_len, -1))
+
+    return SelfAttentionv1, MuitiHeadAttention
+
+
+# ----------------------------------------------------------------------------
+# The careful NumPy baseline: one fused QKV GEMM, heads batched through
+# reshape/transpose and np.matmul, a stable softmax done in place.
+
+def numpy_core(q, k, v, scale, exclude=None):
+    """softmax(q k^T * scale) v; q, k, v are (..., L, E); exclude (L, S) is True where masked."""
+    scores = np.matmul(q * scale, k.swapaxes(-1, -2))  # (..., L, S)
+    if exclude is not None:
+        np.copyto(scores, -np.inf, where=exclude)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    denominator = scores.sum(axis=-1, keepdims=True)
+    out = np.matmul(scores, v)  # normalising the (L, E) output is cheaper than the (L, S) weights
+    out /= denominator
+    return out
+
+
+def numpy_self_attention(x, w_qkv, b_qkv, heads, out_proj=None):
+    """x (B, T, C); w_qkv (3C, C) stacks Q, K, V; out_proj is (weight, bias) or None."""
+    B, T, C = x.shape
+    head_dim = C // heads
+    qkv = (x.reshape(B * T, C) @ w_qkv.T + b_qkv).reshape(B, T, 3, heads, head_dim)
+    q, k, v = qkv.transpose(2, 0, 3, 1, 4)  # each (B, heads, T, head_dim)
+    out = numpy_core(q, k, v, 1 / math.sqrt(head_dim)).transpose(0, 2, 1, 3).reshape(B * T, C)
+    if out_proj is not None:
+        out = out @ out_proj[0].T + out_proj[1]
+    return out.reshape(B, T, C)
+
+
+# ----------------------------------------------------------------------------
+# Inputs and weights, drawn once and shared by every implementation.
+
+def random_array(rng, shape, dtype):
+    return rng.standard_normal(shape, dtype=np.dtype(dtype).type)
+
+
+def linear_weights(rng, names, in_features, out_features, dtype):
+    """torch.nn.Linear's init, uniform in [-1/sqrt(in), 1/sqrt(in)], keyed as a state_dict."""
+    bound = 1 / math.sqrt(in_features)
+    weights = {}
+    for name in names:
+        weights[f"{name}.weight"] = rng.uniform(-bound, bound, (out_features, in_features)).astype(dtype)
+        weights[f"{name}.bias"] = rng.uniform(-bound, bound, out_features).astype(dtype)
+    return weights
+
+
+def stacked(weights, names):
+    """The fused (3C, C) weight and (3C,) bias of three projections."""
+    return (np.concatenate([weights[f"{n}.weight"] for n in names]),
+            np.concatenate([weights[f"{n}.bias"] for n in names]))
+
+
+def load_attnc_module(module, weights):
+    module.eval().load_state_dict(weights)
+    return module
+
+
+# ----------------------------------------------------------------------------
+# Implementations. Each factory takes the shared inputs and returns a
+# zero-argument callable: the thing that is timed.
+
+MHA_NAMES = ("query_linear", "key_linear", "value_linear", "output_linear")
+
+
+def attnc_mha(x, weights, heads):
+    module = load_attnc_module(attnc.MultiHeadAttention(x.shape[-1], heads, dtype=x.dtype), weights)
+    return lambda: module(x)
+
+
+def torch_doc_mha(x, weights, heads):
+    module = _load_torch_module(doc_classes()[1](x.shape[-1], heads), weights, x.dtype)
+    (tx,) = _tensors(x)
+    return lambda: module(tx)
+
+
+def torch_nn_mha(x, weights, heads):
+    torch = _torch()
+    module = torch.nn.MultiheadAttention(x.shape[-1], heads, dropout=0.1, batch_first=True)
+    w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
+    state = {"in_proj_weight": w_qkv, "in_proj_bias": b_qkv,
+             "out_proj.weight": weights["output_linear.weight"], "out_proj.bias": weights["output_linear.bias"]}
+    module = _load_torch_module(module, state, x.dtype)
+    (tx,) = _tensors(x)
+    return lambda: module(tx, tx, tx, need_weights=False)[0]
+
+
+def torch_sdpa_mha(x, weights, heads):
+    """The document's module with its attention core replaced by torch's fused SDPA."""
+    F = _torch().nn.functional
+    (tx,) = _tensors(x)
+    w = dict(zip(weights, _tensors(*weights.values())))
+    B, T, C = x.shape
+
+    def split_heads(name):
+        return F.linear(tx, w[f"{name}.weight"], w[f"{name}.bias"]).view(B, T, heads, C // heads).transpose(1, 2)
+
+    def forward():
+        q, k, v = (split_heads(name) for name in MHA_NAMES[:3])
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        return F.linear(out, w["output_linear.weight"], w["output_linear.bias"])
+
+    return forward
+
+
+def numpy_mha(x, weights, heads):
+    w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
+    out_proj = (weights["output_linear.weight"], weights["output_linear.bias"])
+    return lambda: numpy_self_attention(x, w_qkv, b_qkv, heads, out_proj)
+
+
+def causal_exclusion(length):
+    """(L, L) True above the diagonal: the keys a causal query may not see."""
+    return np.triu(np.ones((length, length), dtype=bool), k=1)
+
+
+def attnc_sdpa(q, k, v, causal):
+    sdpa = attnc.functional.scaled_dot_product_attention
+    return lambda: sdpa(q, k, v, is_causal=causal)
+
+
+def torch_sdpa(q, k, v, causal):
+    F = _torch().nn.functional
+    tq, tk, tv = _tensors(q, k, v)
+    return lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+
+def torch_doc_core(q, k, v, causal):
+    """The documents' attention core in torch: matmul, scale, masked_fill(mask == 0, -1e20), softmax, matmul."""
+    torch = _torch()
+    tq, tk, tv = _tensors(q, k, v)
+    mask = torch.from_numpy(~causal_exclusion(q.shape[-2])) if causal else None
+    scale = math.sqrt(q.shape[-1])
+
+    def forward():
+        scores = torch.matmul(tq, tk.transpose(-2, -1)) / scale
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, float("-1e20"))
+        return torch.matmul(torch.softmax(scores, dim=-1), tv)
+
+    return forward
+
+
+def numpy_sdpa(q, k, v, causal):
+    exclude = causal_exclusion(q.shape[-2]) if causal else None
+    scale = 1 / math.sqrt(q.shape[-1])
+    return lambda: numpy_core(q, k, v, scale, exclude)
+
+
+V1_NAMES = ("Q_proj", "K_proj", "V_proj")
+
+
+def attnc_v1(x, weights):
+    module = load_attnc_module(attnc.SelfAttentionV1(x.shape[-1], dtype=x.dtype), weights)
+    return lambda: module(x)
+
+
+def torch_doc_v1(x, weights):
+    module = _load_torch_module(doc_classes()[0](x.shape[-1]), weights, x.dtype)
+    (tx,) = _tensors(x)
+    return lambda: module(tx)
+
+
+def numpy_v1(x, weights):
+    w_qkv, b_qkv = stacked(weights, V1_NAMES)
+    return lambda: numpy_self_attention(x, w_qkv, b_qkv, heads=1)
+
+
+def attnc_linear(x, weight, bias):
+    return lambda: attnc.functional.linear(x, weight, bias)
+
+
+def torch_linear(x, weight, bias):
+    F = _torch().nn.functional
+    tx, tw, tb = _tensors(x, weight, bias)
+    return lambda: F.linear(tx, tw, tb)
+
+
+def numpy_linear(x, weight, bias):
+    return lambda: x @ weight.T + bias
+
+
+# ----------------------------------------------------------------------------
+# The cases. Each builds its inputs and the requested implementations.
+
+@dataclasses.dataclass
+class Bench:
+    shape: str
+    flops: float  # useful floating-point operations of one call (None: latency case)
+    input_bytes: int
+    impls: dict  # name -> zero-argument callable
+
+
+def case_mha(size, dtype, names):
+    """Cases 1 and 6: MultiHeadAttention(C, heads) on x (B, T, C)."""
+    B, T, C, heads = size
+    rng = np.random.default_rng(1)
+    x = random_array(rng, (B, T, C), dtype)
+    weights = linear_weights(rng, MHA_NAMES, C, C, dtype)
+    factories = {ATTNC: attnc_mha, TORCH_MODULE: torch_doc_mha, TORCH_NN_MHA: torch_nn_mha,
+                 TORCH_SDPA: torch_sdpa_mha, NUMPY: numpy_mha}
+    flops = 4 * 2 * B * T * C * C + 2 * 2 * B * T * T * C  # four projections; Q K^T and P V
+    return Bench(f"x ({B}, {T}, {C}), {heads} heads", flops, x.nbytes,
+                 {name: factories[name](x, weights, heads) for name in names})
+
+
+def case_sdpa(size, dtype, causal, names):
+    """Cases 2, 3 and 6: attention core on q, k, v (B, H, L, E)."""
+    B, H, L, E = size
+    rng = np.random.default_rng(2)
+    q, k, v = (random_array(rng, size, dtype) for _ in range(3))
+    factories = {ATTNC: attnc_sdpa, TORCH_SDPA: torch_sdpa, TORCH_MODULE: torch_doc_core, NUMPY: numpy_sdpa}
+    pairs = L * (L + 1) // 2 if causal else L * L  # causal: only the (query, key) pairs computed
+    return Bench(f"q, k, v ({B}, {H}, {L}, {E})" + (", causal" if causal else ""), 2 * 2 * B * H * pairs * E,
+                 3 * q.nbytes, {name: factories[name](q, k, v, causal) for name in names})
+
+
+def case_tiny(size, dtype, names):
+    """Case 4: SelfAttentionV1(C) on x (B, T, C), a latency case."""
+    B, T, C = size
+    rng = np.random.default_rng(4)
+    x = random_array(rng, size, dtype)
+    weights = linear_weights(rng, V1_NAMES, C, C, dtype)
+    factories = {ATTNC: attnc_v1, TORCH_MODULE: torch_doc_v1, NUMPY: numpy_v1}
+    return Bench(f"x ({B}, {T}, {C})", None, x.nbytes, {name: factories[name](x, weights) for name in names})
+
+
+def case_linear(size, dtype, names):
+    """Case 5: Linear(in, out) on x (rows, in)."""
+    rows, in_features, out_features = size
+    rng = np.random.default_rng(5)
+    x = random_array(rng, (rows, in_features), dtype)
+    weights = linear_weights(rng, ["linear"], in_features, out_features, dtype)
+    weight, bias = weights["linear.weight"], weights["linear.bias"]
+    factories = {ATTNC: attnc_linear, TORCH_LINEAR: torch_linear, NUMPY: numpy_linear}
+    return Bench(f"x ({rows}, {in_features}) -> {out_features}", 2 * rows * in_features * out_features,
+                 x.nbytes + weight.nbytes + bias.nbytes, {name: factories[name](x, weight, bias) for name in names})
+
+
+# ----------------------------------------------------------------------------
+# Targets: each takes a row's results and says whether attnc meets it.
+
+def target_beat_all(row):
+    ok = row["attnc_over_torch_best"] <= 0.8 and row["attnc_over_numpy"] <= 0.8
+    return ok, "attnc <= 0.8x torch-best and <= 0.8x numpy"
+
+
+def target_long(row):
+    limit = 1.5 * row["output_bytes"] + 64 * MIB
+    extra = row["impls"][ATTNC]["peak_rss_delta_bytes"]
+    ok = row["attnc_over_torch_best"] <= 1.0 and extra is not None and extra <= limit
+    return ok, f"attnc <= torch-best time and peak RSS delta <= 1.5x output + 64 MiB ({limit / MIB:.0f} MiB)"
+
+
+def target_tiny(row):
+    ratio = row["impls"][ATTNC]["median_s"] / row["impls"][TORCH_MODULE]["median_s"]
+    return ratio <= 0.25, "attnc <= 0.25x torch module latency"
+
+
+def target_linear(row):
+    return row["attnc_over_numpy"] <= 1 / 0.95, "attnc >= 0.95x numpy GFLOP/s"
+
+
+@dataclasses.dataclass
+class Row:
+    key: str
+    case: int
+    title: str
+    dtype: type
+    names: tuple
+    build: object  # names -> Bench
+    target: object
+    latency: bool = False
+
+
+def rows(sizes):
+    f32, f64 = np.float32, np.float64
+    mha_names = (ATTNC, TORCH_MODULE, TORCH_NN_MHA, TORCH_SDPA, NUMPY)
+    core_names = (ATTNC, TORCH_SDPA, TORCH_MODULE, NUMPY)
+    mha, sdpa = functools.partial(case_mha, sizes["mha"]), functools.partial(case_sdpa, sizes["sdpa"])
+    return [
+        Row("1", 1, "MultiHeadAttention", f32, mha_names, functools.partial(mha, f32), target_beat_all),
+        Row("2", 2, "SDPA core", f32, core_names, functools.partial(sdpa, f32, False), target_beat_all),
+        Row("2c", 2, "SDPA core, causal", f32, core_names, functools.partial(sdpa, f32, True), target_beat_all),
+        Row("3", 3, "long-sequence SDPA", f32, core_names,
+            functools.partial(case_sdpa, sizes["long"], f32, False), target_long),
+        Row("4", 4, "tiny SelfAttentionV1 latency", f32, (ATTNC, TORCH_MODULE, NUMPY),
+            functools.partial(case_tiny, sizes["tiny"], f32), target_tiny, latency=True),
+        Row("5", 5, "Linear", f32, (ATTNC, TORCH_LINEAR, NUMPY),
+            functools.partial(case_linear, sizes["linear"], f32), target_linear),
+        Row("6-1", 6, "MultiHeadAttention float64", f64, mha_names, functools.partial(mha, f64), target_beat_all),
+        Row("6-2", 6, "SDPA core float64", f64, core_names, functools.partial(sdpa, f64, False), target_beat_all),
+        Row("6-2c", 6, "SDPA core float64, causal", f64, core_names, functools.partial(sdpa, f64, True),
+            target_beat_all),
+    ]
+
+
+# ----------------------------------------------------------------------------
+# Measuring: interleaved timing, output agreement, peak memory.
+
+def time_interleaved(impls, rounds, calls=1):
+    """Seconds per call of each implementation, one sample per round; every
+    round calls all implementations, in an order rotated by one each round."""
+    names = list(impls)
+    samples = {name: [] for name in names}
+    gc.disable()
+    try:
+        for round_index in range(rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                fn = impls[name]
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / calls)
+    finally:
+        gc.enable()
+    return samples
+
+
+def check_outputs(impls, dtype):
+    """Calls each implementation once (the warm-up), returns its max abs diff
+    to the NumPy output, and asserts agreement within float tolerance."""
+    outputs = {name: np.asarray(fn()) for name, fn in impls.items()}
+    reference = outputs[NUMPY]
+    tolerance = TOLERANCE[np.dtype(dtype)] * max(1.0, float(np.abs(reference).max()))
+    diffs = {}
+    for name, output in outputs.items():
+        assert output.shape == reference.shape and output.dtype == reference.dtype, (name, output.shape, output.dtype)
+        diffs[name] = float(np.abs(output.astype(np.float64) - reference).max())
+        assert diffs[name] <= tolerance, f"{name} differs from numpy by {diffs[name]:.3g} > {tolerance:.3g}"
+    return diffs, reference.nbytes
+
+
+def proc_status_kib(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_rss_delta(fn):
+    """Peak RSS growth, in bytes, of one warm call of fn (its output included)."""
+    fn()  # one-time initialisation (thread pools, BLAS buffers) is not the call's memory
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # resets VmHWM to the current RSS
+    before = proc_status_kib("VmRSS")
+    output = fn()
+    return (proc_status_kib("VmHWM") - before) * 1024, np.asarray(output).nbytes
+
+
+def memory_child(row, name):
+    """Entry point of a fresh subprocess: measure one implementation of one row."""
+    delta, output_bytes = peak_rss_delta(row.build((name,)).impls[name])
+    print(json.dumps({"peak_rss_delta_bytes": delta, "output_bytes": output_bytes}))
+
+
+def measure_memory_in_child(row, name, quick):
+    command = [sys.executable, os.path.abspath(__file__), "--memory-child", row.key, name]
+    command += ["--quick"] if quick else []
+    done = subprocess.run(command, env={**os.environ, **MALLOC_ENV}, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"  memory child {row.key}/{name} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_delta_bytes"]
+
+
+# ----------------------------------------------------------------------------
+# Running a row and the sequence-length sweep.
+
+def peak_for(dtype, peak_fp32):
+    return peak_fp32 if np.dtype(dtype) == np.float32 else peak_fp32 / 2
+
+
+def run_row(row, sizes, args):
+    bench = row.build(row.names)
+    diffs, output_bytes = check_outputs(bench.impls, row.dtype)
+    if row.latency:
+        batches, calls = sizes["tiny_calls"]
+        samples = time_interleaved(bench.impls, batches, calls)
+    else:
+        samples = time_interleaved(bench.impls, args.repeats)
+    measure_memory = not row.latency and (not args.quick or row.case == 3)
+    peak = peak_for(row.dtype, args.peak_gflops)
+    impls = {}
+    for name in row.names:
+        median = statistics.median(samples[name])
+        gflops = bench.flops / median / 1e9 if bench.flops else None
+        impls[name] = {
+            "median_s": median, "samples_s": samples[name], "gflops": gflops,
+            "fraction_of_peak": gflops / peak if gflops else None, "max_abs_diff": diffs[name],
+            "peak_rss_delta_bytes": measure_memory_in_child(row, name, args.quick) if measure_memory else None,
+        }
+    torch_times = {name: v["median_s"] for name, v in impls.items() if name.startswith("torch")}
+    torch_best = min(torch_times, key=torch_times.get)
+    result = {
+        "key": row.key, "case": row.case, "title": row.title, "dtype": np.dtype(row.dtype).name,
+        "shape": bench.shape, "flops": bench.flops, "input_bytes": bench.input_bytes, "output_bytes": output_bytes,
+        "peak_gflops": peak, "impls": impls, "torch_best": torch_best,
+        "attnc_over_torch_best": impls[ATTNC]["median_s"] / torch_times[torch_best],
+        "attnc_over_numpy": impls[ATTNC]["median_s"] / impls[NUMPY]["median_s"],
+    }
+    result["pass"], result["target"] = row.target(result)
+    return result
+
+
+def run_sweep(sizes, repeats):
+    """SDPA core (non-causal, float32) median time per implementation at each sequence length."""
+    B, H, _, E = sizes["sdpa"]
+    names = (ATTNC, TORCH_SDPA, TORCH_MODULE, NUMPY)
+    sweep = {"shape": f"q, k, v ({B}, {H}, L, {E}), float32", "seq": list(sizes["sweep"]),
+             "median_s": {name: [] for name in names}}
+    for length in sizes["sweep"]:
+        bench = case_sdpa((B, H, length, E), np.float32, False, names)
+        check_outputs(bench.impls, np.float32)
+        samples = time_interleaved(bench.impls, repeats)
+        for name in names:
+            sweep["median_s"][name].append(statistics.median(samples[name]))
+        print(f"  sweep L={length}: " + ", ".join(f"{n} {sweep['median_s'][n][-1] * 1e3:.2f} ms" for n in names),
+              flush=True)
+    return sweep
+
+
+def reference_gemm(size, dtype, threads, repeats=3):
+    """NumPy's GEMM GFLOP/s on a size^3 matmul, with OpenBLAS pinned to `threads`."""
+    rng = np.random.default_rng(0)
+    a, b = random_array(rng, (size, size), dtype), random_array(rng, (size, size), dtype)
+    with threadpoolctl.threadpool_limits(limits=threads, user_api="blas"):
+        a @ b
+        seconds = statistics.median(timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / seconds / 1e9
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def reference_gemms(size):
+    if threadpoolctl is None:
+        return {}
+    return {f"numpy {dtype} gemm {size}^3, {threads} thread(s)": reference_gemm(size, dtype, threads)
+            for dtype, threads in (("float32", 1), ("float32", THREADS), ("float64", THREADS))}
+
+
+# ----------------------------------------------------------------------------
+# Environment and outputs.
+
+def pin_threads():
+    """attnc and NumPy's OpenBLAS to THREADS (torch: in _torch); the BLAS limit holds until restored."""
+    attnc.set_num_threads(THREADS)
+    if threadpoolctl is None:
+        print("threadpoolctl is not installed: NumPy's OpenBLAS keeps its default thread count", flush=True)
+    else:
+        threadpoolctl.threadpool_limits(limits=THREADS, user_api="blas")
+
+
+def extension_built_time():
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.path.getmtime(attnc._C.__file__)))
+
+
+def environment(args):
+    libraries = threadpoolctl.threadpool_info() if threadpoolctl is not None else []
+    openblas = [lib for lib in libraries if lib.get("internal_api") == "openblas"]
+    return {
+        "mode": "quick" if args.quick else "full", "threads": THREADS,
+        "python": platform.python_version(), "numpy": np.__version__, "torch": _torch().__version__,
+        "attnc": attnc.__version__, "attnc_extension_built": extension_built_time(),
+        "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "peak_gflops_fp32": args.peak_gflops, "peak_gflops_fp64": args.peak_gflops / 2,
+        "peak_source": (f"--peak-gflops {args.peak_gflops:g}" if args.peak_gflops_given else
+                        f"documented machine peak {FP32_PEAK_PER_CORE:g} GFLOP/s/core fp32 "
+                        f"({FP32_PEAK_PER_CORE / 2:g} fp64) x {THREADS} threads"),
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+        "threadpoolctl": threadpoolctl is not None,
+        "openblas_core": [lib.get("architecture") for lib in openblas],
+        "threadpools": [{key: lib.get(key) for key in ("internal_api", "architecture", "num_threads", "version")}
+                        | {"library": os.path.basename(lib.get("filepath", ""))} for lib in libraries],
+        "timing": "median of interleaved rounds; the first call of each implementation (warm-up) is untimed",
+        "memory": "peak RSS delta of one warm call (output included) in a fresh subprocess per implementation, "
+                  "VmHWM reset via /proc/self/clear_refs" + ("; quick mode: case 3 only" if args.quick else ""),
+    }
+
+
+def fmt_ms(seconds):
+    return f"{seconds * 1e3:.3f}" if seconds < 0.01 else f"{seconds * 1e3:.1f}"
+
+
+def fmt_mib(nbytes):
+    return "-" if nbytes is None else f"{nbytes / MIB:.1f}"
+
+
+def fmt_opt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def latency_cell(impl):
+    return f"{impl['median_s'] * 1e6:.2f} us"
+
+
+def time_cell(row, name):
+    impl = row["impls"][name]
+    return latency_cell(impl) if row["flops"] is None else f"{fmt_ms(impl['median_s'])} ms"
+
+
+def markdown(env, gemms, results):
+    lines = [f"# attnc benchmark ({env['mode']} run)", "",
+             f"{env['threads']} threads for attnc, torch and NumPy's OpenBLAS; float32 unless said; eval mode; "
+             f"{env['timing']}. Peak for '% peak': {env['peak_source']}. "
+             f"Load average (1 min) at the start: {env['load_average_1min']:.2f}, at the end: "
+             f"{env['load_average_1min_end']:.2f} (busy processes on the {env['cpus']} CPUs disturb timings).",
+             "",
+             f"numpy {env['numpy']}, torch {env['torch']}, attnc {env['attnc']}, python {env['python']}; "
+             f"OpenBLAS core: {', '.join(map(str, env['openblas_core'])) or 'unknown (no threadpoolctl)'}; "
+             f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}, OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}.", ""]
+    if gemms:
+        lines += ["Reference: " + "; ".join(f"{name}: {value:.1f} GFLOP/s" for name, value in gemms.items()) + ".", ""]
+    lines += ["| case | shape | attnc | torch best | numpy | attnc/torch-best | attnc/numpy | attnc GFLOP/s "
+              "| % peak | attnc peak RSS delta MiB | target | result |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in results:
+        attnc_impl = row["impls"][ATTNC]
+        percent = None if attnc_impl["fraction_of_peak"] is None else 100 * attnc_impl["fraction_of_peak"]
+        lines.append(
+            f"| {row['key']} {row['title']} | {row['shape']}, {row['dtype']} | {time_cell(row, ATTNC)} "
+            f"| {time_cell(row, row['torch_best'])} ({row['torch_best']}) | {time_cell(row, NUMPY)} "
+            f"| {row['attnc_over_torch_best']:.2f} | {row['attnc_over_numpy']:.2f} "
+            f"| {fmt_opt(attnc_impl['gflops'], '.1f')} | {fmt_opt(percent, '.0f')} "
+            f"| {fmt_mib(attnc_impl['peak_rss_delta_bytes'])} | {row['target']} "
+            f"| {'PASS' if row['pass'] else 'MISS'} |")
+    lines += ["", "## Every implementation", "",
+              "| case | implementation | time | GFLOP/s | % peak | peak RSS delta MiB | max abs diff vs numpy |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in results:
+        for name, impl in row["impls"].items():
+            percent = None if impl["fraction_of_peak"] is None else 100 * impl["fraction_of_peak"]
+            lines.append(f"| {row['key']} | {name} | {time_cell(row, name)} | {fmt_opt(impl['gflops'], '.1f')} "
+                         f"| {fmt_opt(percent, '.0f')} | {fmt_mib(impl['peak_rss_delta_bytes'])} "
+                         f"| {impl['max_abs_diff']:.2e} |")
+    lines += ["", "Sizes (MiB): " + "; ".join(
+        f"case {row['key']}: inputs {fmt_mib(row['input_bytes'])}, output {fmt_mib(row['output_bytes'])}"
+        for row in results), "", f"Memory: {env['memory']}.", ""]
+    return "\n".join(lines)
+
+
+def plot(sweep, path):
+    import matplotlib
+    import matplotlib.ticker
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, times in sweep["median_s"].items():
+        axes.plot(sweep["seq"], [t * 1e3 for t in times], marker="o", label=name)
+    axes.set_xscale("log", base=2)
+    axes.set(yscale="log", xlabel="sequence length L", ylabel="median time per call (ms)",
+             title=f"SDPA core, {sweep['shape']}, {THREADS} threads")
+    axes.set_xticks(sweep["seq"], [str(length) for length in sweep["seq"]], minor=False)
+    axes.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def print_row(row):
+    times = ", ".join(f"{name} {time_cell(row, name)}" for name in row["impls"])
+    diffs = ", ".join(f"{name} {impl['max_abs_diff']:.1e}" for name, impl in row["impls"].items())
+    print(f"  {times}\n  max abs diff vs numpy: {diffs}\n  attnc/torch-best {row['attnc_over_torch_best']:.2f}, "
+          f"attnc/numpy {row['attnc_over_numpy']:.2f}: {'PASS' if row['pass'] else 'MISS'} ({row['target']})",
+          flush=True)
+
+
+# ----------------------------------------------------------------------------
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (under a minute)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 7, quick: 3)")
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
+    parser.add_argument("--peak-gflops", type=float,
+                        help=f"fp32 FMA peak for %% of peak (default {FP32_PEAK_PER_CORE:g} x threads; fp64: half)")
+    parser.add_argument("--memory-child", nargs=2, metavar=("ROW", "IMPL"),
+                        help="internal: measure one implementation's peak memory (run in a subprocess)")
+    args = parser.parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "full"]
+    args.repeats = args.repeats or sizes["repeats"]
+    args.peak_gflops_given = args.peak_gflops is not None
+    args.peak_gflops = args.peak_gflops or FP32_PEAK_PER_CORE * THREADS
+    args.cases = {int(case) for case in args.cases.split(",")}
+    return args, sizes
+
+
+def main(argv=None):
+    args, sizes = parse_args(argv)
+    pin_threads()
+    all_rows = rows(sizes)
+    if args.memory_child:
+        key, name = args.memory_child
+        return memory_child(next(row for row in all_rows if row.key == key), name)
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
+    if load_at_start > 0.5:
+        print(f"warning: load average {load_at_start:.2f}: other processes will disturb the timings", flush=True)
+    gemms = reference_gemms(sizes["gemm"])
+    for name, value in gemms.items():
+        print(f"reference: {name}: {value:.1f} GFLOP/s", flush=True)
+    results = []
+    for row in (row for row in all_rows if row.case in args.cases):
+        print(f"case {row.key}: {row.title}", flush=True)
+        results.append(run_row(row, sizes, args))
+        print_row(results[-1])
+    sweep = run_sweep(sizes, args.repeats) if 2 in args.cases else None
+    env = environment(args) | {"load_average_1min": load_at_start, "load_average_1min_end": os.getloadavg()[0],
+                               "wall_seconds": time.perf_counter() - started}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as out:
+        json.dump({"environment": env, "reference_gemm_gflops": gemms, "cases": results, "sweep": sweep}, out, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as out:
+        out.write(markdown(env, gemms, results))
+    if sweep:
+        plot(sweep, os.path.join(args.out, "plot.png"))
+    print(f"wrote {args.out}/results.json, results.md" + (", plot.png" if sweep else "")
+          + f" in {env['wall_seconds']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+/* The attention kernel body (dtype and ISA template; needs dtype.h,
+ * ukernel_shape.h, vexp.h and attention_tiles.h).
+ *
+ * One task = one item (batch element x head) and one tile of BLOCK_Q
+ * queries. Two ways through a tile, chosen by whether the caller wants the
+ * weights:
+ *   flash:        key tiles of BLOCK_K, online softmax (running max and sum),
+ *                 P.V accumulated in a (BLOCK_Q, Ev) buffer; the (L, S) score
+ *                 matrix never exists.
+ *   materialised: the rows of the weights output hold the scores: all
+ *                 scores, softmax in place, then P.V from them.
+ * Both read Q, K, V through row offsets and strides (heads are strides, not
+ * copies) and the mask through zero strides (broadcast, never expanded). */
+#include <math.h>
+#include <stdatomic.h>
+
+typedef struct {
+    const attnc_attention_args *args;
+    idx_t n_query_tiles, workspace_elems;
+    atomic_int failed; /* a task could not allocate its workspace */
+} FN(attention_job);
+
+/* Keys j < key_end can be visible to queries [i0, i0 + nq). */
+static idx_t FN(key_end)(const attnc_attention_args *a, idx_t i0, idx_t nq)
+{
+    if (!a->is_causal) return a->S;
+    return i0 + nq < a->S ? i0 + nq : a->S;
+}
+
+/* scores (nq, BLOCK_K) of queries [i0, i0+nq) against keys [j0, j0+nk):
+ * the product, then -1e20 where the mask is 0 and -inf (an exactly-zero
+ * weight) for keys a causal query may not see. */
+static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0,
+                           idx_t nq, idx_t j0, idx_t nk)
+{
+    const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
+    FN(pack_keys)(t->k_pack, k, a->k_rs, nk, a->E);
+    FN(score_product)(t->scores, t->q_pack, t->k_pack, nq, nk, a->E);
+    for (idx_t i = 0; i < nq; i++) {
+        real *row = t->scores + i * BLOCK_K;
+        if (a->mask) {
+            const uint8_t *m = a->mask + a->mask_off[b] + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
+            for (idx_t j = 0; j < nk; j++) row[j] = m[j * a->mask_cs] ? row[j] : (real)-1e20;
+        }
+        if (a->is_causal)
+            for (idx_t j = i0 + i + 1 - j0 < 0 ? 0 : i0 + i + 1 - j0; j < nk; j++) row[j] = -(real)INFINITY;
+    }
+}
+
+/* p (nk) <- p * (kept ? 1/(1-p_drop) : 0) for row i of item b, keys from j0. */
+static void FN(apply_dropout)(real *p, const attnc_attention_args *a, idx_t b, idx_t i, idx_t j0, idx_t nk)
+{
+    real keep_scale = a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p));
+    uint64_t first = ((uint64_t)b * (uint64_t)a->L + (uint64_t)i) * (uint64_t)a->S + (uint64_t)j0;
+    for (idx_t j = 0; j < nk; j++)
+        p[j] *= attnc_uniform(a->seed, first + (uint64_t)j) < a->dropout_p ? 0 : keep_scale;
+}
+
+/* acc (nq, Ev_padded) += probabilities in scores . values [j0, j0+nk) */
+static void FN(accumulate_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t nq,
+                                idx_t j0, idx_t nk)
+{
+    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
+    FN(pack_probabilities)(t->p_pack, t->scores, nq, nk);
+    FN(pack_values)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded);
+    FN(value_product)(t->acc, t->p_pack, t->v_pack, nq, nk, t->Ev_padded);
+}
+
+/* out rows [i0, i0+nq) of item b <- acc * row_factor (NULL: 1) */
+static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
+                           idx_t nq, const real *row_sum)
+{
+    real *out = (real *)a->out + a->out_off[b];
+    for (idx_t i = 0; i < nq; i++) {
+        real *dst = out + (i0 + i) * a->out_rs;
+        const real *src = t->acc + i * t->Ev_padded;
+        real factor = row_sum && a->S > 0 ? 1 / row_sum[i] : 1;
+        for (idx_t c = 0; c < a->Ev; c++) dst[c] = src[c] * factor;
+    }
+}
+
+static void FN(flash_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
+{
+    for (idx_t i = 0; i < nq; i++) {
+        t->run_max[i] = -(real)INFINITY;
+        t->run_sum[i] = 0;
+    }
+    idx_t end = FN(key_end)(a, i0, nq);
+    for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
+        idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
+        FN(score_tile)(t, a, b, i0, nq, j0, nk);
+        for (idx_t i = 0; i < nq; i++) {
+            real *p = t->scores + i * BLOCK_K;
+            real tile_max = FN(row_max)(p, nk);
+            real new_max = tile_max > t->run_max[i] ? tile_max : t->run_max[i];
+            /* rescale what was accumulated under the old max */
+            real correction = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
+            t->run_sum[i] = t->run_sum[i] * correction + FN(exp_shift_sum)(p, nk, new_max);
+            t->run_max[i] = new_max;
+            if (a->dropout_p > 0) FN(apply_dropout)(p, a, b, i0 + i, j0, nk);
+            if (correction != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, correction);
+        }
+        FN(accumulate_tile)(t, a, b, nq, j0, nk);
+    }
+    FN(write_rows)(a, t, b, i0, nq, t->run_sum);
+}
+
+static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
+{
+    idx_t S = a->S;
+    real *w = (real *)a->weights + (b * a->L + i0) * S; /* (nq, S) */
+    for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 1: scores */
+        idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
+        FN(score_tile)(t, a, b, i0, nq, j0, nk);
+        for (idx_t i = 0; i < nq; i++)
+            for (idx_t j = 0; j < nk; j++) w[i * S + j0 + j] = t->scores[i * BLOCK_K + j];
+    }
+    for (idx_t i = 0; i < nq; i++) { /* pass 2: softmax in place */
+        real *row = w + i * S;
+        FN(scale_row)(row, S, 1 / FN(exp_shift_sum)(row, S, FN(row_max)(row, S)));
+    }
+    for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 3: dropout(weights) . V */
+        idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
+        for (idx_t i = 0; i < nq; i++) {
+            real *p = t->scores + i * BLOCK_K;
+            for (idx_t j = 0; j < nk; j++) p[j] = w[i * S + j0 + j];
+            if (a->dropout_p > 0) FN(apply_dropout)(p, a, b, i0 + i, j0, nk);
+        }
+        FN(accumulate_tile)(t, a, b, nq, j0, nk);
+    }
+    FN(write_rows)(a, t, b, i0, nq, NULL);
+}
+
+static void FN(attention_task)(void *ctx, idx_t task)
+{
+    FN(attention_job) *job = ctx;
+    const attnc_attention_args *a = job->args;
+    idx_t b = task / job->n_query_tiles;
+    idx_t i0 = (task % job->n_query_tiles) * BLOCK_Q;
+    idx_t nq = a->L - i0 < BLOCK_Q ? a->L - i0 : BLOCK_Q;
+    real *work = attnc_malloc((size_t)job->workspace_elems * sizeof(real));
+    if (!work) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev);
+    for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) t.acc[i] = 0;
+    const real *q = (const real *)a->q + a->q_off[b] + i0 * a->q_rs;
+    FN(pack_queries)(t.q_pack, q, a->q_rs, nq, a->E, (real)a->scale);
+    if (a->weights)
+        FN(weights_tile)(&t, a, b, i0, nq);
+    else
+        FN(flash_tile)(&t, a, b, i0, nq);
+    attnc_free(work);
+}
+
+attnc_status FN(attention)(const attnc_attention_args *a)
+{
+    idx_t elems = attention_workspace_elems(a->E, a->Ev);
+    if (elems < 0 || (size_t)elems > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
+    FN(attention_job) job = {a, (a->L + BLOCK_Q - 1) / BLOCK_Q, elems, 0};
+    idx_t n_tasks = a->n_items * job.n_query_tiles;
+    double flops = 2.0 * (double)a->n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
+    attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
+    return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;
+}

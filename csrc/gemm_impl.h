@@ -1,0 +1,208 @@
+/* The GEMM body (dtype template; see dtype.h): BLIS-style packing and
+ * blocking around a register-blocked micro-kernel (gemm_kernels.h).
+ *
+ *   for each block of KC steps of K, in order:
+ *     pass 1 (parallel): pack A into MR-row slivers and B into NR-row
+ *                        slivers, zero-padded to whole slivers
+ *     pass 2 (parallel): one task per block of C (MC rows, NC columns):
+ *       for each B sliver (KC, NR) of the block, kept in L1:
+ *         for each A sliver (KC, MR) of the block, all in L2:
+ *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
+ * The first K block starts the sums from the bias (or zeros) and stores
+ * them: C is never cleared or re-read just to add the bias. Each element of
+ * C adds up its K blocks in the same order whatever task or thread
+ * computes it, so results never depend on the thread count.
+ */
+/* KC: steps of K per packed block. A B sliver (KC, NR) is then 16 KB for
+ * either type, half the 32 KB L1, with room for the A sliver streaming by. */
+#define GEMM_KC 256
+/* The packed A block (MC, KC) of a task: 144 KB, so it stays in L2 while
+ * every B sliver of the task passes over it. MC = 144 rows of float, 72 of
+ * double, as BLIS uses on Zen 3. */
+#define GEMM_A_BLOCK_BYTES (144 * 1024)
+/* NC: columns of C per task. BLIS sizes NC (4080) to keep a B panel in L3;
+ * here B is packed once per K block for all tasks, so a narrower task costs
+ * only re-reading its A block from L3, and narrow tasks balance threads:
+ * a (768, 2304) C is 6 x 5 tasks. */
+#define GEMM_NC 512
+/* Up to this many multiply-adds, packing costs more than it saves: C is
+ * computed by direct loops with no workspace (e.g. the documents' tiny
+ * examples, or a GEMM called per head inside another parallel task). */
+#define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
+
+/* A strided operand of the product: element (r, p) at data[r * rs + p * cs]. */
+typedef struct {
+    const real *data;
+    idx_t rs, cs;
+} FN(gemm_operand);
+
+/* A micro-kernel's two forms (gemm_kernels.h) and the tile (mr, nr) they compute. */
+typedef struct {
+    idx_t mr, nr;
+    void (*add)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs);
+    void (*store)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs, const real *init);
+} FN(gemm_tile_kernel);
+
+/* Everything the tasks share; p0, kc name the K block being added. */
+typedef struct {
+    FN(gemm_tile_kernel) kernel;
+    idx_t M, N;
+    FN(gemm_operand) a, b;   /* A (M, K), B (N, K) */
+    const real *bias;        /* (N) or NULL */
+    real *c;                 /* C (M, N), rows c_rs apart */
+    idx_t c_rs;
+    idx_t mc, nc, n_row_blocks, n_col_blocks;
+    real *packed_a, *packed_b; /* (M / mr, kc, mr), (N / nr, kc, nr), rounded up */
+    idx_t p0, kc;
+} FN(gemm_job);
+
+/* The init row of the first K block when there is no bias. */
+static const real FN(gemm_zeros)[GEMM_MAX_NR];
+
+static inline idx_t FN(gemm_min)(idx_t x, idx_t y) { return x < y ? x : y; }
+/* ceil(x / y) without the overflow of (x + y - 1) / y */
+static inline idx_t FN(gemm_ceil_div)(idx_t x, idx_t y) { return x / y + (x % y != 0); }
+
+/* ------------------------------------------------------------------------ */
+/* packing                                                                   */
+
+/* dst (kc, width) <- x rows [r0, r0 + rows), steps [p0, p0 + kc); rows
+ * past `rows` are zeros, so an edge tile computes like a full one. */
+static void FN(pack_sliver)(real *dst, FN(gemm_operand) x, idx_t r0, idx_t rows, idx_t width,
+                            idx_t p0, idx_t kc)
+{
+    const real *src = x.data + r0 * x.rs + p0 * x.cs;
+    if (rows < width)
+        for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
+    /* one step p at a time: contiguous writes, and `width` rows read side by
+     * side, each sequentially when cs == 1 (about 5x faster than row by row) */
+    for (idx_t p = 0; p < kc; p++)
+        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = src[r * x.rs + p * x.cs];
+}
+
+/* Pass 1, task t: the slivers of row block t of A, or of column block
+ * t - n_row_blocks of C (rows of B). Sliver s starts at s * width * kc,
+ * which is row * kc for its first row. */
+static void FN(pack_task)(void *ctx, idx_t t)
+{
+    FN(gemm_job) *job = ctx;
+    int is_a = t < job->n_row_blocks;
+    FN(gemm_operand) x = is_a ? job->a : job->b;
+    idx_t width = is_a ? job->kernel.mr : job->kernel.nr;
+    idx_t block = is_a ? job->mc : job->nc;
+    idx_t first = (is_a ? t : t - job->n_row_blocks) * block;
+    idx_t end = FN(gemm_min)(is_a ? job->M : job->N, first + block);
+    real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->kc;
+    for (idx_t r = first; r < end; r += width, dst += width * job->kc)
+        FN(pack_sliver)(dst, x, r, FN(gemm_min)(width, end - r), width, job->p0, job->kc);
+}
+
+/* ------------------------------------------------------------------------ */
+/* blocks of C                                                               */
+
+/* The C tile at (i, j) += its A sliver^T . B sliver, or, in the first K
+ * block, = bias + that. A tile cut by the bottom or right edge of C is
+ * computed in a buffer, so that only its valid elements are written. */
+static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
+{
+    const FN(gemm_tile_kernel) *k = &job->kernel;
+    const real *a = job->packed_a + i * job->kc;
+    const real *b = job->packed_b + j * job->kc;
+    real *c = job->c + i * job->c_rs + j;
+    idx_t m = FN(gemm_min)(k->mr, job->M - i), n = FN(gemm_min)(k->nr, job->N - j);
+    int first = job->p0 == 0;
+    if (m == k->mr && n == k->nr) {
+        if (!first) k->add(job->kc, a, b, c, job->c_rs);
+        else k->store(job->kc, a, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+        return;
+    }
+    real init[GEMM_MAX_NR] = {0}, tile[GEMM_MAX_TILE];
+    for (idx_t s = 0; s < n && first && job->bias; s++) init[s] = job->bias[j + s];
+    k->store(job->kc, a, b, tile, k->nr, init);
+    for (idx_t r = 0; r < m; r++) {
+        real *c_row = c + r * job->c_rs, *tile_row = tile + r * k->nr;
+        for (idx_t s = 0; s < n; s++) c_row[s] = first ? tile_row[s] : c_row[s] + tile_row[s];
+    }
+}
+
+/* Pass 2, task t: add the current K block to one block of C. Consecutive
+ * tasks share a column block, so its B slivers stay in cache. */
+static void FN(multiply_task)(void *ctx, idx_t t)
+{
+    const FN(gemm_job) *job = ctx;
+    idx_t i0 = t % job->n_row_blocks * job->mc, i1 = FN(gemm_min)(job->M, i0 + job->mc);
+    idx_t j0 = t / job->n_row_blocks * job->nc, j1 = FN(gemm_min)(job->N, j0 + job->nc);
+    for (idx_t j = j0; j < j1; j += job->kernel.nr)
+        for (idx_t i = i0; i < i1; i += job->kernel.mr) FN(run_tile)(job, i, j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the entry point                                                           */
+
+/* C (M, N) = bias + A (M, K) . B (N, K)^T by direct loops: for tiny sizes,
+ * and for K == 0 (C = bias or zeros). */
+static void FN(gemm_direct)(idx_t M, idx_t N, idx_t K, FN(gemm_operand) a, FN(gemm_operand) b,
+                            const real *bias, real *c, idx_t c_rs)
+{
+    for (idx_t i = 0; i < M; i++)
+        for (idx_t j = 0; j < N; j++) {
+            real sum = 0;
+            for (idx_t p = 0; p < K; p++)
+                sum += a.data[i * a.rs + p * a.cs] * b.data[j * b.rs + p * b.cs];
+            c[i * c_rs + j] = (bias ? bias[j] : 0) + sum;
+        }
+}
+
+/* *bytes = size of `rows` rows packed in slivers of `width`, kc steps deep. */
+static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)
+{
+    idx_t padded, elements, n;
+    if (!attnc_mul_ok(FN(gemm_ceil_div)(rows, width), width, &padded) ||
+        !attnc_mul_ok(padded, kc, &elements) || !attnc_mul_ok(elements, sizeof(real), &n))
+        return 0;
+    *bytes = (size_t)n;
+    return 1;
+}
+
+/* C (M, N) = bias (N) + A (M, K) . B (N, K)^T with the given micro-kernel. */
+static attnc_status FN(gemm)(FN(gemm_tile_kernel) kernel, idx_t M, idx_t N, idx_t K,
+                             FN(gemm_operand) a, FN(gemm_operand) b, const real *bias, real *c,
+                             idx_t c_rs)
+{
+    if (M <= 0 || N <= 0) return ATTNC_OK;
+    if ((double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS) {
+        FN(gemm_direct)(M, N, K, a, b, bias, c, c_rs);
+        return ATTNC_OK;
+    }
+    idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / kernel.mr * kernel.mr;
+    idx_t nc = GEMM_NC / kernel.nr * kernel.nr;
+    FN(gemm_job) job = {
+        .kernel = kernel, .M = M, .N = N, .a = a, .b = b, .bias = bias, .c = c, .c_rs = c_rs,
+        .mc = mc, .nc = nc,
+        .n_row_blocks = FN(gemm_ceil_div)(M, mc), .n_col_blocks = FN(gemm_ceil_div)(N, nc),
+    };
+    size_t a_bytes, b_bytes;
+    idx_t kc_max = FN(gemm_min)(K, GEMM_KC);
+    if (!FN(packed_bytes)(M, kernel.mr, kc_max, &a_bytes) ||
+        !FN(packed_bytes)(N, kernel.nr, kc_max, &b_bytes))
+        return ATTNC_EOVERFLOW;
+    job.packed_a = attnc_malloc(a_bytes);
+    job.packed_b = attnc_malloc(b_bytes);
+    attnc_status status = ATTNC_ENOMEM;
+    if (!job.packed_a || !job.packed_b) goto done;
+
+    double packed_elements = (double)(a_bytes + b_bytes) / sizeof(real);
+    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+        job.p0 = p0;
+        job.kc = FN(gemm_min)(GEMM_KC, K - p0);
+        attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task),
+                           &job);
+        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, 2.0 * M * N * job.kc,
+                           FN(multiply_task), &job);
+    }
+    status = ATTNC_OK;
+done:
+    attnc_free(job.packed_a);
+    attnc_free(job.packed_b);
+    return status;
+}

@@ -1,0 +1,51 @@
+/* The GEMM micro-kernels and the tile shapes they compute.
+ *
+ * Each kernel computes one register-blocked tile of C, in two forms:
+ *   gemm_ukernel_*:        c (MR, NR) += a (kc, MR)^T . b (kc, NR)
+ *   gemm_ukernel_store_*:  c (MR, NR)  = init (NR) + a^T . b,
+ *                          init being the same row for every row of c
+ * c's rows are c_rs apart; a and b are packed slivers: for each step p, MR
+ * elements of a column of A, then NR of a column of B^T, contiguous and
+ * 32-byte aligned. attnc_gemm's first K block stores (init = the bias), so
+ * C is never cleared or re-read just to add the bias; later blocks add.
+ * MR x NR is as large as the accumulators registers can hold.
+ */
+#ifndef ATTNC_GEMM_KERNELS_H
+#define ATTNC_GEMM_KERNELS_H
+
+#include "attnc.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define GEMM_HAVE_AVX2 1
+#endif
+
+/* Portable C: 4 x 8 accumulators, which the baseline SSE2 (16 xmm
+ * registers) holds for float and nearly holds for double. */
+#define GEMM_PORTABLE_MR 4
+#define GEMM_PORTABLE_NR 8
+
+/* AVX2: 6 rows x 2 vectors = 12 ymm accumulators, plus 2 for the B row and
+ * 1 for the broadcast A element: 15 of the 16 ymm registers. */
+#define GEMM_AVX2_MR 6
+#define GEMM_AVX2_NR_F32 16
+#define GEMM_AVX2_NR_F64 8
+
+/* The largest NR and MR x NR of any kernel: sizes of edge-tile buffers. */
+#define GEMM_MAX_NR GEMM_AVX2_NR_F32
+#define GEMM_MAX_TILE (GEMM_AVX2_MR * GEMM_AVX2_NR_F32)
+
+#define GEMM_DECLARE_UKERNELS(real, sfx, isa)                                                \
+    void gemm_ukernel_##sfx##_##isa(idx_t kc, const real *a, const real *b, real *c,          \
+                                    idx_t c_rs);                                               \
+    void gemm_ukernel_store_##sfx##_##isa(idx_t kc, const real *a, const real *b, real *c,    \
+                                          idx_t c_rs, const real *init);
+
+GEMM_DECLARE_UKERNELS(float, f32, portable)
+GEMM_DECLARE_UKERNELS(double, f64, portable)
+#ifdef GEMM_HAVE_AVX2
+GEMM_DECLARE_UKERNELS(float, f32, avx2)
+GEMM_DECLARE_UKERNELS(double, f64, avx2)
+#endif
+#undef GEMM_DECLARE_UKERNELS
+
+#endif

@@ -1,0 +1,177 @@
+/* A small persistent pthread pool (not OpenMP: PyTorch wheels bundle their
+ * own libgomp, and libgomp hangs in a child after fork).
+ *
+ * One job at a time owns the pool; the caller works on its own job too.
+ * Tasks are handed out by an atomic counter, so which thread runs a task
+ * varies, but every task's result is fixed: that keeps results independent
+ * of the thread count. A forked child starts with no workers and builds
+ * its own pool on first use. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "attnc.h"
+
+/* Below this much work, waking a sleeping thread (~10-50 us) costs more
+ * than it saves; the documents' (3, 2, 4) examples stay on one thread. */
+#define MIN_PARALLEL_FLOPS 2.0e5
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t work_ready, work_done;
+    pthread_t *threads;
+    int n_workers;
+    int shutting_down;
+    unsigned long generation; /* bumped for each job */
+    int workers_running;
+    attnc_task_fn fn;
+    void *ctx;
+    idx_t n_tasks;
+    atomic_llong next_task;
+} pool_state;
+
+static pool_state pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0};
+static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* who owns the pool */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
+static _Thread_local int inside_task = 0;
+
+static int available_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    return 1;
+}
+
+int attnc_get_num_threads(void)
+{
+    int n = atomic_load(&requested_threads);
+    return n > 0 ? n : available_cpus();
+}
+
+void attnc_set_num_threads(int n) { atomic_store(&requested_threads, n > 0 ? n : 1); }
+
+static void run_tasks(void)
+{
+    int was_inside = inside_task;
+    inside_task = 1;
+    for (;;) {
+        idx_t t = (idx_t)atomic_fetch_add(&pool.next_task, 1);
+        if (t >= pool.n_tasks) break;
+        pool.fn(pool.ctx, t);
+    }
+    inside_task = was_inside;
+}
+
+/* `start_generation` is the generation when the worker was created, so a
+ * worker that starts late still takes part in the next job. */
+static void *worker_main(void *start_generation)
+{
+    unsigned long seen = (unsigned long)(uintptr_t)start_generation;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.generation == seen && !pool.shutting_down)
+            pthread_cond_wait(&pool.work_ready, &pool.lock);
+        if (pool.shutting_down) break;
+        seen = pool.generation;
+        pthread_mutex_unlock(&pool.lock);
+        run_tasks();
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.workers_running == 0) pthread_cond_signal(&pool.work_done);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    return NULL;
+}
+
+static void stop_workers(void)
+{
+    pthread_mutex_lock(&pool.lock);
+    pool.shutting_down = 1;
+    pthread_cond_broadcast(&pool.work_ready);
+    pthread_mutex_unlock(&pool.lock);
+    for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.threads[i], NULL);
+    free(pool.threads);
+    pool.threads = NULL;
+    pool.n_workers = 0;
+    pool.shutting_down = 0;
+}
+
+/* The child of a fork has only the forking thread: forget the parent's
+ * workers (they do not exist here) and start from unlocked state. */
+static void reset_after_fork(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.work_ready, NULL);
+    pthread_cond_init(&pool.work_done, NULL);
+    pthread_mutex_init(&job_lock, NULL);
+    pool.threads = NULL;
+    pool.n_workers = 0;
+    pool.shutting_down = 0;
+    pool.workers_running = 0;
+}
+
+static void register_atfork(void) { pthread_atfork(NULL, NULL, reset_after_fork); }
+
+/* Called with job_lock held: make the pool have n_workers threads.
+ * Returns the number it managed to start (0 if threads are unavailable). */
+static int resize_pool(int n_workers)
+{
+    if (pool.n_workers == n_workers) return n_workers;
+    stop_workers();
+    pool.threads = malloc(sizeof(pthread_t) * (size_t)n_workers);
+    if (!pool.threads) return 0;
+    for (int i = 0; i < n_workers; i++) {
+        if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(uintptr_t)pool.generation) != 0) break;
+        pool.n_workers++;
+    }
+    return pool.n_workers;
+}
+
+static void run_inline(idx_t n_tasks, attnc_task_fn fn, void *ctx)
+{
+    int was_inside = inside_task;
+    inside_task = 1;
+    for (idx_t t = 0; t < n_tasks; t++) fn(ctx, t);
+    inside_task = was_inside;
+}
+
+void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx)
+{
+    if (n_tasks <= 0) return;
+    int n_threads = attnc_get_num_threads();
+    if (n_tasks == 1 || n_threads == 1 || inside_task || work_flops < MIN_PARALLEL_FLOPS) {
+        run_inline(n_tasks, fn, ctx);
+        return;
+    }
+    pthread_once(&atfork_once, register_atfork);
+    if (pthread_mutex_trylock(&job_lock) != 0) { /* another Python thread has the pool */
+        run_inline(n_tasks, fn, ctx);
+        return;
+    }
+    if (resize_pool(n_threads - 1) == 0) {
+        pthread_mutex_unlock(&job_lock);
+        run_inline(n_tasks, fn, ctx);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n_tasks = n_tasks;
+    atomic_store(&pool.next_task, 0);
+    pool.workers_running = pool.n_workers;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.work_ready);
+    pthread_mutex_unlock(&pool.lock);
+
+    run_tasks();
+
+    pthread_mutex_lock(&pool.lock);
+    while (pool.workers_running > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&job_lock);
+}

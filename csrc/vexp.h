@@ -1,0 +1,124 @@
+/* The vectorisable exp and the row pieces of a stable softmax (dtype
+ * template: include after dtype.h). Written as branch-free scalar code so
+ * that the compiler vectorises the loops calling it (AVX2 in the AVX2
+ * translation unit, SSE2 in the portable one) without -ffast-math.
+ *
+ * exp: Cody-Waite range reduction x = n*ln2 + r, |r| <= ln2/2, then a Taylor
+ * polynomial of degree 7 (float) / 13 (double), whose truncation error is
+ * below half an ulp; the total error is a few ulp. Inputs below the
+ * smallest normal result flush to 0 (absolute error < 1.2e-38 / 2.3e-308,
+ * harmless in a softmax), -inf gives 0, NaN gives NaN, large x gives inf. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(ATTNC_REAL_F32)
+#  define EXP_LO (-87.33f) /* exp(EXP_LO) is about the smallest normal float */
+#  define EXP_HI (88.37f)  /* keeps n <= 127, the largest finite exponent */
+#  define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
+#  define EXP_LN2_HI 0.693145751953125f
+#  define EXP_LN2_LO 1.428606765330187e-06f
+#  define EXP_BIAS 127
+#  define EXP_MANT_BITS 23
+typedef int32_t FN(exp_int);
+#else
+#  define EXP_LO (-708.39)
+#  define EXP_HI (709.43)
+#  define EXP_SHIFTER 6755399441055744.0 /* 1.5 * 2^52 */
+#  define EXP_LN2_HI 0.6931471803691238
+#  define EXP_LN2_LO 1.9082149292705877e-10
+#  define EXP_BIAS 1023
+#  define EXP_MANT_BITS 52
+typedef int64_t FN(exp_int);
+#endif
+
+static inline real FN(taylor_exp)(real r)
+{
+#if defined(ATTNC_REAL_F32)
+    real p = (real)(1.0 / 5040);
+    p = p * r + (real)(1.0 / 720);
+    p = p * r + (real)(1.0 / 120);
+    p = p * r + (real)(1.0 / 24);
+#else
+    real p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+#endif
+    p = p * r + (real)(1.0 / 6);
+    p = p * r + (real)0.5;
+    p = p * r + (real)1;
+    return p * r + (real)1;
+}
+
+static inline real FN(vexp)(real x)
+{
+    real clamped = x < EXP_LO ? EXP_LO : (x > EXP_HI ? EXP_HI : x);
+    clamped = clamped == clamped ? clamped : 0; /* NaN is put back at the end */
+    real n = (clamped * (real)1.4426950408889634 + EXP_SHIFTER) - EXP_SHIFTER;
+    real r = clamped - n * EXP_LN2_HI;
+    r = r - n * EXP_LN2_LO;
+    FN(exp_int) bits = ((FN(exp_int))n + EXP_BIAS) << EXP_MANT_BITS;
+    real two_to_n;
+    memcpy(&two_to_n, &bits, sizeof two_to_n);
+    real y = FN(taylor_exp)(r) * two_to_n;
+    y = x < EXP_LO ? 0 : y;
+    y = x > EXP_HI ? (real)INFINITY : y;
+    return x == x ? y : x;
+}
+
+/* Largest element of x (n), in MAX_LANES lanes the compiler vectorises.
+ * NaN is skipped here and reaches the result through the exp-sum, as in
+ * PyTorch. -inf for an empty or all -inf row. */
+#define MAX_LANES 16
+static inline real FN(row_max)(const real *x, idx_t n)
+{
+    real lanes[MAX_LANES];
+    for (int u = 0; u < MAX_LANES; u++) lanes[u] = -(real)INFINITY;
+    idx_t j = 0;
+    for (; j + MAX_LANES <= n; j += MAX_LANES)
+        for (int u = 0; u < MAX_LANES; u++) lanes[u] = x[j + u] > lanes[u] ? x[j + u] : lanes[u];
+    for (; j < n; j++) lanes[0] = x[j] > lanes[0] ? x[j] : lanes[0];
+    real m = lanes[0];
+    for (int u = 1; u < MAX_LANES; u++) m = lanes[u] > m ? lanes[u] : m;
+    return m;
+}
+#undef MAX_LANES
+
+/* x (n) <- exp(x - shift); returns the sum, accumulated in SUM_LANES
+ * fixed lanes (so the same for any thread count) that the compiler can
+ * vectorise. A key excluded with -inf gives exactly 0. */
+#define SUM_LANES 16
+static inline real FN(exp_shift_sum)(real *x, idx_t n, real shift)
+{
+    for (idx_t j = 0; j < n; j++) x[j] = FN(vexp)(x[j] - shift);
+    real lanes[SUM_LANES] = {0};
+    idx_t j = 0;
+    for (; j + SUM_LANES <= n; j += SUM_LANES)
+        for (int u = 0; u < SUM_LANES; u++) lanes[u] += x[j + u];
+    for (; j < n; j++) lanes[0] += x[j];
+    real sum = 0;
+    for (int u = 0; u < SUM_LANES; u++) sum += lanes[u];
+    return sum;
+}
+#undef SUM_LANES
+
+/* x (n) <- x * factor */
+static inline void FN(scale_row)(real *x, idx_t n, real factor)
+{
+    for (idx_t j = 0; j < n; j++) x[j] *= factor;
+}
+
+#undef EXP_LO
+#undef EXP_HI
+#undef EXP_SHIFTER
+#undef EXP_LN2_HI
+#undef EXP_LN2_LO
+#undef EXP_BIAS
+#undef EXP_MANT_BITS

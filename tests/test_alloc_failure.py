@@ -1,0 +1,117 @@
+"""Every kernel allocation may fail: attnc._C.fail_alloc_after(n) makes the
+(n+1)-th one fail. For n = 0, 1, 2, ... each call either succeeds with the
+right answer or raises MemoryError, and the next normal call works. The
+loop stops at the first n where the call succeeds: with n allocations
+allowed it needed no more, so every allocation of that call has been made
+to fail once (thread scheduling changes which task gets the failure, not
+how many allocations a call makes)."""
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from test_bad_inputs import MODULE_NAMES, MODULES, assert_matches, make_module, ref_attend, ref_linear, ref_softmax
+
+MAX_ALLOCATIONS = 5000  # far above any forward below; reaching it fails the test
+INJECTED = {"sweeps": 0, "failed_calls": 0}  # printed by the last test, for the README table
+
+
+def _sweep(call, check):
+    """Runs call() with the n-th allocation failing for n = 0, 1, ...; returns (failures, allocations)."""
+    expected_ok = call()  # warm-up: the pool exists, caches are filled
+    check(expected_ok)
+    failures = 0
+    try:
+        for n in range(MAX_ALLOCATIONS):
+            attnc._C.fail_alloc_after(n)
+            try:
+                result = call()
+            except MemoryError as error:
+                failures += 1
+                INJECTED["failed_calls"] += 1
+                assert "memory" in str(error) or "workspace" in str(error), str(error)
+            else:
+                attnc._C.fail_alloc_after(-1)
+                check(result)
+                check(call())  # and the next call still works
+                INJECTED["sweeps"] += 1
+                return failures, n
+            finally:
+                attnc._C.fail_alloc_after(-1)
+            check(call())  # a failed call leaves nothing behind
+        pytest.fail(f"still failing after {MAX_ALLOCATIONS} allocations")
+    finally:
+        attnc._C.fail_alloc_after(-1)
+
+
+@pytest.mark.parametrize("name,masked", [(name, masked) for name in MODULE_NAMES for masked in (False, True)
+                                         if MODULES[name][1] or not masked])
+@pytest.mark.parametrize("weights", [False, True], ids=["out", "out+weights"])
+def test_module_forward_under_allocation_failures(name, weights, masked, restore_threads):
+    attnc.set_num_threads(2)
+    dim = 32
+    m = make_module(name, dim, dtype=np.float64)
+    x = np.random.default_rng(0).standard_normal((3, 80, dim))
+    mask = None
+    if masked:
+        mask = np.random.default_rng(1).integers(0, 2, (3, 1, 80, 80) if MODULES[name][2] else (3, 80, 80))
+    args = (x, mask) if masked else (x,)
+    from test_bad_inputs import ref_module
+    ref_out, ref_w = ref_module(m, x, mask)
+
+    def check(result):
+        if weights:
+            assert_matches(result[0], ref_out, np.float64, "out")
+            assert_matches(result[1], ref_w, np.float64, "weights")
+        else:
+            assert_matches(result, ref_out, np.float64, "out")
+
+    failures, allocations = _sweep(lambda: m(*args, return_weights=weights), check)
+    assert failures == allocations >= 2, (failures, allocations)
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["out", "out+weights"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_under_allocation_failures(weights, causal, restore_threads):
+    attnc.set_num_threads(2)
+    rng = np.random.default_rng(2)
+    q, k, v = rng.standard_normal((2, 3, 70, 16)), rng.standard_normal((3, 90, 16)), rng.standard_normal((3, 90, 24))
+    mask = rng.integers(0, 2, (70, 90)).astype(bool)
+    ref_out, ref_w = ref_attend(q, k, v, 0.25, mask, causal)
+
+    def check(result):
+        if weights:
+            assert_matches(result[0], ref_out, np.float64, "out")
+            assert_matches(result[1], ref_w, np.float64, "weights")
+        else:
+            assert_matches(result, ref_out, np.float64, "out")
+
+    failures, allocations = _sweep(lambda: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, return_weights=weights), check)
+    assert failures == allocations >= 1, (failures, allocations)
+
+
+@pytest.mark.parametrize("shape", [(300, 200), (1, 513), (40, 7, 64)], ids=str)
+def test_linear_and_softmax_under_allocation_failures(shape, restore_threads):
+    attnc.set_num_threads(2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((150, shape[-1])).astype(np.float32)
+    b = rng.standard_normal(150).astype(np.float32)
+    _sweep(lambda: F.linear(x, w, b), lambda r: assert_matches(r, ref_linear(x, w, b), np.float32, "linear"))
+    _sweep(lambda: attnc.Linear(shape[-1], 150)(x), lambda r: None)
+    _sweep(lambda: F.softmax(x, axis=0), lambda r: assert_matches(r, ref_softmax(x, 0), np.float32, "softmax"))
+    _sweep(lambda: attnc.Dropout(0.5).eval()(x), lambda r: assert_matches(r, x, np.float32, "dropout"))
+
+
+def test_failure_hook_is_reset_by_minus_one():
+    x = np.ones((64, 64))
+    attnc._C.fail_alloc_after(0)
+    attnc._C.fail_alloc_after(-1)
+    assert_matches(F.linear(x, x), ref_linear(x, x), np.float64)
+
+
+def test_injection_counts_report(capsys):
+    """Runs last in this file: how many injected failures were survived (for docs)."""
+    with capsys.disabled():
+        print(f"\n[alloc] {INJECTED['sweeps']} sweeps, {INJECTED['failed_calls']} calls made to fail")

@@ -1,0 +1,801 @@
+"""Odd and bad inputs for every public entry point: each call gives the right
+answer (checked against a float64 NumPy oracle written here from the
+documents' formulas) or raises the exception API.md names, with a message
+naming the argument. Nothing may crash, hang or leak, on the error paths too.
+
+The oracle (`ref_attend`, `ref_module`) is shared with test_fuzz.py,
+test_alloc_failure.py and test_concurrency.py.
+"""
+import gc
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import attnc
+from attnc import functional as F
+
+MASKED_FILL = -1e20
+
+
+# ============================================================================
+# the float64 oracle
+
+
+def ref_softmax(s, axis=-1):
+    s = np.asarray(s, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(s - np.max(s, axis=axis, keepdims=True, initial=-np.inf))
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def ref_linear(x, w, b=None):
+    y = np.matmul(np.asarray(x, np.float64), np.asarray(w, np.float64).T)
+    return y if b is None else y + np.asarray(b, np.float64)
+
+
+def ref_attend(q, k, v, scale, mask=None, causal=False):
+    """(out, weights): softmax(q k^T * scale, masked_fill(mask == 0, -1e20), causal j > i excluded) @ v."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+        if mask is not None:
+            scores = np.where(np.asarray(mask) == 0, MASKED_FILL, scores)
+        if causal:
+            L, S = scores.shape[-2:]
+            scores = np.where(np.triu(np.ones((L, S), bool), 1), -np.inf, scores)
+        w = ref_softmax(scores)
+        out = np.matmul(w, v)  # no keys (S = 0): an empty sum, zeros
+        return out, np.broadcast_to(w, out.shape[:-2] + w.shape[-2:])  # weights over the output's batch
+
+
+def _split_heads(t, heads):  # (..., seq, heads * hd) -> (..., heads, seq, hd)
+    t = t.reshape(t.shape[:-1] + (heads, t.shape[-1] // heads))
+    return np.swapaxes(t, -2, -3)
+
+
+def _merge_heads(t):  # (..., heads, seq, hd) -> (..., seq, heads * hd)
+    t = np.swapaxes(t, -2, -3)
+    return t.reshape(t.shape[:-2] + (t.shape[-2] * t.shape[-1],))
+
+
+# name -> (constructor(dim, **kw), masked, multi_head)
+MODULES = {
+    "V1": (lambda d, **kw: attnc.SelfAttentionV1(d, **kw), False, False),
+    "V2": (lambda d, **kw: attnc.SelfAttentionV2(d, **kw), False, False),
+    "V3": (lambda d, **kw: attnc.SelfAttentionV3(d, 0.1, **kw), True, False),
+    "V4": (lambda d, **kw: attnc.SelfAttentionV4(d, 0.1, **kw), True, False),
+    "MHA": (lambda d, **kw: attnc.MultiHeadAttention(d, 2, 0.1, **kw), True, True),
+    "SA": (lambda d, **kw: attnc.SelfAttention(d, d + 2, d + 1, bias=True, **kw), True, False),
+    "SA-nobias": (lambda d, **kw: attnc.SelfAttention(d, d + 2, d + 1, **kw), True, False),
+    "MHSA": (lambda d, **kw: attnc.MultiHeadSelfAttention(d, 4, 6, 2, bias=True, **kw), True, True),
+    "MHSA-nobias": (lambda d, **kw: attnc.MultiHeadSelfAttention(d, 4, 6, 2, **kw), True, True),
+}
+MODULE_NAMES = list(MODULES)
+MASKED_NAMES = [n for n in MODULES if MODULES[n][1]]
+DIM = 4  # even: every multi-head class above splits it
+
+
+def make_module(name, dim=DIM, dtype=np.float32, seed=0):
+    return MODULES[name][0](dim, dtype=dtype, rng=np.random.default_rng(seed)).eval()
+
+
+def ref_module(module, x, mask=None):
+    """(out, weights) of an attnc module in eval mode, from its state_dict, in float64."""
+    sd = {k: np.asarray(v, np.float64) for k, v in module.state_dict().items()}
+    x = np.asarray(x, np.float64)
+
+    def lin(prefix, t=x):
+        return ref_linear(t, sd[prefix + ".weight"], sd.get(prefix + ".bias"))
+
+    kind = type(module).__name__
+    if kind == "SelfAttentionV1":
+        return ref_attend(lin("Q_proj"), lin("K_proj"), lin("V_proj"), 1 / math.sqrt(module.hidden_dim), mask)
+    if kind in ("SelfAttentionV2", "SelfAttentionV3"):
+        d = module.dim
+        qkv = lin("proj")
+        out, w = ref_attend(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], 1 / math.sqrt(d), mask)
+        return (lin("output_proj", out) if kind == "SelfAttentionV3" else out), w
+    if kind == "SelfAttentionV4":
+        return ref_attend(lin("query"), lin("key"), lin("value"), 1 / math.sqrt(module.dim), mask)
+    if kind == "SelfAttention":
+        return ref_attend(lin("linear_q"), lin("linear_k"), lin("linear_v"), 1 / math.sqrt(module.dim_k), mask)
+    if kind == "MultiHeadAttention":
+        h = module.head_num
+        q, k, v = (_split_heads(lin(p), h) for p in ("query_linear", "key_linear", "value_linear"))
+        out, w = ref_attend(q, k, v, 1 / math.sqrt(module.head_dim), mask)
+        return lin("output_linear", _merge_heads(out)), w
+    if kind == "MultiHeadSelfAttention":
+        h = module.num_heads
+        q, k, v = (_split_heads(lin(p), h) for p in ("linear_q", "linear_k", "linear_v"))
+        out, w = ref_attend(q, k, v, 1 / math.sqrt(module.dim_k // h), mask)
+        return _merge_heads(out), w
+    raise AssertionError(kind)
+
+
+def tolerance(dtype):
+    return 2e-5 if np.dtype(dtype) == np.float32 else 1e-11
+
+
+def assert_matches(actual, expected, dtype, what=""):
+    """Same shape, same NaN/inf positions, finite values within tolerance * max(1, |expected|max)."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
+    if expected.size == 0:
+        return
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected), err_msg=f"{what}: NaN positions")
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)],
+                                  err_msg=f"{what}: inf positions")
+    if finite.any():
+        a, e = actual[finite].astype(np.float64), expected[finite]
+        scale = max(1.0, float(np.max(np.abs(e))))
+        err = float(np.max(np.abs(a - e))) if a.size else 0.0
+        assert err <= tolerance(dtype) * scale, f"{what}: max abs err {err:.3e}"
+
+
+def huge_view(shape, dtype=np.float32):
+    """A read-only zero-strided view: any shape for the price of one element."""
+    return as_strided(np.zeros(1, dtype), shape, (0,) * len(shape), writeable=False)
+
+
+def raises_naming(exc, name, call):
+    with pytest.raises(exc) as info:
+        call()
+    assert name in str(info.value), f"message {str(info.value)!r} does not name {name!r}"
+    return info.value
+
+
+# ============================================================================
+# errors: modules
+
+
+BAD_DTYPES = {
+    "complex": lambda shape: np.ones(shape, np.complex64),
+    "object": lambda shape: np.ones(shape, object),
+    "str": lambda shape: np.full(shape, "a"),
+    "bytes": lambda shape: np.full(shape, b"a"),
+    "datetime": lambda shape: np.zeros(shape, "datetime64[s]"),
+}
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("shape", [(), (DIM,)], ids=["0d", "1d"])
+def test_module_x_too_few_dims(name, shape):
+    raises_naming(ValueError, "x", lambda: make_module(name)(np.ones(shape, np.float32)))
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("last", [0, DIM - 1, DIM + 1])
+def test_module_wrong_last_dim_names_sizes(name, last):
+    err = raises_naming(ValueError, "x", lambda: make_module(name)(np.ones((2, 3, last), np.float32)))
+    assert str(DIM) in str(err) and str(last) in str(err), str(err)
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("bad", list(BAD_DTYPES))
+def test_module_x_bad_dtype(name, bad):
+    raises_naming(TypeError, "x", lambda: make_module(name)(BAD_DTYPES[bad]((2, 3, DIM))))
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+def test_module_x_python_objects(name):
+    m = make_module(name)
+    raises_naming(TypeError, "x", lambda: m([[[1 + 2j] * DIM]]))
+    with pytest.raises((TypeError, ValueError)):
+        m([[[1.0] * DIM], [[1.0] * (DIM + 1)]])  # ragged
+    with pytest.raises((TypeError, ValueError)):
+        m(None)
+
+
+@pytest.mark.parametrize("name", MASKED_NAMES)
+@pytest.mark.parametrize("bad", list(BAD_DTYPES))
+def test_module_mask_bad_dtype(name, bad):
+    mask = BAD_DTYPES[bad]((2, 3, 3) if not MODULES[name][2] else (2, 1, 3, 3))
+    raises_naming(TypeError, "attention_mask", lambda: make_module(name)(np.ones((2, 3, DIM), np.float32), mask))
+
+
+def _bad_masks(multi_head):
+    if multi_head:  # scores (2, 2 heads, 3, 3)
+        return [(2, 3, 2), (3, 1, 3, 3), (2, 3, 3, 3), (1, 2, 1, 3, 3), (3,) * 5, (4,), (2, 1, 1, 4)]
+    return [(2, 3, 4), (3, 3, 3), (4, 3), (1, 2, 3, 3), (2, 2, 3), (3, 2)]
+
+
+@pytest.mark.parametrize("name", MASKED_NAMES)
+def test_module_mask_does_not_broadcast(name):
+    m = make_module(name)
+    x = np.ones((2, 3, DIM), np.float32)
+    for shape in _bad_masks(MODULES[name][2]):
+        raises_naming(ValueError, "attention_mask", lambda: m(x, np.ones(shape, bool)))
+        raises_naming(ValueError, "attention_mask", lambda: m(x, np.ones(shape, bool), return_weights=True))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: attnc.MultiHeadAttention(8, 0), lambda: attnc.MultiHeadAttention(8, -2),
+    lambda: attnc.MultiHeadAttention(8, 3), lambda: attnc.MultiHeadAttention(0, 1),
+    lambda: attnc.MultiHeadSelfAttention(4, 8, 8, 0), lambda: attnc.MultiHeadSelfAttention(4, 8, 8, -1),
+    lambda: attnc.MultiHeadSelfAttention(4, 8, 6, 4), lambda: attnc.MultiHeadSelfAttention(4, 6, 8, 4),
+    lambda: attnc.MultiHeadSelfAttention(4, 8, 8, 16),
+], ids=["mha0", "mha-neg", "mha-nodiv", "mha-dim0", "mhsa0", "mhsa-neg", "mhsa-nodiv-v", "mhsa-nodiv-k",
+        "mhsa-more-heads"])
+def test_bad_head_counts(make):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert any(n in str(info.value) for n in ("head_num", "num_heads", "hidden_dim")), str(info.value)
+
+
+@pytest.mark.parametrize("make, arg", [
+    (lambda: attnc.SelfAttentionV1(0), "hidden_dim"), (lambda: attnc.SelfAttentionV1(-3), "hidden_dim"),
+    (lambda: attnc.SelfAttentionV2(0), "dim"), (lambda: attnc.SelfAttentionV3(-1), "dim"),
+    (lambda: attnc.SelfAttentionV4(0), "dim"), (lambda: attnc.SelfAttention(0, 2, 2), "dim_in"),
+    (lambda: attnc.SelfAttention(2, 0, 2), "dim_k"), (lambda: attnc.SelfAttention(2, 2, -2), "dim_v"),
+    (lambda: attnc.MultiHeadSelfAttention(2, 0, 2, 1), "dim_k"), (lambda: attnc.Linear(-1, 2), "in_features"),
+    (lambda: attnc.Linear(2, -1), "out_features"),
+])
+def test_non_positive_sizes(make, arg):
+    raises_naming(ValueError, arg, make)
+
+
+BAD_P = [-0.1, 1.0000001, float("nan"), float("inf"), -float("inf"), 2]
+
+
+@pytest.mark.parametrize("p", BAD_P)
+@pytest.mark.parametrize("make, arg", [
+    (lambda p: attnc.Dropout(p), "p"), (lambda p: attnc.SelfAttentionV3(4, p), "dropout_rate"),
+    (lambda p: attnc.SelfAttentionV4(4, p), "dropout_rate"), (lambda p: attnc.MultiHeadAttention(4, 2, p), "dropout"),
+    (lambda p: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), dropout_p=p),
+     "dropout_p"),
+], ids=["Dropout", "V3", "V4", "MHA", "sdpa"])
+def test_bad_dropout_probability(make, arg, p):
+    raises_naming(ValueError, arg, lambda: make(p))
+
+
+@pytest.mark.parametrize("bad", list(BAD_DTYPES))
+def test_dropout_bad_input_dtype(bad):
+    for d in (attnc.Dropout(0.3), attnc.Dropout(0.3).eval()):
+        raises_naming(TypeError, "x", lambda: d(BAD_DTYPES[bad]((3, 4))))
+
+
+@pytest.mark.parametrize("bad", list(BAD_DTYPES))
+def test_linear_module_bad_input_dtype(bad):
+    raises_naming(TypeError, "x", lambda: attnc.Linear(4, 3)(BAD_DTYPES[bad]((2, 4))))
+
+
+def test_linear_module_shape_errors():
+    lin = attnc.Linear(4, 3)
+    raises_naming(ValueError, "x", lambda: lin(np.ones((2, 5), np.float32)))
+    raises_naming(ValueError, "x", lambda: lin(np.float32(1.0)))
+
+
+# ============================================================================
+# errors: functional
+
+
+@pytest.mark.parametrize("bad", list(BAD_DTYPES))
+def test_functional_bad_dtypes(bad):
+    ok = np.ones((2, 3, 4), np.float32)
+    b = BAD_DTYPES[bad]((2, 3, 4))
+    raises_naming(TypeError, "x", lambda: F.linear(b, np.ones((5, 4))))
+    raises_naming(TypeError, "weight", lambda: F.linear(ok, BAD_DTYPES[bad]((5, 4))))
+    raises_naming(TypeError, "bias", lambda: F.linear(ok, np.ones((5, 4)), BAD_DTYPES[bad]((5,))))
+    raises_naming(TypeError, "x", lambda: F.softmax(b))
+    raises_naming(TypeError, "query", lambda: F.scaled_dot_product_attention(b, ok, ok))
+    raises_naming(TypeError, "key", lambda: F.scaled_dot_product_attention(ok, b, ok))
+    raises_naming(TypeError, "value", lambda: F.scaled_dot_product_attention(ok, ok, b))
+    raises_naming(TypeError, "attn_mask",
+                  lambda: F.scaled_dot_product_attention(ok, ok, ok, attn_mask=BAD_DTYPES[bad]((3, 3))))
+
+
+def test_functional_linear_shape_errors():
+    raises_naming(ValueError, "x", lambda: F.linear(np.float32(2.0), np.ones((3, 1))))
+    raises_naming(ValueError, "x", lambda: F.linear(np.ones((2, 5)), np.ones((3, 4))))
+    raises_naming(ValueError, "weight", lambda: F.linear(np.ones((2, 4)), np.ones(4)))
+    raises_naming(ValueError, "weight", lambda: F.linear(np.ones((2, 4)), np.ones((1, 3, 4))))
+    raises_naming(ValueError, "bias", lambda: F.linear(np.ones((2, 4)), np.ones((3, 4)), np.ones(4)))
+    raises_naming(ValueError, "bias", lambda: F.linear(np.ones((2, 4)), np.ones((3, 4)), np.ones((1, 3))))
+
+
+def test_functional_softmax_axis_errors():
+    for axis in (2, -3, 100):
+        with pytest.raises((ValueError, IndexError)) as info:
+            F.softmax(np.ones((2, 3)), axis=axis)
+        assert "axis" in str(info.value)
+    with pytest.raises(TypeError):
+        F.softmax(np.ones((2, 3)), axis=1.5)
+
+
+def test_sdpa_shape_errors():
+    q = np.ones((2, 3, 4))
+    sdpa = F.scaled_dot_product_attention
+    raises_naming(ValueError, "query", lambda: sdpa(np.ones(4), q, q))
+    raises_naming(ValueError, "key", lambda: sdpa(q, np.ones(4), q))
+    raises_naming(ValueError, "value", lambda: sdpa(q, q, np.ones(4)))
+    raises_naming(ValueError, "query", lambda: sdpa(np.float64(1), q, q))
+    raises_naming(ValueError, "key", lambda: sdpa(q, np.ones((2, 3, 5)), q))           # E mismatch
+    raises_naming(ValueError, "value", lambda: sdpa(q, q, np.ones((2, 4, 4))))         # S mismatch
+    raises_naming(ValueError, "key", lambda: sdpa(q, np.ones((3, 3, 4)), q))           # batch 2 vs 3
+    raises_naming(ValueError, "value", lambda: sdpa(q, q, np.ones((3, 3, 4))))
+    raises_naming(ValueError, "key", lambda: sdpa(np.ones((5, 2, 3, 4)), np.ones((4, 2, 3, 4)), q))
+    for shape in [(3, 4), (2, 3, 2), (3, 3, 3), (2, 2, 3, 3), (4,)]:
+        raises_naming(ValueError, "attn_mask", lambda: sdpa(q, q, q, attn_mask=np.ones(shape, bool)))
+        raises_naming(ValueError, "attn_mask",
+                      lambda: sdpa(q, q, q, attn_mask=np.ones(shape, bool), return_weights=True))
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), np.float32("inf")])
+def test_sdpa_non_finite_scale(scale):
+    q = np.ones((2, 3))
+    raises_naming(ValueError, "scale", lambda: F.scaled_dot_product_attention(q, q, q, scale=scale))
+
+
+def test_sdpa_bad_scale_and_rng_types():
+    q = np.ones((2, 3))
+    with pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, q, q, scale="big")
+    raises_naming(TypeError, "rng", lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, rng=42))
+
+
+# ============================================================================
+# errors: sizes that would overflow or cannot be allocated (cheap zero-strided views)
+
+HUGE = 2 ** 40
+
+
+def _huge_calls():
+    q = np.ones((1, 64), np.float32)
+    sdpa = F.scaled_dot_product_attention
+    yield "sdpa-batch", lambda: sdpa(huge_view((HUGE, HUGE, 64)), huge_view((HUGE, HUGE, 64)),
+                                    huge_view((HUGE, HUGE, 64)))
+    yield "sdpa-broadcast-batch", lambda: sdpa(huge_view((HUGE, 1, 1, 64)), huge_view((1, HUGE, 1, 64)),
+                                              huge_view((1, 1, 1, 64)))
+    yield "sdpa-L", lambda: sdpa(huge_view((HUGE, 64)), q, q)
+    yield "sdpa-S", lambda: sdpa(q, huge_view((HUGE, 64)), huge_view((HUGE, 64)))
+    yield "sdpa-weights", lambda: sdpa(huge_view((2 ** 31, 1)), huge_view((2 ** 31, 1)), huge_view((2 ** 31, 1)),
+                                       return_weights=True)
+    yield "sdpa-batch-E1", lambda: sdpa(huge_view((2 ** 62, 1, 1)), huge_view((1, 1)), huge_view((1, 1)))
+    yield "sdpa-mask", lambda: sdpa(q, q, q, attn_mask=huge_view((HUGE, HUGE, 1, 1), bool))
+    yield "linear-x", lambda: F.linear(huge_view((HUGE, HUGE, 64)), np.ones((3, 64), np.float32))
+    yield "linear-out", lambda: F.linear(np.ones((4, 1), np.float32), huge_view((2 ** 62, 1)))
+    yield "linear-rows", lambda: F.linear(huge_view((2 ** 62, 1)), np.ones((3, 1), np.float32))
+    yield "softmax", lambda: F.softmax(huge_view((HUGE, HUGE, 64)))
+    yield "softmax-axis0", lambda: F.softmax(huge_view((2 ** 62, 2)), axis=0)
+    yield "dropout", lambda: attnc.Dropout(0.5)(huge_view((HUGE, HUGE, 64)))
+    yield "dropout-eval", lambda: attnc.Dropout(0.5).eval()(huge_view((HUGE, HUGE, 64)))
+    yield "Linear", lambda: attnc.Linear(64, 2)(huge_view((HUGE, HUGE, 64)))
+    for name in MODULE_NAMES:
+        yield name, lambda name=name: make_module(name, 64)(huge_view((HUGE, HUGE, 64)))
+        yield name + "-seq", lambda name=name: make_module(name, 64)(huge_view((2 ** 32, 64)), return_weights=True)
+        yield name + "-dim1", lambda name=name: make_module(name, 2)(huge_view((2 ** 62, 2)))
+    yield "MHA-mask", lambda: make_module("MHA", 64)(np.ones((1, 2, 64), np.float32),
+                                                     huge_view((HUGE, HUGE, 1, 1, 1), bool))
+
+
+HUGE_CALLS = dict(_huge_calls())
+
+_HUGE_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import test_bad_inputs as t
+    start = time.time()
+    try:
+        t.HUGE_CALLS[{name!r}]()
+    except (MemoryError, ValueError) as e:
+        print("RAISED", type(e).__name__, e)
+    else:
+        print("RETURNED")
+    print("SECONDS", time.time() - start)
+""")
+
+
+@pytest.mark.parametrize("name", list(HUGE_CALLS))
+def test_huge_shapes_raise_before_any_work(name):
+    """MemoryError or ValueError, at once. Run in a child with a memory cap
+    and a timeout, so a wrong size computation cannot take the test run down."""
+    import os
+    script = _HUGE_SCRIPT.format(tests=os.path.dirname(__file__), name=name)
+    # 4 GB of address space: a wrongly sized allocation fails instead of
+    # swapping (not under ASan, whose shadow memory needs terabytes of it)
+    cap = "" if "asan" in os.environ.get("LD_PRELOAD", "") else "ulimit -v 4000000; "
+    try:
+        proc = subprocess.run(["bash", "-c", cap + f'exec "{sys.executable}" -c "$0"', script],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name}: still running after 60 s (hang or work on an impossible size)")
+    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert "RAISED" in proc.stdout, f"{name}: returned a result\n{proc.stdout}"
+    seconds = float(proc.stdout.split("SECONDS")[1])
+    assert seconds < 5, f"{name}: took {seconds:.1f} s before raising"
+
+
+def test_empty_result_with_huge_work_returns_at_once():
+    """value with Ev = 0: the result (2**50, 0) is empty; there is nothing to compute."""
+    script = textwrap.dedent("""
+        import numpy as np
+        from numpy.lib.stride_tricks import as_strided
+        from attnc import functional as F
+        q = as_strided(np.zeros(1, np.float32), (2 ** 50, 1), (0, 0))
+        out = F.scaled_dot_product_attention(q, np.zeros((1, 1), np.float32), np.zeros((1, 0), np.float32))
+        assert out.shape == (2 ** 50, 0), out.shape
+        print("OK")
+    """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("scaled_dot_product_attention with an empty (2**50, 0) result ran for > 20 s")
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+# ============================================================================
+# right answers: zero sizes, seq 1, NaN/inf, masks, strides, byte order
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0), (0, 0), (3, 0, 2), (0, 1, 1), (1, 1), (3, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_module_zero_sizes_and_seq_one(name, shape, dtype):
+    m = make_module(name, dtype=dtype)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape + (DIM,))
+    out, w = m(x, return_weights=True)
+    ref_out, ref_w = ref_module(m, x)
+    assert_matches(out, ref_out, dtype, "out")
+    assert_matches(w, ref_w, dtype, "weights")
+    assert_matches(m(x), ref_out, dtype, "out without weights")
+
+
+@pytest.mark.parametrize("shapes", [
+    ((0, 3, 4), (0, 5, 4), (0, 5, 2)), ((2, 0, 4), (2, 5, 4), (2, 5, 2)), ((2, 3, 4), (2, 0, 4), (2, 0, 2)),
+    ((2, 3, 0), (2, 5, 0), (2, 5, 2)), ((2, 3, 4), (2, 5, 4), (2, 5, 0)), ((1, 4), (1, 4), (1, 3)),
+    ((0, 1, 1, 4), (3, 1, 4), (1, 4)), ((5, 1, 2), (1, 2), (1, 1)),
+], ids=lambda s: "_".join("x".join(map(str, t)) for t in s))
+def test_sdpa_zero_sizes(shapes):
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal(s) for s in shapes)
+    for causal in (False, True):
+        out, w = F.scaled_dot_product_attention(q, k, v, is_causal=causal, return_weights=True)
+        scale = 1 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+        ref_out, ref_w = ref_attend(q, k, v, scale, causal=causal)
+        assert_matches(out, ref_out, np.float64, "out")
+        assert_matches(w, ref_w, np.float64, "weights")
+
+
+def test_functional_zero_sizes():
+    assert_matches(F.linear(np.ones((0, 3)), np.ones((2, 3))), np.ones((0, 2)), np.float64)
+    assert_matches(F.linear(np.ones((2, 0)), np.ones((3, 0)), np.ones(3)), np.ones((2, 3)), np.float64)
+    assert_matches(F.linear(np.ones((2, 3)), np.ones((0, 3))), np.ones((2, 0)), np.float64)
+    assert_matches(F.linear(np.ones(3), np.ones((2, 3))), np.full(2, 3.0), np.float64)
+    assert_matches(F.softmax(np.ones((0, 5), np.float32)), np.ones((0, 5)), np.float32)
+    assert_matches(F.softmax(np.ones((5, 0), np.float32)), np.ones((5, 0)), np.float32)
+    assert_matches(F.softmax(np.ones((2, 0, 3), np.int8), axis=0), np.ones((2, 0, 3)), np.float32)
+    assert_matches(F.softmax(np.float64(3.0)), np.float64(1.0), np.float64)
+    assert_matches(F.softmax(np.ones(1)), np.ones(1), np.float64)
+    assert_matches(attnc.Dropout(0.5)(np.ones((0, 3))), np.ones((0, 3)), np.float32)
+    assert_matches(F.softmax(np.ones((3, 1), np.float16), axis=0), np.full((3, 1), 1 / 3), np.float32)
+    assert_matches(attnc.Linear(0, 3)(np.ones((2, 0))), ref_linear(np.ones((2, 0)), np.ones((3, 0)),
+                                                                    attnc.Linear(0, 3).bias), np.float32)
+
+
+def _torch_nan_positions(module, x, mask):
+    """NaN positions of the documents' math (masked_fill, softmax) in torch, float64."""
+    import torch
+    sd = {k: torch.tensor(np.asarray(v, np.float64)) for k, v in module.state_dict().items()}
+    xt = torch.tensor(np.asarray(x, np.float64))
+    mt = None if mask is None else torch.tensor(np.asarray(mask))
+
+    def lin(prefix, t=xt):
+        return torch.nn.functional.linear(t, sd[prefix + ".weight"], sd.get(prefix + ".bias"))
+
+    def attend(q, k, v, scale):
+        s = q @ k.transpose(-1, -2) * scale
+        if mt is not None:
+            s = s.masked_fill(mt == 0, -1e20)
+        return torch.softmax(s, -1) @ v, torch.softmax(s, -1)
+
+    def split(t, h):
+        return t.reshape(t.shape[:-1] + (h, t.shape[-1] // h)).transpose(-2, -3)
+
+    def merge(t):
+        t = t.transpose(-2, -3)
+        return t.reshape(t.shape[:-2] + (-1,))
+
+    kind = type(module).__name__
+    if kind == "SelfAttentionV1":
+        out, w = attend(lin("Q_proj"), lin("K_proj"), lin("V_proj"), 1 / math.sqrt(module.hidden_dim))
+    elif kind in ("SelfAttentionV2", "SelfAttentionV3"):
+        q, k, v = lin("proj").split(module.dim, -1)
+        out, w = attend(q, k, v, 1 / math.sqrt(module.dim))
+        if kind == "SelfAttentionV3":
+            out = lin("output_proj", out)
+    elif kind == "SelfAttentionV4":
+        out, w = attend(lin("query"), lin("key"), lin("value"), 1 / math.sqrt(module.dim))
+    elif kind == "SelfAttention":
+        out, w = attend(lin("linear_q"), lin("linear_k"), lin("linear_v"), 1 / math.sqrt(module.dim_k))
+    elif kind == "MultiHeadAttention":
+        h = module.head_num
+        out, w = attend(*(split(lin(p), h) for p in ("query_linear", "key_linear", "value_linear")),
+                        1 / math.sqrt(module.head_dim))
+        out = lin("output_linear", merge(out))
+    else:
+        h = module.num_heads
+        out, w = attend(*(split(lin(p), h) for p in ("linear_q", "linear_k", "linear_v")),
+                        1 / math.sqrt(module.dim_k // h))
+        out = merge(out)
+    return torch.isnan(out).numpy(), torch.isnan(w).numpy()
+
+
+NON_FINITE = {
+    "nan": lambda x: x.__setitem__((0, 1, 2), np.nan),
+    "inf": lambda x: x.__setitem__((1, 0, 0), np.inf),
+    "-inf": lambda x: x.__setitem__((1, 2, 3), -np.inf),
+    "all-nan-row": lambda x: x.__setitem__((0, 2), np.nan),
+    "huge": lambda x: x.__setitem__((1, 1), 3e38),
+}
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("kind", list(NON_FINITE))
+def test_module_non_finite_inputs_propagate_as_torch(name, kind):
+    m = make_module(name, dtype=np.float64)
+    x = np.random.default_rng(3).standard_normal((2, 3, DIM))
+    NON_FINITE[kind](x)
+    mask = None
+    if MODULES[name][1]:
+        mask = np.array([[1, 1, 0], [1, 0, 0]])[:, None, None, :] if MODULES[name][2] else \
+            np.array([[1, 1, 0], [1, 0, 0]])[:, None, :]
+    with np.errstate(all="ignore"):
+        out, w = m(x, mask, return_weights=True) if mask is not None else m(x, return_weights=True)
+    nan_out, nan_w = _torch_nan_positions(m, x, mask)
+    np.testing.assert_array_equal(np.isnan(out), nan_out, err_msg="output NaN positions differ from torch")
+    np.testing.assert_array_equal(np.isnan(w), nan_w, err_msg="weights NaN positions differ from torch")
+    ref_out, ref_w = ref_module(m, x, mask)
+    fin = ~nan_out & np.isfinite(ref_out)
+    np.testing.assert_allclose(out[fin], ref_out[fin], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_sdpa_non_finite_propagate_as_torch(value, where):
+    import torch
+    rng = np.random.default_rng(4)
+    arrays = {n: rng.standard_normal((2, 3, 4)) for n in ("query", "key", "value")}
+    arrays[where][1, 1, 2] = value
+    mask = np.array([[1, 0, 1], [1, 1, 0], [0, 0, 0]], bool)
+    with np.errstate(all="ignore"):
+        out, w = F.scaled_dot_product_attention(*arrays.values(), attn_mask=mask, return_weights=True)
+    q, k, v = (torch.tensor(a) for a in arrays.values())
+    s = (q @ k.transpose(-1, -2) * 0.5).masked_fill(torch.tensor(mask) == 0, -1e20)
+    tw = torch.softmax(s, -1)
+    np.testing.assert_array_equal(np.isnan(w), torch.isnan(tw).numpy())
+    np.testing.assert_array_equal(np.isnan(out), torch.isnan(tw @ v).numpy())
+
+
+def test_softmax_non_finite():
+    x = np.array([[0.0, np.inf, 1.0], [np.nan, 0, 0], [-np.inf, -np.inf, -np.inf], [-np.inf, 0, 1],
+                  [3e38, 3e38, -3e38]], np.float32)
+    import torch
+    expected = torch.softmax(torch.tensor(x), -1).numpy()
+    got = F.softmax(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    fin = ~np.isnan(expected)
+    np.testing.assert_allclose(got[fin], expected[fin], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", MASKED_NAMES)
+@pytest.mark.parametrize("mask_kind", ["float", "float-nan", "int", "uint8", "neg-zero", "all-masked", "float16"])
+def test_module_mask_values(name, mask_kind):
+    multi = MODULES[name][2]
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 2, (2, 3, 3))
+    mask = {
+        "float": base * rng.uniform(-2, 2, base.shape),
+        "float-nan": np.where(base == 1, np.nan, 0.0),
+        "int": base * -7,
+        "uint8": base.astype(np.uint8) * 255,
+        "neg-zero": np.where(base == 1, 0.5, -0.0),
+        "all-masked": np.zeros_like(base),
+        "float16": base.astype(np.float16) * np.float16(1e-4),
+    }[mask_kind]
+    if multi:
+        mask = mask[:, None]
+    m = make_module(name, dtype=np.float64)
+    x = rng.standard_normal((2, 3, DIM))
+    out, w = m(x, mask, return_weights=True)
+    ref_out, ref_w = ref_module(m, x, mask)
+    assert_matches(out, ref_out, np.float64, "out")
+    assert_matches(w, ref_w, np.float64, "weights")
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 5), (1, 5), (3, 1), (2, 1, 5), (1, 1, 1), (5,), (), (2, 3, 5)])
+@pytest.mark.parametrize("mask_dtype", [bool, np.int64, np.float32, np.float64])
+def test_sdpa_mask_broadcast_shapes(mask_shape, mask_dtype):
+    rng = np.random.default_rng(6)
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 3))
+    mask = rng.integers(0, 2, mask_shape).astype(mask_dtype) * (3 if mask_dtype != bool else 1)
+    for causal in (False, True):
+        out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, return_weights=True)
+        ref_out, ref_w = ref_attend(q, k, v, 0.5, mask, causal)
+        assert_matches(out, ref_out, np.float64)
+        assert_matches(w, ref_w, np.float64)
+
+
+def test_sdpa_scale_zero_gives_uniform_weights():
+    rng = np.random.default_rng(7)
+    q, k, v = rng.standard_normal((2, 3, 4)) * 100, rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 2))
+    out, w = F.scaled_dot_product_attention(q, k, v, scale=0.0, return_weights=True)
+    assert_matches(w, np.full((2, 3, 6), 1 / 6), np.float64)
+    assert_matches(out, np.broadcast_to(v.mean(-2, keepdims=True), (2, 3, 2)), np.float64)
+    out, w = F.scaled_dot_product_attention(q, k, v, scale=-0.0, is_causal=True, return_weights=True)
+    ref_out, ref_w = ref_attend(q, k, v, 0.0, causal=True)
+    assert_matches(w, ref_w, np.float64)
+    assert_matches(out, ref_out, np.float64)
+
+
+def _layouts(x):
+    """name -> an array in an odd memory layout, equal to x except for
+    "zero-stride-seq" (every row is x's first row)."""
+    rng = np.random.default_rng(8)
+    yield "fortran", np.asfortranarray(x)
+    yield "reversed", np.ascontiguousarray(x[::-1, ::-1, ::-1])[::-1, ::-1, ::-1]
+    yield "step2", np.repeat(x, 2, axis=-1)[..., ::2]
+    yield "transposed", np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2)
+    ro = x.copy()
+    ro.flags.writeable = False
+    yield "read-only", ro
+    buf = np.zeros(x.nbytes + 1, np.uint8)
+    unaligned = np.frombuffer(buf[1:].data, x.dtype).reshape(x.shape)
+    unaligned[...] = x
+    yield "unaligned", unaligned
+    yield "byteswapped", x.astype(x.dtype.newbyteorder())
+    yield "big-endian-f64", x.astype(">f8")
+    if x.shape[0] == 1:
+        yield "broadcast-batch", np.broadcast_to(x, (1,) + x.shape[1:])
+    yield "zero-stride-seq", np.broadcast_to(x[:, :1], x.shape)
+    del rng
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_module_layouts(name, dtype):
+    m = make_module(name, dtype=dtype)
+    x = np.random.default_rng(9).standard_normal((2, 5, DIM)).astype(dtype)
+    mask = None
+    if MODULES[name][1]:
+        mask = np.broadcast_to(np.array([1, 0, 1, 1, 0], bool), (2, 5, 5))
+        if MODULES[name][2]:
+            mask = np.broadcast_to(np.array([1, 0, 1, 1, 0], bool), (2, 2, 5, 5))[:, ::-1]
+    for layout, xv in _layouts(x):
+        before = np.array(xv, copy=True)
+        got = m(xv, mask, return_weights=True) if mask is not None else m(xv, return_weights=True)
+        ref = ref_module(m, np.asarray(xv, np.float64), mask)
+        assert_matches(got[0], ref[0], dtype, layout)
+        assert_matches(got[1], ref[1], dtype, layout)
+        assert got[0].flags.c_contiguous and got[0].flags.writeable and got[0].base is None or \
+            not np.shares_memory(got[0], xv)
+        np.testing.assert_array_equal(np.asarray(xv), before, err_msg=f"{layout}: input modified")
+
+
+def test_functional_layouts():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 5, 4))
+    w = rng.standard_normal((3, 4))
+    b = rng.standard_normal(3)
+    mask = np.array([[1, 0, 1, 1, 0]] * 5, bool)
+    for layout, xv in _layouts(x):
+        x64 = np.asarray(xv, np.float64)
+        for _, wv in _layouts(w[None]):
+            assert_matches(F.linear(xv, wv[0], b[::-1][::-1]), ref_linear(x64, np.asarray(wv[0], np.float64), b),
+                           np.float64, "linear " + layout)
+        assert_matches(F.softmax(xv, axis=1), ref_softmax(x64, axis=1), np.float64, "softmax " + layout)
+        for _, mv in _layouts(mask[None].astype(np.int16)):
+            out, wts = F.scaled_dot_product_attention(xv, xv[:, ::-1], xv, attn_mask=mv, return_weights=True)
+            ref = ref_attend(x64, x64[:, ::-1], x64, 0.5, mv)
+            assert_matches(out, ref[0], np.float64, "sdpa " + layout)
+            assert_matches(wts, ref[1], np.float64, "sdpa weights " + layout)
+        d = attnc.Dropout(0.5, dtype=np.float64).eval()(xv)
+        assert_matches(d, x64, np.float64, "dropout " + layout)
+        assert not np.shares_memory(d, xv)
+
+
+@pytest.mark.parametrize("in_dtype", [np.int8, np.int64, np.uint16, bool, np.float16, ">f4", "<f8"])
+def test_non_float_inputs_convert(in_dtype):
+    x = np.random.default_rng(11).integers(-3, 4, (2, 3, DIM)).astype(in_dtype)
+    for name in MODULE_NAMES:
+        m = make_module(name)
+        assert_matches(m(x), ref_module(m, x)[0], np.float32, name)
+    expected_dtype = np.float64 if np.dtype(in_dtype) == np.float64 else np.float32
+    assert_matches(F.softmax(x), ref_softmax(np.asarray(x, np.float64)), expected_dtype)
+    assert F.scaled_dot_product_attention(x, x, x).dtype == expected_dtype
+
+
+# ============================================================================
+# error paths do not leak (10,000 rejected calls)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _rejected_calls():
+    """Calls that each raise; each converts or allocates something before
+    being rejected (inputs, masks, offset tables), so a leak would show.
+    Every array is made here, once: on Python 3.11 NumPy 2.4's np.empty/zeros/
+    ones with the default dtype add a reference to float64 at each call,
+    which would hide (or fake) a leak of attnc's."""
+    x = np.ones((2, 64, 32), np.float32)
+    x64 = x.astype(np.float64)
+    sdpa = F.scaled_dot_product_attention
+    mha, v4, mhsa = make_module("MHA", 32), make_module("V4", 32), make_module("MHSA", 32)
+    lin = attnc.Linear(32, 4)
+    drop = attnc.Dropout(0.2)
+    mask_63 = x64[..., :1].repeat(63, -1)            # (2, 64, 63) float64
+    mask_c = x64[:, None, :, :1].repeat(64, -1).astype(complex)  # (2, 1, 64, 64)
+    mask_3 = np.concatenate([x64[..., :1].repeat(64, -1)] * 2)[:3]  # (3, 64, 64)
+    mask_o = x64[0, :, :1].repeat(64, -1).astype(object)
+    x_c = x64.astype(complex)
+    w31, w32 = x64[0, :8, :31].copy(), x64[0, :8, :].copy()
+    b7, b8c = x64[0, 0, :7].copy(), x64[0, 0, :8].astype(complex)
+    key3 = x64[:1].repeat(3, 0)
+    v_short = x64[:, :63]
+    huge_q = huge_view((HUGE, 64))
+    huge_x = huge_view((HUGE, 2, 32))
+    nan = float("nan")
+    return [
+        (ValueError, lambda: v4(x64, mask_63)),                       # after converting x to float32
+        (ValueError, lambda: mha(x64[..., :31])),
+        (TypeError, lambda: mhsa(x64, mask_c)),
+        (ValueError, lambda: mhsa(x64, mask_63)),
+        (TypeError, lambda: v4(x_c)),
+        (ValueError, lambda: sdpa(x64, x64, v_short)),
+        (ValueError, lambda: sdpa(x64, x64, x64, attn_mask=mask_3)),   # after the offset tables
+        (ValueError, lambda: sdpa(x, x, x, scale=nan)),
+        (ValueError, lambda: sdpa(x, x, x, dropout_p=2.0)),
+        (ValueError, lambda: sdpa(x64, key3, x64)),
+        (TypeError, lambda: sdpa(x, x, x, attn_mask=mask_o)),
+        (ValueError, lambda: F.linear(x64, w31)),
+        (ValueError, lambda: F.linear(x64, w32, b7)),
+        (TypeError, lambda: F.linear(x64, w32, b8c)),
+        (ValueError, lambda: F.softmax(x64, axis=5)),
+        (TypeError, lambda: drop(x_c)),
+        (ValueError, lambda: lin(x64[..., :3])),
+        ((MemoryError, ValueError), lambda: sdpa(huge_q, x, x)),
+        ((MemoryError, ValueError), lambda: mha(huge_x)),
+    ]
+
+
+def test_rejected_calls_do_not_leak():
+    calls = _rejected_calls()
+
+    def run_all():
+        for exc, call in calls:
+            try:
+                call()
+            except exc:
+                pass
+            else:
+                raise AssertionError("no error")
+
+    for _ in range(30):
+        run_all()
+    gc.collect()
+    watched = [None, True, False, np.dtype(np.float32), np.dtype(np.float64), np.float32, np.float64,
+               np.ndarray, np.bool_, complex, object]
+    refs = [sys.getrefcount(o) for o in watched]
+    n_objects = len(gc.get_objects())
+    rss = _rss_bytes()
+    rounds = 10_000 // len(calls) + 1  # >= 10,000 rejected calls
+    for _ in range(rounds):
+        run_all()
+    gc.collect()
+    for o, r0 in zip(watched, refs):
+        assert abs(sys.getrefcount(o) - r0) < 50, f"refcount of {o!r}: {r0} -> {sys.getrefcount(o)}"
+    assert len(gc.get_objects()) - n_objects < 200
+    grown = _rss_bytes() - rss
+    assert grown < 8 * 1024 * 1024, f"RSS grew {grown} bytes over {rounds * len(calls)} rejected calls"

@@ -1,0 +1,201 @@
+"""Python threads (the GIL is released in the kernels): many threads calling
+the same and different modules get bit-identical results to serial calls; a
+module switched between train/eval or reloaded while other threads use it
+never crashes; the thread count of the pool never changes a bit."""
+import threading
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from test_bad_inputs import MODULE_NAMES, MODULES, make_module
+
+N_THREADS = 8
+ROUNDS = 6
+JOIN_TIMEOUT = 120
+
+
+def _run_threads(target, n=N_THREADS):
+    errors = []
+    barrier = threading.Barrier(n)
+
+    def wrapped(i):
+        try:
+            barrier.wait(timeout=JOIN_TIMEOUT)
+            target(i)
+        except BaseException as error:  # re-raised in the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=wrapped, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=JOIN_TIMEOUT)
+    assert not any(t.is_alive() for t in threads), "a thread is still running: deadlock?"
+    if errors:
+        raise errors[0]
+
+
+def _workload(seed=0):
+    """(name, call) pairs over every entry point, on sizes that use the pool."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 96, 48)).astype(np.float32)
+    calls = []
+    for name in MODULE_NAMES:
+        m = make_module(name, 48, seed=hash(name) % 1000)
+        mask = rng.integers(0, 2, (2, 1, 96, 96) if MODULES[name][2] else (2, 96, 96)) if MODULES[name][1] else None
+        args = (x, mask) if mask is not None else (x,)
+        calls.append((name, lambda m=m, args=args: m(*args, return_weights=True)))
+    q, k, v = (rng.standard_normal((3, 80, 32)) for _ in range(3))
+    w = rng.standard_normal((64, 48)).astype(np.float32)
+    calls += [
+        ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)),
+        ("sdpa-dropout", lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
+                                                                rng=np.random.default_rng(5))),
+        ("linear", lambda: F.linear(x, w)),
+        ("softmax", lambda: F.softmax(x, axis=1)),
+        ("Dropout", lambda: attnc.Dropout(0.4, rng=np.random.default_rng(6))(x)),
+        ("train-mode", lambda: attnc.MultiHeadAttention(48, 4, 0.2, rng=np.random.default_rng(7))(x)),
+    ]
+    return calls
+
+
+def _same(a, b, what):
+    if isinstance(a, tuple):
+        for i, (ai, bi) in enumerate(zip(a, b)):
+            np.testing.assert_array_equal(ai, bi, err_msg=f"{what}[{i}]")
+    else:
+        np.testing.assert_array_equal(a, b, err_msg=what)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_many_threads_different_entry_points_bit_identical(threads, restore_threads):
+    attnc.set_num_threads(threads)
+    calls = _workload()
+    expected = {name: call() for name, call in calls}
+
+    def target(i):
+        for r in range(ROUNDS):
+            name, call = calls[(i + r) % len(calls)]
+            _same(call(), expected[name], name)
+
+    _run_threads(target)
+
+
+def test_many_threads_same_module_bit_identical(restore_threads):
+    attnc.set_num_threads(2)
+    m = make_module("MHA", 64)
+    x = np.random.default_rng(1).standard_normal((4, 128, 64)).astype(np.float32)
+    mask = np.random.default_rng(2).integers(0, 2, (4, 1, 1, 128))
+    expected = m(x, mask, return_weights=True)
+    expected_out = m(x, mask)  # the flash path: not bit-equal to expected[0] (not promised)
+
+    def target(i):
+        for _ in range(ROUNDS):
+            _same(m(x, mask, return_weights=True), expected, "MHA")
+            _same(m(x, mask), expected_out, "MHA out")
+
+    _run_threads(target)
+
+
+def test_thread_count_changes_while_threads_compute(restore_threads):
+    calls = _workload(3)
+    attnc.set_num_threads(1)
+    expected = {name: call() for name, call in calls}
+    stop = threading.Event()
+
+    def target(i):
+        if i == 0:
+            n = 1
+            while not stop.is_set():
+                attnc.set_num_threads(n % 4 + 1)
+                n += 1
+            return
+        try:
+            for r in range(ROUNDS):
+                name, call = calls[(i + r) % len(calls)]
+                _same(call(), expected[name], name)
+        finally:
+            if i == 1:
+                stop.set()
+
+    _run_threads(target, 4)
+
+
+def test_set_num_threads_one_vs_two_bit_identical(restore_threads):
+    """Sizes above the pool's threshold, so 2 threads really split the work."""
+    results = {}
+    for n in (1, 2, 1):
+        attnc.set_num_threads(n)
+        results.setdefault(n, []).append([call() for _, call in _workload(4)])
+    for a, b, (name, _) in zip(results[1][0], results[2][0], _workload(4)):
+        _same(a, b, f"{name}: 1 vs 2 threads")
+    for a, b, (name, _) in zip(results[1][0], results[1][1], _workload(4)):
+        _same(a, b, f"{name}: repeat")
+
+
+@pytest.mark.parametrize("name", ["V3", "MHA", "V4"])
+def test_train_eval_switch_while_other_threads_compute(name, restore_threads):
+    """Results are either the eval answer or a valid training-mode answer
+    (finite, right shape); nothing crashes or deadlocks."""
+    attnc.set_num_threads(2)
+    m = make_module(name, 32)
+    x = np.random.default_rng(8).standard_normal((2, 64, 32)).astype(np.float32)
+    m.eval()
+    expected = m(x)
+    stop = threading.Event()
+
+    def target(i):
+        if i == 0:
+            while not stop.is_set():
+                m.train()
+                m.eval()
+            return
+        try:
+            for _ in range(ROUNDS * 3):
+                out = m(x)
+                assert out.shape == expected.shape and out.dtype == expected.dtype
+                assert np.all(np.isfinite(out))
+        finally:
+            if i == 1:
+                stop.set()
+
+    _run_threads(target, 4)
+    m.eval()
+    _same(m(x), expected, "after the switching")
+
+
+@pytest.mark.parametrize("name", MODULE_NAMES)
+def test_load_state_dict_while_other_threads_compute(name, restore_threads):
+    """Loading parameters during forwards: each forward sees some mix of the
+    two parameter sets (no guarantee is made), but never crashes; once the
+    loading stops, results are exact again."""
+    attnc.set_num_threads(2)
+    m = make_module(name, 32)
+    other = make_module(name, 32, seed=99)
+    sd_a, sd_b = m.state_dict(), other.state_dict()
+    x = np.random.default_rng(9).standard_normal((2, 64, 32)).astype(np.float32)
+    expected_a, expected_b = m(x), other(x)
+    stop = threading.Event()
+
+    def target(i):
+        if i == 0:
+            k = 0
+            while not stop.is_set():
+                m.load_state_dict(sd_b if k % 2 else sd_a)
+                k += 1
+            m.load_state_dict(sd_a)
+            return
+        try:
+            for _ in range(ROUNDS * 2):
+                out = m(x, return_weights=True)
+                assert out[0].shape == expected_a.shape
+        finally:
+            if i == 1:
+                stop.set()
+
+    _run_threads(target, 4)
+    _same(m(x), expected_a, "after reloading")
+    m.load_state_dict(sd_b)
+    _same(m(x), expected_b, "with the other parameters")

@@ -1,0 +1,104 @@
+"""os.fork() after the pool has been used (and while another Python thread
+is inside a kernel): the child computes the right answer and exits 0. The
+parent waits with a timeout and kills a hung child, so a hang fails the test
+instead of blocking CI."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from test_bad_inputs import assert_matches, make_module, ref_module
+
+TIMEOUT = 60
+
+
+def _wait(pid):
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {TIMEOUT} s")
+
+
+def _fork_and_check(child_work):
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 3
+        try:
+            code = 0 if child_work() else 2
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    assert _wait(pid) == 0
+
+
+def _problem():
+    m = make_module("MHA", 64, dtype=np.float64)
+    x = np.random.default_rng(0).standard_normal((4, 128, 64))
+    expected = ref_module(m, x)[0]
+    return m, x, expected
+
+
+@pytest.mark.parametrize("child_threads", [1, 2, 4])
+def test_child_of_a_parent_that_used_the_pool(child_threads, restore_threads):
+    attnc.set_num_threads(2)
+    m, x, expected = _problem()
+    parent = m(x)  # the pool's workers exist in the parent now
+    assert_matches(parent, expected, np.float64)
+
+    def child():
+        attnc.set_num_threads(child_threads)
+        out = m(x)
+        assert_matches(out, expected, np.float64)
+        return np.array_equal(out, parent) and np.array_equal(F.linear(x, x[0]), F.linear(x, x[0]))
+
+    _fork_and_check(child)
+    np.testing.assert_array_equal(m(x), parent)  # and the parent's pool still works
+
+
+def test_fork_while_another_thread_is_in_a_kernel(restore_threads):
+    """The fork happens while a worker thread of the parent holds the pool."""
+    attnc.set_num_threads(2)
+    m, x, expected = _problem()
+    parent = m(x)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            m(x)
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    try:
+        for _ in range(5):
+            time.sleep(0.01)
+            _fork_and_check(lambda: np.array_equal(m(x), parent))
+    finally:
+        stop.set()
+        thread.join(timeout=TIMEOUT)
+    assert not thread.is_alive()
+
+
+def test_nested_fork(restore_threads):
+    attnc.set_num_threads(2)
+    m, x, expected = _problem()
+    parent = m(x)
+
+    def child():
+        ok = np.array_equal(m(x), parent)
+        _fork_and_check(lambda: np.array_equal(m(x), parent))
+        return ok
+
+    _fork_and_check(child)

@@ -1,0 +1,145 @@
+"""No reference or memory growth over 10,000 calls of each entry point.
+
+Each call allocates at least ~1 KiB (inputs of 16 x 16), so a leaked result or workspace
+would grow the RSS by >= 10 MiB; references are checked on the inputs, the parameters,
+the mask, None/True/False and the dtype objects (Python 3.11: not immortal)."""
+import gc
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from helpers import CASE_IDS, CASES
+
+N_CALLS = 10_000
+S, D = 16, 16
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _watched(objs):
+    base = [None, True, False, np.dtype(np.float32), np.dtype(np.float64), np.float32, np.float64, np.ndarray]
+    return base + list(objs)
+
+
+def _run_no_leak(call, objs):
+    for _ in range(300):          # warm-up: caches, pools, arenas
+        call()
+    gc.collect()
+    watched = _watched(objs)
+    refs = [sys.getrefcount(o) for o in watched]
+    n_objects = len(gc.get_objects())
+    rss = _rss_bytes()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    for _ in range(N_CALLS // 2):
+        call()
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    for _ in range(N_CALLS // 2):
+        call()
+    gc.collect()
+    grown_py = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    grown_rss = _rss_bytes() - rss
+    after = [sys.getrefcount(o) for o in watched]
+    for o, r0, r1 in zip(watched, refs, after):
+        assert abs(r1 - r0) < 50, f"refcount of {o!r} went {r0} -> {r1}"
+    assert len(gc.get_objects()) - n_objects < 200
+    assert grown_py < 256 * 1024, f"traced Python allocations grew {grown_py} bytes"
+    assert grown_rss < 4 * 1024 * 1024, f"RSS grew {grown_rss} bytes"
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_module_forward_no_leak(case):
+    m = case.make(D, rng=np.random.default_rng(0))
+    x = np.random.default_rng(0).standard_normal((1, S, D)).astype(np.float32)
+    params = [p for _, p in m.named_parameters()]
+    if case.masked:
+        h = case.n_heads(D)
+        mask = np.ones((1,) + ((1,) if h else ()) + (S, S), bool)
+        mask[..., 3] = False
+
+        def call():
+            m(x, mask)
+            m(x, mask, return_weights=True)
+        objs = [x, mask, m] + params
+    else:
+        def call():
+            m(x)
+            m(x, return_weights=True)
+        objs = [x, m] + params
+    _run_no_leak(call, objs)
+
+
+def test_functional_linear_no_leak():
+    x = np.ones((S, D), np.float32)
+    w = np.ones((D, D), np.float32)
+    b = np.ones(D, np.float32)
+    xs = x[::-1]            # a non-contiguous input goes through a conversion
+
+    def call():
+        F.linear(x, w, b)
+        F.linear(xs, w)
+    _run_no_leak(call, [x, w, b, xs])
+
+
+def test_functional_softmax_no_leak():
+    x = np.ones((S, D), np.float64)
+    xt = x.T
+
+    def call():
+        F.softmax(x)
+        F.softmax(xt, axis=0)
+    _run_no_leak(call, [x, xt])
+
+
+def test_sdpa_no_leak():
+    q = np.ones((2, S, D), np.float32)
+    mask = np.tril(np.ones((S, S), np.int8))
+    qb = q.astype(">f8")
+
+    def call():
+        F.scaled_dot_product_attention(q, q, q)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask, return_weights=True)
+        F.scaled_dot_product_attention(qb, q, q, is_causal=True, dropout_p=0.1, rng=rng)
+    rng = np.random.default_rng(1)
+    _run_no_leak(call, [q, mask, qb, rng])
+
+
+def test_dropout_no_leak():
+    x = np.ones((S, D), np.float32)
+    d = attnc.Dropout(0.5, rng=np.random.default_rng(2))
+    e = attnc.Dropout(0.5).eval()
+
+    def call():
+        d(x)
+        e(x)
+    _run_no_leak(call, [x, d, e])
+
+
+def test_error_paths_no_leak():
+    """Rejected calls release what they took."""
+    m = attnc.SelfAttentionV4(D)
+    x = np.ones((1, S, D), np.float32)
+    bad_x = np.ones((1, S, D + 1), np.float32)
+    bad_mask = np.ones((3, S, 2), bool)
+
+    def call():
+        for args in ((bad_x,), (x, bad_mask)):
+            try:
+                m(*args)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("no error")
+        try:
+            F.scaled_dot_product_attention(x, x, x, scale=float("nan"))
+        except ValueError:
+            pass
+    _run_no_leak(call, [m, x, bad_x, bad_mask])

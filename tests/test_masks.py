@@ -1,0 +1,197 @@
+"""attention_mask semantics: broadcasting, dtypes (nonzero keeps, NaN keeps, not additive),
+fully masked rows (uniform weights, output = mean of the V rows, no NaN)."""
+import numpy as np
+import pytest
+import torch
+
+import attnc
+from helpers import (MASKED_CASES, MASKED_IDS, assert_close, make_pair, np_linear, np_reference, np_sd, np_values,
+                     random_keep_mask, torch_forward)
+
+B, S = 3, 5
+
+
+def _x(dim, dtype=np.float32, seed=0, shape=None):
+    return np.random.default_rng(seed).standard_normal(shape or (B, S, dim)).astype(dtype)
+
+
+SINGLE_HEAD_MASK_SHAPES = [(S, S), (B, 1, S), (B, S, S), (S,), (1, S), (B, S, 1), (1, 1, 1)]
+MULTI_HEAD_MASK_SHAPES = [(B, 1, 1, S), (B, 1, S, S), (S, S), (1, S), (B, 2, S, S), (2, 1, S), (1, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("case", [c for c in MASKED_CASES if c.heads is None],
+                         ids=[c.name for c in MASKED_CASES if c.heads is None])
+@pytest.mark.parametrize("mask_shape", SINGLE_HEAD_MASK_SHAPES, ids=str)
+def test_single_head_mask_broadcast(case, mask_shape, dtype):
+    dim = 4
+    tm, am = make_pair(case, dim, dtype, seed=1)
+    x = _x(dim, dtype, 1)
+    mask = random_keep_mask(np.random.default_rng(hash(mask_shape) % 1000), mask_shape)
+    out, w = am(x, mask, return_weights=True)
+    assert w.shape == (B, S, S)
+    assert_close(out, torch_forward(case, tm, x, np.broadcast_to(mask, (B, S, S))), dtype)
+    ref, ref_w = np_reference(case.kind, np_sd(tm), x, mask)
+    assert_close(out, ref, dtype)
+    assert_close(w, ref_w, dtype)
+    np.testing.assert_array_equal(w[np.broadcast_to(mask, (B, S, S)) == 0], 0)
+
+
+@pytest.mark.parametrize("case", [c for c in MASKED_CASES if c.heads is not None],
+                         ids=[c.name for c in MASKED_CASES if c.heads is not None])
+@pytest.mark.parametrize("mask_shape", MULTI_HEAD_MASK_SHAPES, ids=str)
+def test_multi_head_mask_broadcast(case, mask_shape, dtype):
+    dim = 4 if case.kind == "MultiHeadAttention" else 5   # MHA: 2 heads; MHSA: 3 heads
+    h = case.n_heads(dim)
+    if len(mask_shape) == 4 and mask_shape[1] == 2 and h != 2:
+        mask_shape = (B, h, S, S)
+    if mask_shape == (2, 1, S):
+        mask_shape = (h, 1, S)          # a per-head key mask
+    tm, am = make_pair(case, dim, dtype, seed=2)
+    x = _x(dim, dtype, 2)
+    mask = random_keep_mask(np.random.default_rng(len(mask_shape)), mask_shape).astype(bool)
+    full = np.broadcast_to(mask, (B, h, S, S))
+    out, w = am(x, mask, return_weights=True)
+    assert w.shape == (B, h, S, S)
+    assert_close(out, torch_forward(case, tm, x, full), dtype)
+    ref, ref_w = np_reference(case.kind, np_sd(tm), x, mask, h)
+    assert_close(out, ref, dtype)
+    assert_close(w, ref_w, dtype)
+    np.testing.assert_array_equal(w[~full], 0)
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+def test_mask_leading_dims(case):
+    """x (2, 3, S, dim): the mask broadcasts to the scores' shape over all leading dims."""
+    dim = 6
+    tm, am = make_pair(case, dim, np.float64, seed=3)
+    x = _x(dim, np.float64, 3, shape=(2, 3, S, dim))
+    h = case.n_heads(dim)
+    mask_shape = (3, 1, S) if h is None else (2, 1, 1, 1, S)   # to (2,3,S,S) / (2,3,h,S,S)
+    mask = random_keep_mask(np.random.default_rng(3), mask_shape)
+    out = am(x, mask)
+    ref, _ = np_reference(case.kind, np_sd(tm), x, mask, h)
+    assert_close(out, ref, np.float64)
+    full = np.broadcast_to(mask, (2, 3) + ((h,) if h else ()) + (S, S))
+    assert_close(out, torch_forward(case, tm, x, full), np.float64)
+
+
+MASK_DTYPES = [bool, np.int8, np.uint8, np.int32, np.int64, np.uint64, np.float16, np.float32, np.float64, ">i4",
+               ">f8"]
+
+
+@pytest.mark.parametrize("mask_dtype", MASK_DTYPES, ids=str)
+@pytest.mark.parametrize("case", MASKED_CASES[:3], ids=MASKED_IDS[:3])
+def test_mask_dtypes_nonzero_keeps(case, mask_dtype):
+    dim = 4
+    _, am = make_pair(case, dim, np.float32, seed=4)
+    x = _x(dim, np.float32, 4)
+    h = case.n_heads(dim)
+    shape = (B, 1, S) if h is None else (B, 1, 1, S)
+    keep = random_keep_mask(np.random.default_rng(4), shape).astype(bool)
+    expected = am(x, keep)
+    mask = keep.astype(mask_dtype)
+    np.testing.assert_array_equal(am(x, mask), expected)
+    kind = np.dtype(mask_dtype).kind
+    if kind == "i":
+        np.testing.assert_array_equal(am(x, np.where(keep, -3, 0).astype(mask_dtype)), expected)
+    if kind in "iu":
+        np.testing.assert_array_equal(am(x, np.where(keep, 7, 0).astype(mask_dtype)), expected)
+    if kind == "f":
+        # any nonzero value keeps (negative, fractional, large, NaN): not additive
+        for value in (-2.5, 0.25, 1000.0, np.nan, np.inf):
+            np.testing.assert_array_equal(am(x, np.where(keep, value, 0.0).astype(mask_dtype)), expected)
+        # -0.0 is zero: masked
+        np.testing.assert_array_equal(am(x, np.where(keep, 1.0, -0.0).astype(mask_dtype)), expected)
+
+
+def test_float_mask_is_not_additive_vs_torch_sdpa():
+    """A float mask of ones changes nothing in attnc (it would add 1 in torch's SDPA, also nothing),
+    and a float mask of -inf is 'keep' in attnc but 'masked' (additive) in torch's SDPA."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    mask = np.zeros((4, 4))
+    mask[:, 1] = -np.inf
+    mask[:, 0] = 1.0
+    mask[:, 2] = 0.5
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    keep = mask != 0
+    expected = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    np.testing.assert_array_equal(out, expected)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(3)
+    scores[..., ~keep] = -1e20
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert_close(out, w @ v, np.float64)
+    torch_additive = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch.from_numpy(mask)).numpy()
+    assert np.max(np.abs(out - torch_additive)) > 1e-3
+
+
+# ----------------------------------------------------------------------------
+# fully masked rows
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+def test_fully_masked_rows_uniform(case, dtype):
+    dim = 4
+    tm, am = make_pair(case, dim, dtype, seed=6)
+    sd = np_sd(tm)
+    x = _x(dim, dtype, 6)
+    h = case.n_heads(dim)
+    mask = np.ones((B, S, S), dtype=np.int64)
+    mask[0] = 0                 # batch 0: everything masked
+    mask[1, 2] = 0              # batch 1: query row 2 masked
+    if h is not None:
+        mask = mask[:, None]
+    out, w = am(x, mask, return_weights=True)
+    assert not np.isnan(out).any() and not np.isnan(w).any()
+    np.testing.assert_allclose(w[0], 1.0 / S, rtol=1e-6)
+    np.testing.assert_allclose(w[1][..., 2, :], 1.0 / S, rtol=1e-6)
+    # output = mean of the V rows (then the output projection, if any)
+    mean_v = np_values(case.kind, sd, x).mean(axis=-2)   # (B, dim_v)
+    if case.kind == "SelfAttentionV3":
+        mean_v = np_linear(mean_v, sd["output_proj.weight"], sd["output_proj.bias"])
+    if case.kind == "MultiHeadAttention":
+        mean_v = np_linear(mean_v, sd["output_linear.weight"], sd["output_linear.bias"])
+    assert_close(out[0], np.broadcast_to(mean_v[0], out[0].shape), dtype)
+    assert_close(out[1, 2], mean_v[1], dtype)
+    ref, _ = np_reference(case.kind, sd, x, mask, h)
+    assert_close(out, ref, dtype)
+
+
+def test_fully_masked_with_large_scores_stays_uniform():
+    """Masked scores are replaced (-1e20), not added: even with huge scores the row is uniform."""
+    q = np.array([[1e3, -1e3], [5.0, 7.0]], np.float32)
+    k = np.array([[1e3, 0], [0, 1e3], [-1e3, 1e3]], np.float32)
+    v = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]], np.float32)
+    mask = np.array([[0, 0, 0], [1, 1, 1]], bool)
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+    np.testing.assert_allclose(w[0], 1 / 3, rtol=1e-6)
+    np.testing.assert_allclose(out[0], [3.0, 5.0], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# the document's V3 example mask in training mode: dropout on the weights
+
+
+def test_v3_doc_mask_train_mode_rows_are_dropped_or_kept():
+    """Document 000 prints V3 in training mode: in batch 2 (only key 0 kept) each row is either
+    output_proj(V[0] / (1 - p)) (weight kept) or output_proj(0) = bias (weight dropped)."""
+    p = 0.5
+    am = attnc.SelfAttentionV3(2, dropout_rate=p, dtype=np.float64, rng=np.random.default_rng(7))
+    assert am.training
+    sd = am.state_dict()
+    x = np.random.default_rng(7).standard_normal((3, 4, 2))
+    mask = np.repeat(np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])[:, None, :], 4, axis=1)
+    v0 = np_linear(x[2, 0], sd["proj.weight"], sd["proj.bias"])[4:]
+    kept = np_linear(v0 / (1 - p), sd["output_proj.weight"], sd["output_proj.bias"])
+    dropped = sd["output_proj.bias"]
+    seen = set()
+    for _ in range(10):
+        out = am(x, mask)
+        for row in out[2]:
+            is_kept = np.allclose(row, kept, rtol=1e-12, atol=1e-12)
+            is_dropped = np.allclose(row, dropped, rtol=1e-12, atol=1e-12)
+            assert is_kept != is_dropped, row
+            seen.add(is_kept)
+    assert seen == {True, False}

@@ -1,0 +1,252 @@
+"""The Module API against torch.nn.Module: training flag, train/eval, named_parameters,
+state_dict keys and order, copies, load_state_dict, to(dtype), repr, Linear init, seeding."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import attnc
+from helpers import CASE_IDS, CASES, assert_close
+
+
+DIM = 6
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_training_flag_train_eval(case):
+    m = case.make(DIM)
+    assert m.training is True
+    assert m.eval() is m and m.training is False
+    assert m.train() is m and m.training is True
+    assert m.train(False) is m and m.training is False
+    assert m.train(True) is m and m.training is True
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_named_parameters_and_state_dict_match_torch(case):
+    m = case.make(DIM)
+    tm = case.make_torch(DIM)
+    names = [n for n, _ in m.named_parameters()]
+    assert names == [n for n, _ in tm.named_parameters()]
+    assert list(m.state_dict().keys()) == list(tm.state_dict().keys())
+    for (n, p), (tn, tp) in zip(m.named_parameters(), tm.named_parameters()):
+        assert isinstance(p, np.ndarray) and p.shape == tuple(tp.shape) and p.dtype == np.float32
+    params = list(m.parameters())
+    assert len(params) == len(names)
+    for p, (_, q) in zip(params, m.named_parameters()):
+        assert p is q or np.shares_memory(p, q)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_state_dict_values_are_copies(case):
+    m = case.make(DIM)
+    sd = m.state_dict()
+    before = {k: v.copy() for k, v in sd.items()}
+    for v in sd.values():
+        v[...] = 42.0
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    for _, p in m.named_parameters():
+        assert not any(np.shares_memory(p, v) for v in sd.values())
+
+
+def test_load_state_dict_copies_in():
+    m = attnc.SelfAttentionV1(3)
+    src = {k: np.full(v.shape, 0.5, np.float32) for k, v in m.state_dict().items()}
+    m.load_state_dict(src)
+    src["Q_proj.weight"][...] = 9.0
+    np.testing.assert_array_equal(m.state_dict()["Q_proj.weight"], 0.5)
+    np.testing.assert_array_equal(m.Q_proj.weight, 0.5)
+
+
+def test_load_state_dict_accepts_lists_and_tensors_and_returns_keys():
+    m = attnc.SelfAttentionV1(2)
+    sd = {"Q_proj.weight": [[1, 2], [3, 4]], "Q_proj.bias": torch.tensor([0.5, -0.5]),
+          "K_proj.weight": np.eye(2, dtype=np.int64), "K_proj.bias": (0, 0),
+          "V_proj.weight": torch.ones(2, 2, dtype=torch.float64), "V_proj.bias": np.zeros(2, np.float16)}
+    result = m.load_state_dict(sd)
+    missing, unexpected = result
+    assert list(missing) == [] and list(unexpected) == []
+    np.testing.assert_array_equal(m.state_dict()["Q_proj.weight"], [[1, 2], [3, 4]])
+    assert m.state_dict()["V_proj.weight"].dtype == np.float32
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_to_float64_in_place(case):
+    m = case.make(DIM, rng=np.random.default_rng(1))
+    assert m.dtype == np.float32 and isinstance(m.dtype, np.dtype)
+    before = m.state_dict()
+    assert m.to(np.float64) is m
+    assert m.dtype == np.float64
+    for k, v in m.state_dict().items():
+        assert v.dtype == np.float64
+        np.testing.assert_array_equal(v, before[k].astype(np.float64))
+    for _, p in m.named_parameters():
+        assert p.dtype == np.float64
+    x = np.random.default_rng(1).standard_normal((2, 3, DIM))
+    out = m.eval()(x)
+    assert out.dtype == np.float64
+    m.to("float32")
+    assert m.dtype == np.float32 and m(x).dtype == np.float32
+
+
+@pytest.mark.parametrize("spec,expected", [(np.float32, np.float32), ("float64", np.float64), ("f4", np.float32),
+                                           (np.dtype("f8"), np.float64), (float, np.float64), ("d", np.float64)])
+def test_dtype_argument_forms(spec, expected):
+    for m in (attnc.SelfAttentionV1(3, dtype=spec), attnc.Linear(3, 2, dtype=spec),
+              attnc.MultiHeadSelfAttention(4, 4, 4, 2, dtype=spec)):
+        assert m.dtype == expected
+        assert all(p.dtype == expected for _, p in m.named_parameters())
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_repr_matches_torch(case):
+    m = case.make(DIM)
+    tm = case.make_torch(DIM)
+    lines, tlines = repr(m).split("\n"), repr(tm).split("\n")
+    assert lines[0] == type(m).__name__ + "("
+    assert lines[1:] == tlines[1:]
+
+
+def test_linear_and_dropout_repr():
+    assert repr(attnc.Linear(4, 3)) == repr(torch.nn.Linear(4, 3))
+    assert repr(attnc.Linear(4, 3, bias=False)) == repr(torch.nn.Linear(4, 3, bias=False))
+    assert repr(attnc.Dropout(0.25)) == repr(torch.nn.Dropout(0.25))
+
+
+def test_linear_forward_vs_torch(dtype):
+    lin = attnc.Linear(5, 3, dtype=dtype, rng=np.random.default_rng(2))
+    assert lin.weight.shape == (3, 5) and lin.bias.shape == (3,)
+    tl = torch.nn.Linear(5, 3).to(torch.float64)
+    tl.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in lin.state_dict().items()})
+    x = np.random.default_rng(2).standard_normal((2, 4, 5)).astype(dtype)
+    with torch.no_grad():
+        assert_close(lin(x), tl(torch.from_numpy(x.astype(np.float64))), dtype)
+    nb = attnc.Linear(5, 3, bias=False)
+    assert [n for n, _ in nb.named_parameters()] == ["weight"]
+    assert list(nb.state_dict()) == ["weight"]
+
+
+def test_linear_zero_sizes():
+    lin = attnc.Linear(0, 3)
+    out = lin(np.ones((2, 0), np.float32))
+    np.testing.assert_array_equal(out, np.broadcast_to(lin.bias, (2, 3)))
+    assert attnc.Linear(3, 0)(np.ones((2, 3))).shape == (2, 0)
+
+
+@pytest.mark.parametrize("fan_in,fan_out", [(100, 300), (7, 2000), (1, 500)])
+def test_linear_init_uniform_like_torch(fan_in, fan_out):
+    lin = attnc.Linear(fan_in, fan_out, rng=np.random.default_rng(3))
+    bound = 1 / math.sqrt(fan_in)
+    for p in (lin.weight, lin.bias):
+        assert np.all(np.abs(p) <= bound)
+        # spread over the whole interval, centred, roughly flat
+        assert p.max() > 0.9 * bound and p.min() < -0.9 * bound
+        n = p.size
+        assert abs(float(np.mean(p > 0)) - 0.5) < 5 * 0.5 / math.sqrt(n)
+        assert abs(float(np.mean(np.abs(p) < bound / 2)) - 0.5) < 5 * 0.5 / math.sqrt(n)
+    assert len(np.unique(lin.weight)) > 0.99 * lin.weight.size
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_module_init_bounds(case):
+    m = case.make(40, rng=np.random.default_rng(4))
+    sd = m.state_dict()
+    for name, p in m.named_parameters():
+        bound = 1 / math.sqrt(sd[name.rsplit(".", 1)[0] + ".weight"].shape[1])   # 1/sqrt(in_features)
+        assert np.all(np.abs(p) <= bound), name
+        if p.size >= 40:
+            assert p.max() > 0.5 * bound and p.min() < -0.5 * bound, name
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_init_reproducible(case):
+    attnc.manual_seed(11)
+    a = case.make(DIM).state_dict()
+    attnc.manual_seed(11)
+    b = case.make(DIM).state_dict()
+    c = case.make(DIM).state_dict()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
+    d = case.make(DIM, rng=np.random.default_rng(5)).state_dict()
+    e = case.make(DIM, rng=np.random.default_rng(5)).state_dict()
+    for k in d:
+        np.testing.assert_array_equal(d[k], e[k])
+    f = case.make(DIM, dtype=np.float64, rng=np.random.default_rng(6)).state_dict()
+    g = case.make(DIM, dtype=np.float64, rng=np.random.default_rng(6)).state_dict()
+    for k in f:
+        np.testing.assert_array_equal(f[k], g[k])
+        assert f[k].dtype == np.float64
+
+
+def test_layers_of_one_module_are_independent():
+    m = attnc.SelfAttentionV1(8, rng=np.random.default_rng(7))
+    assert not np.array_equal(m.Q_proj.weight, m.K_proj.weight)
+    assert not np.array_equal(m.K_proj.weight, m.V_proj.weight)
+
+
+def test_alias_and_exports():
+    assert attnc.SelfAttentionInterview is attnc.SelfAttentionV4
+    assert isinstance(attnc.__version__, str) and attnc.__version__
+    for name in ("Module", "Linear", "Dropout", "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3",
+                 "SelfAttentionV4", "MultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
+                 "manual_seed", "set_num_threads", "get_num_threads", "functional"):
+        assert hasattr(attnc, name), name
+    for cls in (attnc.Linear, attnc.Dropout, attnc.SelfAttentionV1, attnc.MultiHeadSelfAttention):
+        assert issubclass(cls, attnc.Module)
+    for name in ("linear", "softmax", "scaled_dot_product_attention"):
+        assert callable(getattr(attnc.functional, name))
+
+
+def test_call_is_forward():
+    m = attnc.SelfAttentionV4(4, rng=np.random.default_rng(8)).eval()
+    x = np.random.default_rng(8).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(m(x), m.forward(x))
+    np.testing.assert_array_equal(m(x, None), m.forward(x, attention_mask=None))
+
+
+def test_get_set_num_threads(restore_threads):
+    attnc.set_num_threads(1)
+    assert attnc.get_num_threads() == 1
+    attnc.set_num_threads(3)
+    assert attnc.get_num_threads() == 3
+
+
+def _run(code, affinity=None):
+    env = dict(os.environ)
+    pre = "" if affinity is None else f"import os; os.sched_setaffinity(0, {affinity!r}); "
+    return subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+
+
+def test_default_num_threads_is_affinity():
+    r = _run("import os, attnc; print(attnc.get_num_threads(), len(os.sched_getaffinity(0)))")
+    assert r.returncode == 0, r.stderr
+    a, b = r.stdout.split()
+    assert a == b
+    r = _run("import attnc; print(attnc.get_num_threads())", affinity={sorted(os.sched_getaffinity(0))[0]})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"
+
+
+def test_import_needs_no_torch():
+    r = _run("import sys, attnc, attnc.functional; m = attnc.SelfAttentionV1(4); "
+             "import numpy as np; m(np.ones((1, 2, 4))); assert 'torch' not in sys.modules, 'torch imported'")
+    assert r.returncode == 0, r.stderr
+
+
+def test_simd_switch():
+    cpu_flags = open("/proc/cpuinfo").read()
+    has_avx2 = " avx2" in cpu_flags and " fma" in cpu_flags
+    try:
+        attnc._C.set_simd(False)
+        assert attnc._C.simd_active() is False or attnc._C.simd_active() == 0
+        attnc._C.set_simd(True)
+        assert bool(attnc._C.simd_active()) == has_avx2
+    finally:
+        attnc._C.set_simd(True)

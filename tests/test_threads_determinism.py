@@ -1,0 +1,155 @@
+"""set_num_threads never changes a result, not even in the last bit; concurrent Python
+threads get the serial answer; repeated calls are deterministic.
+
+Sizes are large enough that the kernels actually split the work across the pool."""
+import threading
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from helpers import CASE_IDS, CASES, assert_close, np_reference, scores_shape
+
+THREADS = (1, 2, 3, 4)
+
+
+def _over_threads(fn):
+    outs = []
+    for n in THREADS:
+        attnc.set_num_threads(n)
+        assert attnc.get_num_threads() == n
+        outs.append(fn())
+    return outs
+
+
+def _all_equal(outs):
+    for o in outs[1:]:
+        if isinstance(o, tuple):
+            for a, b in zip(o, outs[0]):
+                np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_modules_same_bits_any_thread_count(case, restore_threads, simd_mode):
+    dim = 48
+    m = case.make(dim, rng=np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 96, dim)).astype(np.float32)
+    mask = (rng.random(scores_shape(case, dim, x.shape)) < 0.8) if case.masked else None
+    args = (x,) if mask is None else (x, mask)
+    m.eval()
+    outs = _over_threads(lambda: m(*args, return_weights=True))
+    _all_equal(outs)
+    _all_equal(_over_threads(lambda: m(*args)))
+    ref, _ = np_reference(case.kind, m.state_dict(), x, mask, case.n_heads(dim))
+    assert_close(outs[0][0], ref, np.float32)
+    if case.kind in ("SelfAttentionV3", "SelfAttentionV4", "MultiHeadAttention"):
+        def train_call():
+            t = case.make(dim, rng=np.random.default_rng(7))     # training mode, fresh seeded rng
+            return t(*args), t(*args)
+        outs = _over_threads(train_call)
+        _all_equal(outs)
+        assert not np.array_equal(outs[0][0], outs[0][1])
+
+
+def test_functional_same_bits_any_thread_count(restore_threads, dtype, simd_mode):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 257)).astype(dtype)
+    w = rng.standard_normal((129, 257)).astype(dtype)
+    b = rng.standard_normal(129).astype(dtype)
+    _all_equal(_over_threads(lambda: F.linear(x, w, b)))
+    _all_equal(_over_threads(lambda: F.softmax(x)))
+    _all_equal(_over_threads(lambda: F.softmax(x, axis=0)))
+    q = rng.standard_normal((3, 2, 130, 40)).astype(dtype)
+    k = rng.standard_normal((3, 2, 150, 40)).astype(dtype)
+    v = rng.standard_normal((3, 2, 150, 24)).astype(dtype)
+    mask = rng.random((130, 150)) < 0.9
+    _all_equal(_over_threads(lambda: F.scaled_dot_product_attention(q, k, v)))
+    _all_equal(_over_threads(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True,
+                                                                     return_weights=True)))
+    _all_equal(_over_threads(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.2,
+                                                                     rng=np.random.default_rng(9),
+                                                                     return_weights=True)))
+
+
+def test_repeated_calls_identical():
+    m = attnc.MultiHeadAttention(64, 4, rng=np.random.default_rng(4)).eval()
+    x = np.random.default_rng(4).standard_normal((3, 70, 64)).astype(np.float32)
+    first = m(x)
+    for _ in range(5):
+        np.testing.assert_array_equal(m(x), first)
+
+
+def test_concurrent_python_threads(restore_threads):
+    """Several Python threads calling attnc at once get the single-threaded answers."""
+    attnc.set_num_threads(2)
+    rng = np.random.default_rng(5)
+    models = [attnc.SelfAttentionV4(32, rng=np.random.default_rng(i)).eval() for i in range(4)]
+    xs = [rng.standard_normal((2, 64, 32)).astype(np.float32) for _ in range(4)]
+    expected = [m(x) for m, x in zip(models, xs)]
+    w = rng.standard_normal((48, 32)).astype(np.float32)
+    expected_lin = [F.linear(x, w) for x in xs]
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            for _ in range(20):
+                np.testing.assert_array_equal(models[i](xs[i]), expected[i])
+                np.testing.assert_array_equal(F.linear(xs[i], w), expected_lin[i])
+        except BaseException as e:   # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors, errors[0]
+
+
+def test_threads_keep_result_when_changed_between_calls(restore_threads):
+    x = np.random.default_rng(6).standard_normal((200, 200)).astype(np.float64)
+    attnc.set_num_threads(1)
+    a = F.linear(x, x)
+    attnc.set_num_threads(4)
+    b = F.linear(x, x)
+    attnc.set_num_threads(2)
+    c = F.linear(x, x)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    assert_close(a, x @ x.T, np.float64)
+
+
+def test_pool_works_after_fork(restore_threads):
+    """A forked child (multiprocessing's default on Linux) can still compute, in parallel."""
+    import os
+    attnc.set_num_threads(2)
+    x = np.random.default_rng(7).standard_normal((256, 256))
+    expected = F.linear(x, x)          # the pool exists in the parent before the fork
+    pid = os.fork()
+    if pid == 0:                       # child: never return into pytest
+        code = 1
+        try:
+            ok = np.array_equal(F.linear(x, x), expected)
+            attnc.set_num_threads(3)
+            ok = ok and np.array_equal(F.linear(x, x), expected)
+            code = 0 if ok else 2
+        finally:
+            os._exit(code)
+    import time
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("forked child hung (thread pool not rebuilt after fork?)")
