@@ -51,6 +51,8 @@ def _number(value, name, what):
         raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
     try:
         return float(value)
+    except OverflowError as error:  # an int beyond the float range
+        raise ValueError(f"{name}: expected {what}, got an integer too large for a float") from error
     except (TypeError, ValueError) as error:
         raise TypeError(f"{name}: expected {what}, got {value!r}") from error
 

@@ -21,7 +21,11 @@ def linear(x, weight, bias=None):
 def softmax(x, axis=-1):
     """Numerically stable softmax (the row maximum is subtracted first)."""
     x = as_real(x, "x")
-    return _C.softmax(x, operator.index(axis), result_dtype(x))
+    axis = operator.index(axis)
+    span = max(x.ndim, 1)  # a 0-d array is one row of one element
+    if not -span <= axis < span:
+        raise ValueError(f"axis: {axis} is out of range for an array of {x.ndim} dimensions")
+    return _C.softmax(x, axis, result_dtype(x))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -27,7 +27,7 @@ static idx_t FN(key_end)(const attnc_attention_args *a, idx_t i0, idx_t nq)
     return i0 + nq < a->S ? i0 + nq : a->S;
 }
 
-/* scores (nq, BLOCK_K) of queries [i0, i0+nq) against keys [j0, j0+nk):
+/* scores_t (nk, BLOCK_Q) of keys [j0, j0+nk) against queries [i0, i0+nq):
  * the product, then -1e20 where the mask is 0 and -inf (an exactly-zero
  * weight) for keys a causal query may not see. */
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0,
@@ -35,38 +35,42 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, i
 {
     const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
     FN(pack_keys)(t->k_pack, k, a->k_rs, nk, a->E);
-    FN(score_product)(t->scores, t->q_pack, t->k_pack, nq, nk, a->E);
-    for (idx_t i = 0; i < nq; i++) {
-        real *row = t->scores + i * BLOCK_K;
+    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
+    for (idx_t j = 0; j < nk; j++) {
+        real *row = t->scores_t + j * BLOCK_Q;
         if (a->mask) {
-            const uint8_t *m = a->mask + a->mask_off[b] + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
-            for (idx_t j = 0; j < nk; j++) row[j] = m[j * a->mask_cs] ? row[j] : (real)-1e20;
+            const uint8_t *m = a->mask + a->mask_off[b] + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
+            for (idx_t i = 0; i < nq; i++) row[i] = m[i * a->mask_rs] ? row[i] : (real)-1e20;
         }
-        if (a->is_causal)
-            for (idx_t j = i0 + i + 1 - j0 < 0 ? 0 : i0 + i + 1 - j0; j < nk; j++) row[j] = -(real)INFINITY;
+        if (a->is_causal) /* query i0+i sees key j0+j only when j0+j <= i0+i */
+            for (idx_t i = 0; i < nq && i0 + i < j0 + j; i++) row[i] = -(real)INFINITY;
     }
 }
 
-/* p (nk) <- p * (kept ? 1/(1-p_drop) : 0) for row i of item b, keys from j0. */
-static void FN(apply_dropout)(real *p, const attnc_attention_args *a, idx_t b, idx_t i, idx_t j0, idx_t nk)
+/* scores_t (nk, BLOCK_Q) *= (kept ? 1/(1-p) : 0) for item b, keys from j0 */
+static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq,
+                              idx_t j0, idx_t nk)
 {
     real keep_scale = a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p));
-    uint64_t first = ((uint64_t)b * (uint64_t)a->L + (uint64_t)i) * (uint64_t)a->S + (uint64_t)j0;
+    uint64_t first = ((uint64_t)b * (uint64_t)a->L + (uint64_t)i0) * (uint64_t)a->S + (uint64_t)j0;
     for (idx_t j = 0; j < nk; j++)
-        p[j] *= attnc_uniform(a->seed, first + (uint64_t)j) < a->dropout_p ? 0 : keep_scale;
+        for (idx_t i = 0; i < nq; i++) {
+            uint64_t index = first + (uint64_t)i * (uint64_t)a->S + (uint64_t)j;
+            scores_t[j * BLOCK_Q + i] *= attnc_uniform(a->seed, index) < a->dropout_p ? 0 : keep_scale;
+        }
 }
 
-/* acc (nq, Ev_padded) += probabilities in scores . values [j0, j0+nk) */
+/* acc (nq, Ev_padded) += probabilities in scores_t . values [j0, j0+nk) */
 static void FN(accumulate_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t nq,
                                 idx_t j0, idx_t nk)
 {
     const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
-    FN(pack_probabilities)(t->p_pack, t->scores, nq, nk);
+    FN(pack_probabilities)(t->p_pack, t->scores_t, nq, nk);
     FN(pack_values)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded);
     FN(value_product)(t->acc, t->p_pack, t->v_pack, nq, nk, t->Ev_padded);
 }
 
-/* out rows [i0, i0+nq) of item b <- acc * row_factor (NULL: 1) */
+/* out rows [i0, i0+nq) of item b <- acc / row_sum (row_sum NULL: acc) */
 static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
                            idx_t nq, const real *row_sum)
 {
@@ -79,6 +83,8 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
     }
 }
 
+/* Online softmax over key tiles: running max and sum per query; what was
+ * accumulated under an older max is rescaled when the max grows. */
 static void FN(flash_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
 {
     for (idx_t i = 0; i < nq; i++) {
@@ -89,31 +95,33 @@ static void FN(flash_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, i
     for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
         idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
         FN(score_tile)(t, a, b, i0, nq, j0, nk);
+        FN(column_max)(t->tile_max, t->scores_t, nq, nk);
         for (idx_t i = 0; i < nq; i++) {
-            real *p = t->scores + i * BLOCK_K;
-            real tile_max = FN(row_max)(p, nk);
-            real new_max = tile_max > t->run_max[i] ? tile_max : t->run_max[i];
-            /* rescale what was accumulated under the old max */
-            real correction = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
-            t->run_sum[i] = t->run_sum[i] * correction + FN(exp_shift_sum)(p, nk, new_max);
+            real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
+            t->correction[i] = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
+            t->run_sum[i] *= t->correction[i];
             t->run_max[i] = new_max;
-            if (a->dropout_p > 0) FN(apply_dropout)(p, a, b, i0 + i, j0, nk);
-            if (correction != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, correction);
         }
+        FN(column_exp_sum)(t->scores_t, t->run_max, t->run_sum, nq, nk);
+        if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
+        for (idx_t i = 0; i < nq; i++)
+            if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
         FN(accumulate_tile)(t, a, b, nq, j0, nk);
     }
     FN(write_rows)(a, t, b, i0, nq, t->run_sum);
 }
 
+/* The weights output (nq, S) rows hold the scores: all scores, softmax in
+ * place, then dropout(weights) . V. */
 static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
 {
     idx_t S = a->S;
-    real *w = (real *)a->weights + (b * a->L + i0) * S; /* (nq, S) */
+    real *w = (real *)a->weights + (b * a->L + i0) * S;
     for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 1: scores */
         idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
         FN(score_tile)(t, a, b, i0, nq, j0, nk);
-        for (idx_t i = 0; i < nq; i++)
-            for (idx_t j = 0; j < nk; j++) w[i * S + j0 + j] = t->scores[i * BLOCK_K + j];
+        for (idx_t j = 0; j < nk; j++)
+            for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
     }
     for (idx_t i = 0; i < nq; i++) { /* pass 2: softmax in place */
         real *row = w + i * S;
@@ -121,11 +129,9 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
     }
     for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 3: dropout(weights) . V */
         idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
-        for (idx_t i = 0; i < nq; i++) {
-            real *p = t->scores + i * BLOCK_K;
-            for (idx_t j = 0; j < nk; j++) p[j] = w[i * S + j0 + j];
-            if (a->dropout_p > 0) FN(apply_dropout)(p, a, b, i0 + i, j0, nk);
-        }
+        for (idx_t j = 0; j < nk; j++)
+            for (idx_t i = 0; i < nq; i++) t->scores_t[j * BLOCK_Q + i] = w[i * S + j0 + j];
+        if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
         FN(accumulate_tile)(t, a, b, nq, j0, nk);
     }
     FN(write_rows)(a, t, b, i0, nq, NULL);

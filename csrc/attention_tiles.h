@@ -1,33 +1,50 @@
 /* The tile pieces of the attention kernel (dtype and ISA template; needs
- * dtype.h, ukernel_shape.h and vexp.h). Both products of a tile, Q.K^T and
- * P.V, run on the GEMM micro-kernel (UK_MR x UK_NR register tiles) over
- * packed slivers; the packing routines here lay the operands out for it. */
+ * dtype.h, ukernel_shape.h and vexp.h).
+ *
+ * Both products of a tile run on the GEMM micro-kernel (UK_MR x UK_NR
+ * register tiles) over packed slivers. Scores are computed transposed,
+ * scores_t (keys, queries) = K . Q^T, so that every softmax step (max,
+ * exp, sum, rescale) runs along contiguous rows across queries, and the
+ * probabilities are packed for P.V by copying UK_MR-wide runs, not by a
+ * transpose. */
 #ifndef ATTNC_ATTENTION_TILES_ONCE
 #define ATTNC_ATTENTION_TILES_ONCE
 
-/* Tile sizes. BLOCK_Q queries share each packed key/value tile, so packing
- * costs 1/BLOCK_Q of the products; it is a multiple of every micro-kernel's
- * MR (6 and 4). BLOCK_K keys per step: a multiple of every NR (16 and 8);
- * the (BLOCK_Q, BLOCK_K) score tile and a (BLOCK_K, 64) value tile fit in L2
- * with room to spare. */
-#define BLOCK_Q 48
-#define BLOCK_K 64
+/* Tile sizes. BLOCK_Q queries share each packed key/value tile (packing
+ * costs 1/BLOCK_Q of the products) and span whole slivers of every
+ * micro-kernel (a multiple of NR = 16, 8 and MR = 6, 4). BLOCK_K keys per
+ * step, a multiple of every MR; the longer it is, the fewer times the
+ * accumulator is rescaled and reloaded. The (BLOCK_K, BLOCK_Q) score tile is
+ * 72 KiB in float: with the value tile and the accumulator it stays in L2.
+ * Chosen by measurement (benchmarks/NOTES.md). */
+#define BLOCK_Q 96
+#define BLOCK_K 192
 #define ROUND_UP(n, m) (((n) + (m) - 1) / (m) * (m))
 /* every buffer starts on a 64-byte boundary, as the micro-kernels load
  * packed slivers with aligned loads */
 #define BUFFER_ALIGN_ELEMS 16
+#define N_TILE_BUFFERS 10
+
+/* sizes of the task buffers, in the order of tile_buffers below */
+static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t sizes[N_TILE_BUFFERS])
+{
+    idx_t Ev_room = ROUND_UP(Ev, 16);
+    if (Ev_room < Ev || !attnc_mul_ok(BLOCK_Q, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
+        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[4]) || !attnc_mul_ok(BLOCK_Q, Ev_room, &sizes[5]))
+        return 0;
+    sizes[2] = sizes[3] = BLOCK_Q * BLOCK_K;
+    sizes[6] = sizes[7] = sizes[8] = sizes[9] = BLOCK_Q;
+    return 1;
+}
 
 /* Elements of one task's workspace, or -1 when that overflows. */
 static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev)
 {
-    idx_t Ev_padded = ROUND_UP(Ev, 16), q_pack, k_pack, v_pack, acc, total = 0;
-    if (Ev_padded < Ev || !attnc_mul_ok(BLOCK_Q, E, &q_pack) || !attnc_mul_ok(BLOCK_K, E, &k_pack) ||
-        !attnc_mul_ok(BLOCK_K, Ev_padded, &v_pack) || !attnc_mul_ok(BLOCK_Q, Ev_padded, &acc))
-        return -1;
-    idx_t parts[] = {q_pack, k_pack, BLOCK_Q * BLOCK_K, BLOCK_Q * BLOCK_K, v_pack, acc, BLOCK_Q, BLOCK_Q};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        idx_t part = ROUND_UP(parts[i], BUFFER_ALIGN_ELEMS);
-        if (part < parts[i] || total > PTRDIFF_MAX - part) return -1;
+    idx_t sizes[N_TILE_BUFFERS], total = 0;
+    if (!attention_buffer_sizes(E, Ev, sizes)) return -1;
+    for (int i = 0; i < N_TILE_BUFFERS; i++) {
+        idx_t part = ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
+        if (part < sizes[i] || total > PTRDIFF_MAX - part) return -1;
         total += part;
     }
     return total;
@@ -36,54 +53,57 @@ static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev)
 
 /* One task's buffers, carved from one allocation. */
 typedef struct {
-    real *q_pack;  /* (BLOCK_Q / MR) slivers of (E, MR): scaled queries   */
-    real *k_pack;  /* (BLOCK_K / NR) slivers of (E, NR): keys              */
-    real *scores;  /* (BLOCK_Q, BLOCK_K): scores, then probabilities       */
-    real *p_pack;  /* (BLOCK_Q / MR) slivers of (BLOCK_K, MR): probabilities */
-    real *v_pack;  /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values    */
-    real *acc;     /* (BLOCK_Q, Ev_padded): output accumulator             */
-    real *run_max; /* (BLOCK_Q) */
-    real *run_sum; /* (BLOCK_Q) */
+    real *q_pack;   /* (BLOCK_Q / NR) slivers of (E, NR): scaled queries        */
+    real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                  */
+    real *scores_t; /* (BLOCK_K, BLOCK_Q): scores, then probabilities, by key   */
+    real *p_pack;   /* (BLOCK_Q / MR) slivers of (BLOCK_K, MR): probabilities   */
+    real *v_pack;   /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values        */
+    real *acc;      /* (BLOCK_Q, Ev_padded): output accumulator                 */
+    real *run_max, *run_sum, *tile_max, *correction; /* (BLOCK_Q) each          */
     idx_t Ev_padded;
 } FN(tile_buffers);
 
 static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev)
 {
     FN(tile_buffers) t;
-    t.Ev_padded = ROUND_UP(Ev, UK_NR);
-    idx_t Ev_room = ROUND_UP(Ev, 16);
-    real **slots[] = {&t.q_pack, &t.k_pack, &t.scores, &t.p_pack, &t.v_pack, &t.acc, &t.run_max, &t.run_sum};
-    idx_t sizes[] = {BLOCK_Q * E, BLOCK_K * E, BLOCK_Q * BLOCK_K, BLOCK_Q * BLOCK_K,
-                     BLOCK_K * Ev_room, BLOCK_Q * Ev_room, BLOCK_Q, BLOCK_Q};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    idx_t sizes[N_TILE_BUFFERS];
+    attention_buffer_sizes(E, Ev, sizes); /* checked by attention_workspace_elems */
+    real **slots[N_TILE_BUFFERS] = {&t.q_pack, &t.k_pack, &t.scores_t, &t.p_pack, &t.v_pack,
+                                    &t.acc, &t.run_max, &t.run_sum, &t.tile_max, &t.correction};
+    for (int i = 0; i < N_TILE_BUFFERS; i++) {
         *slots[i] = work;
         work += ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
     }
+    t.Ev_padded = ROUND_UP(Ev, UK_NR);
     return t;
 }
 
-/* q_pack <- scale * queries (nq, E) in MR-row slivers, zero-padded rows. */
+/* q_pack <- scale * queries (nq, E) in NR-query slivers, zero-padded. */
 static void FN(pack_queries)(real *q_pack, const real *q, idx_t q_rs, idx_t nq, idx_t E, real scale)
 {
-    for (idx_t i0 = 0; i0 < nq; i0 += UK_MR) {
+    for (idx_t i0 = 0; i0 < nq; i0 += UK_NR) {
         real *sliver = q_pack + i0 * E;
-        for (idx_t p = 0; p < E; p++)
-            for (idx_t r = 0; r < UK_MR; r++)
-                sliver[p * UK_MR + r] = i0 + r < nq ? scale * q[(i0 + r) * q_rs + p] : 0;
+        for (idx_t c = 0; c < UK_NR; c++) {
+            const real *query = q + (i0 + c) * q_rs;
+            if (i0 + c < nq)
+                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = scale * query[p];
+            else
+                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = 0;
+        }
     }
 }
 
-/* k_pack <- keys (nk, E) in NR-key slivers, zero-padded keys. */
+/* k_pack <- keys (nk, E) in MR-key slivers, zero-padded. */
 static void FN(pack_keys)(real *k_pack, const real *k, idx_t k_rs, idx_t nk, idx_t E)
 {
-    for (idx_t j0 = 0; j0 < nk; j0 += UK_NR) {
+    for (idx_t j0 = 0; j0 < nk; j0 += UK_MR) {
         real *sliver = k_pack + j0 * E;
-        for (idx_t c = 0; c < UK_NR; c++) {
-            const real *key = k + (j0 + c) * k_rs;
-            if (j0 + c < nk)
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = key[p];
+        for (idx_t r = 0; r < UK_MR; r++) {
+            const real *key = k + (j0 + r) * k_rs;
+            if (j0 + r < nk)
+                for (idx_t p = 0; p < E; p++) sliver[p * UK_MR + r] = key[p];
             else
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = 0;
+                for (idx_t p = 0; p < E; p++) sliver[p * UK_MR + r] = 0;
         }
     }
 }
@@ -102,30 +122,30 @@ static void FN(pack_values)(real *v_pack, const real *v, idx_t v_rs, idx_t nk, i
     }
 }
 
-/* p_pack <- probabilities (nq, nk) of `scores` in MR-row slivers. */
-static void FN(pack_probabilities)(real *p_pack, const real *scores, idx_t nq, idx_t nk)
+/* p_pack <- probabilities scores_t (nk, BLOCK_Q)[:, :nq] as MR-query slivers */
+static void FN(pack_probabilities)(real *p_pack, const real *scores_t, idx_t nq, idx_t nk)
 {
     for (idx_t i0 = 0; i0 < nq; i0 += UK_MR) {
         real *sliver = p_pack + i0 * BLOCK_K;
-        for (idx_t r = 0; r < UK_MR; r++) {
-            const real *row = scores + (i0 + r) * BLOCK_K;
-            if (i0 + r < nq)
-                for (idx_t j = 0; j < nk; j++) sliver[j * UK_MR + r] = row[j];
-            else
-                for (idx_t j = 0; j < nk; j++) sliver[j * UK_MR + r] = 0;
+        idx_t width = nq - i0 < UK_MR ? nq - i0 : UK_MR;
+        for (idx_t j = 0; j < nk; j++) {
+            const real *run = scores_t + j * BLOCK_Q + i0;
+            for (idx_t r = 0; r < width; r++) sliver[j * UK_MR + r] = run[r];
+            for (idx_t r = width; r < UK_MR; r++) sliver[j * UK_MR + r] = 0;
         }
     }
 }
 
-/* scores (nq, BLOCK_K)[:, :nk] <- q_pack . k_pack^T */
-static void FN(score_product)(real *scores, const real *q_pack, const real *k_pack, idx_t nq, idx_t nk, idx_t E)
+/* scores_t (nk, BLOCK_Q)[:, :nq] <- k_pack . q_pack^T */
+static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
+                              idx_t E)
 {
-    idx_t rows = ROUND_UP(nq, UK_MR), cols = ROUND_UP(nk, UK_NR);
-    for (idx_t i = 0; i < rows; i++)
-        for (idx_t j = 0; j < cols; j++) scores[i * BLOCK_K + j] = 0;
-    for (idx_t i0 = 0; i0 < rows; i0 += UK_MR)
-        for (idx_t j0 = 0; j0 < cols; j0 += UK_NR)
-            UKERNEL(E, q_pack + i0 * E, k_pack + j0 * E, scores + i0 * BLOCK_K + j0, BLOCK_K);
+    idx_t rows = ROUND_UP(nk, UK_MR), cols = ROUND_UP(nq, UK_NR);
+    for (idx_t j = 0; j < rows; j++)
+        for (idx_t i = 0; i < cols; i++) scores_t[j * BLOCK_Q + i] = 0;
+    for (idx_t j0 = 0; j0 < rows; j0 += UK_MR)
+        for (idx_t i0 = 0; i0 < cols; i0 += UK_NR)
+            UKERNEL(E, k_pack + j0 * E, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q);
 }
 
 /* acc (nq, Ev_padded) += p_pack . v_pack  (nk keys) */
@@ -135,4 +155,28 @@ static void FN(value_product)(real *acc, const real *p_pack, const real *v_pack,
     for (idx_t i0 = 0; i0 < nq; i0 += UK_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += UK_NR)
             UKERNEL(nk, p_pack + i0 * BLOCK_K, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded);
+}
+
+/* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped
+ * and reaches the result through the sum, as in PyTorch */
+static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t nk)
+{
+    for (idx_t i = 0; i < nq; i++) tile_max[i] = -(real)INFINITY;
+    for (idx_t j = 0; j < nk; j++) {
+        const real *row = scores_t + j * BLOCK_Q;
+        for (idx_t i = 0; i < nq; i++) tile_max[i] = row[i] > tile_max[i] ? row[i] : tile_max[i];
+    }
+}
+
+/* scores_t[j, i] <- exp(scores_t[j, i] - shift[i]); sums (nq) += column
+ * sums, added key by key in order (the same for any thread count) */
+static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, idx_t nq, idx_t nk)
+{
+    for (idx_t j = 0; j < nk; j++) {
+        real *row = scores_t + j * BLOCK_Q;
+        for (idx_t i = 0; i < nq; i++) {
+            row[i] = FN(vexp)(row[i] - shift[i]);
+            sums[i] += row[i];
+        }
+    }
 }
