@@ -47,14 +47,15 @@ TORCH_LINEAR = "torch F.linear"
 NUMPY = "numpy"
 
 # Shapes: mha (B, T, C, heads); sdpa/long (B, H, L, E); tiny (B, T, C);
-# tiny_calls (batches, calls per batch); linear (rows, in, out); sweep: L values.
+# tiny_calls (batches, calls per batch); linear (rows, in, out); sweep: L values;
+# repeats: timed rounds per case (--repeats overrides), sweep_repeats: per sweep point.
 SIZES = {
     "full": dict(mha=(8, 512, 768, 12), sdpa=(8, 12, 1024, 64), long=(1, 8, 8192, 64), tiny=(3, 2, 4),
                  tiny_calls=(20, 1000), linear=(4096, 768, 2304), sweep=(256, 512, 1024, 2048), gemm=2048,
-                 repeats=7),
+                 repeats=5, sweep_repeats=3),
     "quick": dict(mha=(2, 128, 128, 4), sdpa=(2, 4, 256, 32), long=(1, 2, 2048, 32), tiny=(3, 2, 4),
                   tiny_calls=(10, 200), linear=(256, 256, 768), sweep=(64, 128, 256, 512), gemm=512,
-                  repeats=3),
+                  repeats=3, sweep_repeats=2),
 }
 
 
@@ -538,7 +539,7 @@ def run_row(row, sizes, args):
     return result
 
 
-def run_sweep(sizes, repeats):
+def run_sweep(sizes):
     """SDPA core (non-causal, float32) median time per implementation at each sequence length."""
     B, H, _, E = sizes["sdpa"]
     names = (ATTNC, TORCH_SDPA, TORCH_MODULE, NUMPY)
@@ -547,7 +548,7 @@ def run_sweep(sizes, repeats):
     for length in sizes["sweep"]:
         bench = case_sdpa((B, H, length, E), np.float32, False, names)
         check_outputs(bench.impls, np.float32)
-        samples = time_interleaved(bench.impls, repeats)
+        samples = time_interleaved(bench.impls, sizes["sweep_repeats"])
         for name in names:
             sweep["median_s"][name].append(statistics.median(samples[name]))
         print(f"  sweep L={length}: " + ", ".join(f"{n} {sweep['median_s'][n][-1] * 1e3:.2f} ms" for n in names),
@@ -591,6 +592,7 @@ def pin_threads():
 
 
 def extension_built_time():
+    """When the loaded attnc extension file was built (a rebuild during a run shows in the results)."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.path.getmtime(attnc._C.__file__)))
 
 
@@ -598,9 +600,9 @@ def environment(args):
     libraries = threadpoolctl.threadpool_info() if threadpoolctl is not None else []
     openblas = [lib for lib in libraries if lib.get("internal_api") == "openblas"]
     return {
-        "mode": "quick" if args.quick else "full", "threads": THREADS,
+        "mode": "quick" if args.quick else "full", "threads": THREADS, "repeats": args.repeats,
         "python": platform.python_version(), "numpy": np.__version__, "torch": _torch().__version__,
-        "attnc": attnc.__version__, "attnc_extension_built": extension_built_time(),
+        "attnc": attnc.__version__,
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "peak_gflops_fp32": args.peak_gflops, "peak_gflops_fp64": args.peak_gflops / 2,
         "peak_source": (f"--peak-gflops {args.peak_gflops:g}" if args.peak_gflops_given else
@@ -713,7 +715,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (under a minute)")
     parser.add_argument("--cases", default="1,2,3,4,5,6", help="comma-separated case numbers (default: all)")
-    parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 7, quick: 3)")
+    parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 5, quick: 3)")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
     parser.add_argument("--peak-gflops", type=float,
                         help=f"fp32 FMA peak for %% of peak (default {FP32_PEAK_PER_CORE:g} x threads; fp64: half)")
@@ -735,7 +737,7 @@ def main(argv=None):
     if args.memory_child:
         key, name = args.memory_child
         return memory_child(next(row for row in all_rows if row.key == key), name)
-    started, load_at_start = time.perf_counter(), os.getloadavg()[0]
+    started, load_at_start, built = time.perf_counter(), os.getloadavg()[0], extension_built_time()
     if load_at_start > 0.5:
         print(f"warning: load average {load_at_start:.2f}: other processes will disturb the timings", flush=True)
     gemms = reference_gemms(sizes["gemm"])
@@ -746,8 +748,9 @@ def main(argv=None):
         print(f"case {row.key}: {row.title}", flush=True)
         results.append(run_row(row, sizes, args))
         print_row(results[-1])
-    sweep = run_sweep(sizes, args.repeats) if 2 in args.cases else None
-    env = environment(args) | {"load_average_1min": load_at_start, "load_average_1min_end": os.getloadavg()[0],
+    sweep = run_sweep(sizes) if 2 in args.cases else None
+    env = environment(args) | {"attnc_extension_built": built, "load_average_1min": load_at_start,
+                               "load_average_1min_end": os.getloadavg()[0],
                                "wall_seconds": time.perf_counter() - started}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as out:
