@@ -302,7 +302,7 @@ def test_functional_linear_shape_errors():
 
 
 def test_functional_softmax_axis_errors():
-    for axis in (2, -3, 100):
+    for axis in (2, -3, 100, 2 ** 40, -2 ** 70):
         with pytest.raises((ValueError, IndexError)) as info:
             F.softmax(np.ones((2, 3)), axis=axis)
         assert "axis" in str(info.value)
@@ -328,7 +328,8 @@ def test_sdpa_shape_errors():
                       lambda: sdpa(q, q, q, attn_mask=np.ones(shape, bool), return_weights=True))
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), np.float32("inf")])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), np.float32("inf"), 10 ** 400],
+                         ids=["nan", "inf", "-inf", "f32-inf", "int-10**400"])
 def test_sdpa_non_finite_scale(scale):
     q = np.ones((2, 3))
     raises_naming(ValueError, "scale", lambda: F.scaled_dot_product_attention(q, q, q, scale=scale))
