@@ -34,7 +34,7 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, i
                            idx_t nq, idx_t j0, idx_t nk)
 {
     const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
-    FN(pack_keys)(t->k_pack, k, a->k_rs, nk, a->E);
+    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, a->E, UK_MR, 1);
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
@@ -65,8 +65,8 @@ static void FN(accumulate_tile)(FN(tile_buffers) *t, const attnc_attention_args 
                                 idx_t j0, idx_t nk)
 {
     const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
-    FN(pack_probabilities)(t->p_pack, t->scores_t, nq, nk);
-    FN(pack_values)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded);
+    FN(pack_column_slivers)(t->p_pack, t->scores_t, BLOCK_Q, nk, nq, ROUND_UP(nq, UK_MR), UK_MR);
+    FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
     FN(value_product)(t->acc, t->p_pack, t->v_pack, nq, nk, t->Ev_padded);
 }
 
@@ -152,7 +152,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
     FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev);
     for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) t.acc[i] = 0;
     const real *q = (const real *)a->q + a->q_off[b] + i0 * a->q_rs;
-    FN(pack_queries)(t.q_pack, q, a->q_rs, nq, a->E, (real)a->scale);
+    FN(pack_row_slivers)(t.q_pack, q, a->q_rs, nq, a->E, UK_NR, (real)a->scale);
     if (a->weights)
         FN(weights_tile)(&t, a, b, i0, nq);
     else

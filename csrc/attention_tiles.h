@@ -78,60 +78,37 @@ static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev)
     return t;
 }
 
-/* q_pack <- scale * queries (nq, E) in NR-query slivers, zero-padded. */
-static void FN(pack_queries)(real *q_pack, const real *q, idx_t q_rs, idx_t nq, idx_t E, real scale)
+/* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
+ * slivers of `width` rows: sliver s is (E, width), zero-padded past n.
+ * Queries (width NR, the scale folded in) and keys (width MR). */
+static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t E, idx_t width,
+                                 real scale)
 {
-    for (idx_t i0 = 0; i0 < nq; i0 += UK_NR) {
-        real *sliver = q_pack + i0 * E;
-        for (idx_t c = 0; c < UK_NR; c++) {
-            const real *query = q + (i0 + c) * q_rs;
-            if (i0 + c < nq)
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = scale * query[p];
+    for (idx_t r0 = 0; r0 < n; r0 += width) {
+        real *sliver = dst + r0 * E;
+        for (idx_t r = 0; r < width; r++) {
+            const real *row = src + (r0 + r) * src_rs;
+            if (r0 + r < n)
+                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = scale * row[p];
             else
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_NR + c] = 0;
+                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = 0;
         }
     }
 }
 
-/* k_pack <- keys (nk, E) in MR-key slivers, zero-padded. */
-static void FN(pack_keys)(real *k_pack, const real *k, idx_t k_rs, idx_t nk, idx_t E)
+/* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
+ * slivers of `width` columns: sliver s is (BLOCK_K, width), zero-padded up to
+ * padded_cols. Values (width NR) and probabilities (width MR). */
+static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t cols,
+                                    idx_t padded_cols, idx_t width)
 {
-    for (idx_t j0 = 0; j0 < nk; j0 += UK_MR) {
-        real *sliver = k_pack + j0 * E;
-        for (idx_t r = 0; r < UK_MR; r++) {
-            const real *key = k + (j0 + r) * k_rs;
-            if (j0 + r < nk)
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_MR + r] = key[p];
-            else
-                for (idx_t p = 0; p < E; p++) sliver[p * UK_MR + r] = 0;
-        }
-    }
-}
-
-/* v_pack <- values (nk, Ev) in NR-column slivers of BLOCK_K rows. */
-static void FN(pack_values)(real *v_pack, const real *v, idx_t v_rs, idx_t nk, idx_t Ev, idx_t Ev_padded)
-{
-    for (idx_t c0 = 0; c0 < Ev_padded; c0 += UK_NR) {
-        real *sliver = v_pack + c0 * BLOCK_K;
-        idx_t width = Ev - c0 < UK_NR ? Ev - c0 : UK_NR;
-        for (idx_t j = 0; j < nk; j++) {
-            const real *row = v + j * v_rs + c0;
-            for (idx_t c = 0; c < width; c++) sliver[j * UK_NR + c] = row[c];
-            for (idx_t c = width; c < UK_NR; c++) sliver[j * UK_NR + c] = 0;
-        }
-    }
-}
-
-/* p_pack <- probabilities scores_t (nk, BLOCK_Q)[:, :nq] as MR-query slivers */
-static void FN(pack_probabilities)(real *p_pack, const real *scores_t, idx_t nq, idx_t nk)
-{
-    for (idx_t i0 = 0; i0 < nq; i0 += UK_MR) {
-        real *sliver = p_pack + i0 * BLOCK_K;
-        idx_t width = nq - i0 < UK_MR ? nq - i0 : UK_MR;
-        for (idx_t j = 0; j < nk; j++) {
-            const real *run = scores_t + j * BLOCK_Q + i0;
-            for (idx_t r = 0; r < width; r++) sliver[j * UK_MR + r] = run[r];
-            for (idx_t r = width; r < UK_MR; r++) sliver[j * UK_MR + r] = 0;
+    for (idx_t c0 = 0; c0 < padded_cols; c0 += width) {
+        real *sliver = dst + c0 * BLOCK_K;
+        idx_t valid = cols - c0 < width ? cols - c0 : width;
+        for (idx_t j = 0; j < n; j++) {
+            const real *run = src + j * src_rs + c0;
+            for (idx_t c = 0; c < valid; c++) sliver[j * width + c] = run[c];
+            for (idx_t c = valid; c < width; c++) sliver[j * width + c] = 0;
         }
     }
 }

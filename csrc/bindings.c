@@ -23,6 +23,16 @@ static int dtype_code(PyArray_Descr *descr, attnc_dtype *code)
     return 1;
 }
 
+/* "O&" converter: a dtype argument that must be float32 or float64. */
+static int dtype_converter(PyObject *obj, void *out)
+{
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(obj, &descr)) return 0;
+    int ok = dtype_code(descr, out);
+    Py_DECREF(descr);
+    return ok;
+}
+
 /* Only real numbers: bool, integers and floats convert; complex, object,
  * strings, void and datetimes raise TypeError naming the argument. */
 static int check_real_kind(PyArrayObject *arr, const char *name)
@@ -260,13 +270,8 @@ fail_raw:
 static PyObject *py_linear(PyObject *self, PyObject *args)
 {
     PyObject *x_obj, *w_obj, *b_obj, *result = NULL;
-    PyArray_Descr *descr;
     attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OOOO&:linear", &x_obj, &w_obj, &b_obj, PyArray_DescrConverter, &descr))
-        return NULL;
-    int ok = dtype_code(descr, &dt);
-    Py_DECREF(descr);
-    if (!ok) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOO&:linear", &x_obj, &w_obj, &b_obj, dtype_converter, &dt)) return NULL;
     PyArrayObject *x = as_real_array(x_obj, "x", dt, 1), *w = NULL, *b = NULL;
     if (!x || !check_min_ndim(x, "x", 1, "(..., in_features)")) goto done;
     if (!(w = as_real_array(w_obj, "weight", dt, 0))) goto done;
@@ -316,12 +321,8 @@ static PyObject *py_softmax(PyObject *self, PyObject *args)
 {
     PyObject *x_obj;
     int axis;
-    PyArray_Descr *descr;
     attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OiO&:softmax", &x_obj, &axis, PyArray_DescrConverter, &descr)) return NULL;
-    int ok = dtype_code(descr, &dt);
-    Py_DECREF(descr);
-    if (!ok) return NULL;
+    if (!PyArg_ParseTuple(args, "OiO&:softmax", &x_obj, &axis, dtype_converter, &dt)) return NULL;
     PyArrayObject *x = as_real_array(x_obj, "x", dt, 1);
     if (!x) return NULL;
     int nd = PyArray_NDIM(x);
@@ -362,13 +363,8 @@ static PyObject *py_dropout(PyObject *self, PyObject *args)
     PyObject *x_obj;
     double p;
     unsigned long long seed;
-    PyArray_Descr *descr;
     attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OdKO&:dropout", &x_obj, &p, &seed, PyArray_DescrConverter, &descr))
-        return NULL;
-    int ok = dtype_code(descr, &dt);
-    Py_DECREF(descr);
-    if (!ok) return NULL;
+    if (!PyArg_ParseTuple(args, "OdKO&:dropout", &x_obj, &p, &seed, dtype_converter, &dt)) return NULL;
     if (!check_dropout_p(p, "p")) return NULL;
     PyArrayObject *x = as_real_array(x_obj, "x", dt, 1);
     if (!x) return NULL;
@@ -405,15 +401,11 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args)
     double dropout_p, scale;
     int is_causal, want_weights;
     unsigned long long seed;
-    PyArray_Descr *descr;
     attnc_dtype dt;
     if (!PyArg_ParseTuple(args, "OOOOdpdKpO&:scaled_dot_product_attention", &q_obj, &k_obj, &v_obj,
-                          &mask_obj, &dropout_p, &is_causal, &scale, &seed, &want_weights,
-                          PyArray_DescrConverter, &descr))
+                          &mask_obj, &dropout_p, &is_causal, &scale, &seed, &want_weights, dtype_converter, &dt))
         return NULL;
-    int ok = dtype_code(descr, &dt);
-    Py_DECREF(descr);
-    if (!ok || !check_dropout_p(dropout_p, "dropout_p")) return NULL;
+    if (!check_dropout_p(dropout_p, "dropout_p")) return NULL;
     if (!isfinite(scale)) return PyErr_Format(PyExc_ValueError, "scale: expected a finite number");
 
     PyArrayObject *arr[3] = {NULL, NULL, NULL};
