@@ -94,7 +94,7 @@ def hand_derivation():
 def main():
     np.set_printoptions(precision=4, suppress=True)
     print(f"attnc {attnc.__version__}: {attnc.get_num_threads()} threads, "
-          f"{'AVX2+FMA' if attnc._C.simd_active() else 'portable'} kernels")
+          f"{attnc._C.simd_level()} kernels")
     attnc.manual_seed(0)
     rng = np.random.default_rng(0)
     level_1(rng)

@@ -41,11 +41,21 @@ void attnc_set_num_threads(int n);
 int attnc_get_num_threads(void);
 
 /* ------------------------------------------------------------------------ */
-/* cpu.c: run-time choice between the portable and the AVX2+FMA kernels     */
+/* cpu.c: run-time choice of the kernels' ISA level                          */
+
+/* The ISA levels, each implying the ones below it. */
+enum { ATTNC_SIMD_PORTABLE = 0, ATTNC_SIMD_AVX2 = 1, ATTNC_SIMD_AVX512 = 2 };
 
 int attnc_cpu_has_avx2_fma(void);
-/* 1: use AVX2+FMA kernels where the CPU has them; 0: force the portable path. */
+/* AVX-512 F, VL and DQ (and AVX2+FMA): what the AVX-512 kernels are compiled for. */
+int attnc_cpu_has_avx512(void);
+/* Use at most max_level (clamped to the known levels); the default is the best. */
+void attnc_set_simd_level(int max_level);
+/* The level in use: min(the cap, the best this CPU has). */
+int attnc_simd_level(void);
+/* 0: force the portable path; nonzero: the best level the CPU has. */
 void attnc_set_simd(int enabled);
+/* 1 when a SIMD (AVX2 or AVX-512) path is in use. */
 int attnc_simd_active(void);
 
 /* ------------------------------------------------------------------------ */

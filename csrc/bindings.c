@@ -620,6 +620,32 @@ static PyObject *py_set_simd(PyObject *self, PyObject *arg)
 
 static PyObject *py_simd_active(PyObject *self, PyObject *unused) { return PyBool_FromLong(attnc_simd_active()); }
 
+/* The ISA levels' names, indexed by level (attnc.h). */
+static const char *const simd_level_names[] = {"portable", "avx2", "avx512"};
+#define N_SIMD_LEVELS ((int)(sizeof(simd_level_names) / sizeof(simd_level_names[0])))
+
+static PyObject *py_set_simd_level(PyObject *self, PyObject *arg)
+{
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!name && PyErr_Occurred()) return NULL;
+    for (int level = 0; name && level < N_SIMD_LEVELS; level++)
+        if (strcmp(name, simd_level_names[level]) == 0) {
+            attnc_set_simd_level(level);
+            Py_RETURN_NONE;
+        }
+    return PyErr_Format(PyExc_ValueError, "level: expected 'portable', 'avx2' or 'avx512', got %R", arg);
+}
+
+static PyObject *py_simd_level(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(simd_level_names[attnc_simd_level()]);
+}
+
+static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(attnc_cpu_has_avx512());
+}
+
 static PyObject *py_cpu_has_avx2_fma(PyObject *self, PyObject *unused)
 {
     return PyBool_FromLong(attnc_cpu_has_avx2_fma());
@@ -644,9 +670,13 @@ static PyMethodDef methods[] = {
      "return_weights)"},
     {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
-    {"set_simd", py_set_simd, METH_O, "set_simd(enabled): False forces the portable kernels"},
-    {"simd_active", py_simd_active, METH_NOARGS, "simd_active() -> bool: AVX2+FMA kernels in use"},
+    {"set_simd", py_set_simd, METH_O, "set_simd(enabled): False forces the portable kernels, True the best"},
+    {"simd_active", py_simd_active, METH_NOARGS, "simd_active() -> bool: AVX2 or AVX-512 kernels in use"},
+    {"set_simd_level", py_set_simd_level, METH_O,
+     "set_simd_level(level): use at most 'portable', 'avx2' or 'avx512' kernels"},
+    {"simd_level", py_simd_level, METH_NOARGS, "simd_level() -> str: the kernels in use ('portable', 'avx2', 'avx512')"},
     {"cpu_has_avx2_fma", py_cpu_has_avx2_fma, METH_NOARGS, "cpu_has_avx2_fma() -> bool"},
+    {"cpu_has_avx512", py_cpu_has_avx512, METH_NOARGS, "cpu_has_avx512() -> bool: AVX-512 F, VL and DQ"},
     {"fail_alloc_after", py_fail_alloc_after, METH_O,
      "fail_alloc_after(n): testing hook; the (n+1)-th kernel allocation fails (n < 0: never)"},
     {NULL, NULL, 0, NULL},

@@ -1,5 +1,5 @@
 /* Public entry points that pick the typed kernel: by dtype, and by ISA
- * (AVX2+FMA when the CPU has it and it is not disabled, else portable). */
+ * level (attnc_simd_level: AVX-512, AVX2+FMA or portable). */
 #include "kernels.h"
 
 #define ATTNC_REAL_F32
@@ -18,18 +18,27 @@ attnc_status attnc_attention(const attnc_attention_args *a)
     int no_output = a->n_items == 0 || a->L == 0 || a->Ev == 0;
     int no_weights = !a->weights || a->S == 0;
     if (no_output && no_weights) return ATTNC_OK;
-    int simd = attnc_simd_active();
-    if (a->dtype == ATTNC_F32) return simd ? attention_f32_avx2(a) : attention_f32_portable(a);
-    return simd ? attention_f64_avx2(a) : attention_f64_portable(a);
+    int level = attnc_simd_level();
+    if (a->dtype == ATTNC_F32)
+        return level == ATTNC_SIMD_AVX512 ? attention_f32_avx512(a)
+               : level == ATTNC_SIMD_AVX2 ? attention_f32_avx2(a)
+                                          : attention_f32_portable(a);
+    return level == ATTNC_SIMD_AVX512 ? attention_f64_avx512(a)
+           : level == ATTNC_SIMD_AVX2 ? attention_f64_avx2(a)
+                                      : attention_f64_portable(a);
 }
 
 attnc_status attnc_softmax(attnc_dtype dt, void *out, const void *in, idx_t outer, idx_t n,
                            idx_t inner)
 {
-    int simd = attnc_simd_active();
+    int level = attnc_simd_level();
     if (dt == ATTNC_F32)
-        return (simd ? softmax_f32_avx2 : softmax_f32_portable)(out, in, outer, n, inner);
-    return (simd ? softmax_f64_avx2 : softmax_f64_portable)(out, in, outer, n, inner);
+        return (level == ATTNC_SIMD_AVX512 ? softmax_f32_avx512
+                : level == ATTNC_SIMD_AVX2 ? softmax_f32_avx2
+                                           : softmax_f32_portable)(out, in, outer, n, inner);
+    return (level == ATTNC_SIMD_AVX512 ? softmax_f64_avx512
+            : level == ATTNC_SIMD_AVX2 ? softmax_f64_avx2
+                                       : softmax_f64_portable)(out, in, outer, n, inner);
 }
 
 void attnc_dropout(attnc_dtype dt, void *out, const void *in, idx_t n, double p, uint64_t seed)

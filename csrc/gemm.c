@@ -1,5 +1,5 @@
 /* attnc_gemm: C = A . B^T [+ bias]. The dtype picks the instantiation of
- * gemm_impl.h, the CPU (attnc_simd_active) picks its micro-kernel. */
+ * gemm_impl.h, the CPU (attnc_simd_level) picks its micro-kernel. */
 #include "attnc.h"
 #include "gemm_kernels.h"
 
@@ -13,10 +13,14 @@
 #include "gemm_impl.h"
 #include "dtype_end.h"
 
-static gemm_tile_kernel_f32_portable kernel_f32(void)
+static gemm_tile_kernel_f32_portable kernel_f32(int level)
 {
 #ifdef GEMM_HAVE_AVX2
-    if (attnc_simd_active())
+    if (level == ATTNC_SIMD_AVX512)
+        return (gemm_tile_kernel_f32_portable){GEMM_AVX512_MR, GEMM_AVX512_NR_F32,
+                                               gemm_ukernel_f32_avx512,
+                                               gemm_ukernel_store_f32_avx512};
+    if (level == ATTNC_SIMD_AVX2)
         return (gemm_tile_kernel_f32_portable){GEMM_AVX2_MR, GEMM_AVX2_NR_F32,
                                                gemm_ukernel_f32_avx2, gemm_ukernel_store_f32_avx2};
 #endif
@@ -25,10 +29,14 @@ static gemm_tile_kernel_f32_portable kernel_f32(void)
                                            gemm_ukernel_store_f32_portable};
 }
 
-static gemm_tile_kernel_f64_portable kernel_f64(void)
+static gemm_tile_kernel_f64_portable kernel_f64(int level)
 {
 #ifdef GEMM_HAVE_AVX2
-    if (attnc_simd_active())
+    if (level == ATTNC_SIMD_AVX512)
+        return (gemm_tile_kernel_f64_portable){GEMM_AVX512_MR, GEMM_AVX512_NR_F64,
+                                               gemm_ukernel_f64_avx512,
+                                               gemm_ukernel_store_f64_avx512};
+    if (level == ATTNC_SIMD_AVX2)
         return (gemm_tile_kernel_f64_portable){GEMM_AVX2_MR, GEMM_AVX2_NR_F64,
                                                gemm_ukernel_f64_avx2, gemm_ukernel_store_f64_avx2};
 #endif
@@ -42,9 +50,11 @@ attnc_status attnc_gemm(attnc_dtype dt, idx_t M, idx_t N, idx_t K,
                         const void *b, idx_t b_rs, idx_t b_cs,
                         const void *bias, void *c, idx_t c_rs)
 {
+    int level = attnc_simd_level();
     if (dt == ATTNC_F64)
-        return gemm_f64_portable(kernel_f64(), M, N, K, (gemm_operand_f64_portable){a, a_rs, a_cs},
+        return gemm_f64_portable(kernel_f64(level), M, N, K,
+                                 (gemm_operand_f64_portable){a, a_rs, a_cs},
                                  (gemm_operand_f64_portable){b, b_rs, b_cs}, bias, c, c_rs);
-    return gemm_f32_portable(kernel_f32(), M, N, K, (gemm_operand_f32_portable){a, a_rs, a_cs},
+    return gemm_f32_portable(kernel_f32(level), M, N, K, (gemm_operand_f32_portable){a, a_rs, a_cs},
                              (gemm_operand_f32_portable){b, b_rs, b_cs}, bias, c, c_rs);
 }

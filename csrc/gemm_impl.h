@@ -13,12 +13,18 @@
  * C adds up its K blocks in the same order whatever task or thread
  * computes it, so results never depend on the thread count.
  */
-/* KC: steps of K per packed block. A B sliver (KC, NR) is then 16 KB for
- * either type, half the 32 KB L1, with room for the A sliver streaming by. */
-#define GEMM_KC 256
+/* KC: steps of K per packed block. Every K block reads and writes all of
+ * C once more, and a C larger than the caches (a (4096, 2304) float C is
+ * 36 MB) travels from memory each time: with KC = 256, a K of 768 took
+ * three such passes and reached 0.88x NumPy's throughput on Zen 4; with
+ * 768 it takes one and reaches 1.0x, for the AVX2 and AVX-512 kernels
+ * alike. A B sliver (KC, NR) is then 48 KB (NR = 16 floats or 8 doubles),
+ * more than L1: it streams from L2, which keeps up with one vector of B
+ * per MR FMAs (measured on 4096 x 768 x 2304, 1 and 2 threads). */
+#define GEMM_KC 768
 /* The packed A block (MC, KC) of a task: 144 KB, so it stays in L2 while
- * every B sliver of the task passes over it. MC = 144 rows of float, 72 of
- * double, as BLIS uses on Zen 3. */
+ * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
+ * double (twice that measured no faster). */
 #define GEMM_A_BLOCK_BYTES (144 * 1024)
 /* NC: columns of C per task. BLIS sizes NC (4080) to keep a B panel in L3;
  * here B is packed once per K block for all tasks, so a narrower task costs
@@ -175,6 +181,7 @@ static attnc_status FN(gemm)(FN(gemm_tile_kernel) kernel, idx_t M, idx_t N, idx_
         return ATTNC_OK;
     }
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / kernel.mr * kernel.mr;
+    if (mc < kernel.mr) mc = kernel.mr;
     idx_t nc = GEMM_NC / kernel.nr * kernel.nr;
     FN(gemm_job) job = {
         .kernel = kernel, .M = M, .N = N, .a = a, .b = b, .bias = bias, .c = c, .c_rs = c_rs,

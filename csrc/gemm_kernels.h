@@ -6,7 +6,8 @@
  *                          init being the same row for every row of c
  * c's rows are c_rs apart; a and b are packed slivers: for each step p, MR
  * elements of a column of A, then NR of a column of B^T, contiguous and
- * 32-byte aligned. attnc_gemm's first K block stores (init = the bias), so
+ * 64-byte aligned (the AVX-512 kernels load a whole row of B with one
+ * aligned load). attnc_gemm's first K block stores (init = the bias), so
  * C is never cleared or re-read just to add the bias; later blocks add.
  * MR x NR is as large as the accumulators registers can hold.
  */
@@ -15,6 +16,8 @@
 
 #include "attnc.h"
 
+/* x86 with GCC or Clang: the AVX2 and AVX-512 kernels are compiled (and
+ * called only when the CPU has the ISA, cpu.c). */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define GEMM_HAVE_AVX2 1
 #endif
@@ -30,9 +33,19 @@
 #define GEMM_AVX2_NR_F32 16
 #define GEMM_AVX2_NR_F64 8
 
+/* AVX-512: 12 rows x 1 zmm vector = 12 accumulators. Zen 4 runs a zmm FMA
+ * as two ymm halves, so the peak is AVX2's; the gain is half the
+ * instructions per FMA. 12 x 32 (24 accumulators of the 32 registers)
+ * measured no faster, and 16 columns keep attention's padding of Ev to NR
+ * small. MR = 12 divides BLOCK_K and NR = 16, 8 divide BLOCK_Q
+ * (attention_tiles.h). */
+#define GEMM_AVX512_MR 12
+#define GEMM_AVX512_NR_F32 16
+#define GEMM_AVX512_NR_F64 8
+
 /* The largest NR and MR x NR of any kernel: sizes of edge-tile buffers. */
-#define GEMM_MAX_NR GEMM_AVX2_NR_F32
-#define GEMM_MAX_TILE (GEMM_AVX2_MR * GEMM_AVX2_NR_F32)
+#define GEMM_MAX_NR GEMM_AVX512_NR_F32
+#define GEMM_MAX_TILE (GEMM_AVX512_MR * GEMM_AVX512_NR_F32)
 
 #define GEMM_DECLARE_UKERNELS(real, sfx, isa)                                                \
     void gemm_ukernel_##sfx##_##isa(idx_t kc, const real *a, const real *b, real *c,          \
@@ -45,6 +58,8 @@ GEMM_DECLARE_UKERNELS(double, f64, portable)
 #ifdef GEMM_HAVE_AVX2
 GEMM_DECLARE_UKERNELS(float, f32, avx2)
 GEMM_DECLARE_UKERNELS(double, f64, avx2)
+GEMM_DECLARE_UKERNELS(float, f32, avx512)
+GEMM_DECLARE_UKERNELS(double, f64, avx512)
 #endif
 #undef GEMM_DECLARE_UKERNELS
 

@@ -12,16 +12,28 @@ import attnc  # noqa: E402
 torch.set_num_threads(2)
 
 
-@pytest.fixture(params=[True, False], ids=["simd", "portable"])
+def available_simd_levels():
+    """The kernel ISA levels this CPU can run, best last."""
+    levels = ["portable"]
+    if attnc._C.cpu_has_avx2_fma():
+        levels.append("avx2")
+        if attnc._C.cpu_has_avx512():
+            levels.append("avx512")
+    return levels
+
+
+SIMD_LEVELS = available_simd_levels()
+
+
+@pytest.fixture(params=SIMD_LEVELS[::-1])
 def simd_mode(request):
-    """Runs a test with the AVX2 kernels allowed, then with the portable C path forced."""
-    attnc._C.set_simd(request.param)
+    """Runs a test at every kernel ISA level this CPU has (best first), then restores the best."""
+    attnc._C.set_simd_level(request.param)
     try:
-        if not request.param:
-            assert not attnc._C.simd_active()
+        assert attnc._C.simd_level() == request.param
         yield request.param
     finally:
-        attnc._C.set_simd(True)
+        attnc._C.set_simd_level(SIMD_LEVELS[-1])
 
 
 @pytest.fixture

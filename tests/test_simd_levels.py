@@ -1,0 +1,92 @@
+"""Every kernel ISA level this CPU has (portable, AVX2, AVX-512) against float64 NumPy.
+
+The simd_mode fixture (conftest.py) runs each test once per level. Odd sizes
+exercise the edge tiles of every micro-kernel shape (MR in 4, 6, 12; NR in
+8, 16), transposed operands the strided packing, and the attention sizes
+partial query and key tiles.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from conftest import SIMD_LEVELS
+from helpers import assert_close, np_softmax
+
+
+def _r(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (13, 11, 300), (300, 37, 9), (97, 299, 131), (255, 17, 257),
+                                   (25, 300, 769), (7, 5, 3)])
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
+    rng = np.random.default_rng(m + 7 * n + 13 * k)
+    if transposed:  # x and weight are views of (k, m) and (k, n) arrays: column strides, not row
+        x, w = _r(rng, (k, m), dtype).T, _r(rng, (k, n), dtype).T
+    else:
+        x, w = _r(rng, (m, k), dtype), _r(rng, (n, k), dtype)
+    b = _r(rng, (n,), dtype)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + b
+    assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
+
+
+def _np_sdpa(q, k, v, keep, is_causal):
+    qd, kd, vd = (a.astype(np.float64) for a in (q, k, v))
+    scores = qd @ np.swapaxes(kd, -1, -2) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        scores = np.where(keep, scores, -1e20)
+    if is_causal:
+        L, S = scores.shape[-2:]
+        scores = np.where(np.tril(np.ones((L, S), bool)), scores, -np.inf)
+    return np_softmax(scores) @ vd
+
+
+@pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
+                                      (200, 31, 9, 130)])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
+    rng = np.random.default_rng(L + S + E + Ev)
+    q, k, v = _r(rng, (2, L, E), dtype), _r(rng, (2, S, E), dtype), _r(rng, (2, S, Ev), dtype)
+    keep = None
+    if masked:
+        keep = rng.random((L, S)) < 0.6
+        keep[:, 0] = True
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
+    assert_close(out, _np_sdpa(q, k, v, keep, is_causal), dtype, f"{simd_mode} L={L} S={S} E={E} Ev={Ev}")
+    if not is_causal:  # the materialised path (weights returned) too
+        out_w, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
+        assert_close(out_w, out, dtype)
+        assert weights.shape == (2, L, S)
+
+
+def test_levels_reported_and_capped():
+    best = SIMD_LEVELS[-1]
+    try:
+        assert attnc._C.simd_level() == best
+        assert bool(attnc._C.simd_active()) == (best != "portable")
+        attnc._C.set_simd_level("avx2")
+        assert attnc._C.simd_level() == ("avx2" if "avx2" in SIMD_LEVELS else "portable")
+        attnc._C.set_simd_level("avx512")  # a cap above what the CPU has is harmless
+        assert attnc._C.simd_level() == best
+        attnc._C.set_simd(False)
+        assert attnc._C.simd_level() == "portable" and not attnc._C.simd_active()
+        attnc._C.set_simd(True)
+        assert attnc._C.simd_level() == best
+        for bad in ("sse", "AVX2", "", 2, None):
+            with pytest.raises(ValueError, match="level"):
+                attnc._C.set_simd_level(bad)
+        assert attnc._C.simd_level() == best
+    finally:
+        attnc._C.set_simd_level(best)
+
+
+def test_avx512_available_where_the_cpu_has_it():
+    flags = open("/proc/cpuinfo").read().split()
+    has_avx512 = all(f in flags for f in ("avx512f", "avx512vl", "avx512dq", "avx2", "fma"))
+    assert attnc._C.cpu_has_avx512() == has_avx512
+    assert ("avx512" in SIMD_LEVELS) == has_avx512
