@@ -32,7 +32,7 @@ except ImportError:  # NumPy then keeps OpenBLAS's own thread count; recorded in
     threadpoolctl = None
 
 THREADS = 2
-FP32_PEAK_PER_CORE = 90.0  # GFLOP/s, the machine's documented FMA peak (fp64: half of it)
+FP32_PEAK_PER_CORE = 90.0  # GFLOP/s, the brief's Zen 3 FMA peak: the fallback without threadpoolctl
 MIB = 2**20
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}  # relative to max(1, max|ref|)
 # Memory children: large blocks are mmapped and given back on free, so that the
@@ -431,9 +431,18 @@ def rows(sizes):
 # ----------------------------------------------------------------------------
 # Measuring: interleaved timing, output agreement, peak memory.
 
+# Idle time before each timed sample. OpenBLAS's worker threads keep spinning
+# after a NumPy call (its default THREAD_TIMEOUT is 2^28 cycles, about 0.07 s
+# here), and a spinning thread takes a core from whatever runs next: without
+# this pause, attnc timed right after NumPy lost a third of its Linear speed
+# (benchmarks/NOTES.md). Every implementation starts on idle cores.
+SETTLE_S = 0.25
+
+
 def time_interleaved(impls, rounds, calls=1):
     """Seconds per call of each implementation, one sample per round; every
-    round calls all implementations, in an order rotated by one each round."""
+    round calls all implementations, in an order rotated by one each round,
+    each after SETTLE_S of idle time."""
     names = list(impls)
     samples = {name: [] for name in names}
     gc.disable()
@@ -442,6 +451,7 @@ def time_interleaved(impls, rounds, calls=1):
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
                 fn = impls[name]
+                time.sleep(SETTLE_S)
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
@@ -503,8 +513,30 @@ def measure_memory_in_child(row, name, quick):
 # ----------------------------------------------------------------------------
 # Running a row and the sequence-length sweep.
 
-def peak_for(dtype, peak_fp32):
-    return peak_fp32 if np.dtype(dtype) == np.float32 else peak_fp32 / 2
+def peak_for(dtype, args):
+    return args.peak_gflops if np.dtype(dtype) == np.float32 else args.peak_gflops_fp64
+
+
+def set_peaks(args, gemms):
+    """The rates '% peak' divides by: --peak-gflops (fp64: half of it), else
+    NumPy/OpenBLAS's 2048^3 GEMM rates of this run on THREADS threads (the
+    machine kind changes between sessions: a Zen 3 figure is wrong on a Zen
+    5), else the brief's documented peak."""
+    def measured(dtype):
+        return next((rate for name, rate in gemms.items()
+                     if name.startswith(f"numpy {dtype} ") and name.endswith(f", {THREADS} thread(s)")), None)
+
+    if args.peak_gflops is not None:
+        args.peak_gflops_fp64 = args.peak_gflops / 2
+        args.peak_source = f"--peak-gflops {args.peak_gflops:g} (fp64: half)"
+    elif measured("float32") and measured("float64"):
+        args.peak_gflops, args.peak_gflops_fp64 = measured("float32"), measured("float64")
+        args.peak_source = f"NumPy/OpenBLAS 2048^3 GEMM rate of this run on {THREADS} threads, per dtype"
+    else:
+        args.peak_gflops = FP32_PEAK_PER_CORE * THREADS
+        args.peak_gflops_fp64 = args.peak_gflops / 2
+        args.peak_source = (f"documented machine peak {FP32_PEAK_PER_CORE:g} GFLOP/s/core fp32 "
+                            f"({FP32_PEAK_PER_CORE / 2:g} fp64) x {THREADS} threads")
 
 
 def run_row(row, sizes, args):
@@ -516,7 +548,7 @@ def run_row(row, sizes, args):
     else:
         samples = time_interleaved(bench.impls, args.repeats)
     measure_memory = not row.latency and (not args.quick or row.case == 3)
-    peak = peak_for(row.dtype, args.peak_gflops)
+    peak = peak_for(row.dtype, args)
     impls = {}
     for name in row.names:
         median = statistics.median(samples[name])
@@ -604,10 +636,8 @@ def environment(args):
         "python": platform.python_version(), "numpy": np.__version__, "torch": _torch().__version__,
         "attnc": attnc.__version__,
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-        "peak_gflops_fp32": args.peak_gflops, "peak_gflops_fp64": args.peak_gflops / 2,
-        "peak_source": (f"--peak-gflops {args.peak_gflops:g}" if args.peak_gflops_given else
-                        f"documented machine peak {FP32_PEAK_PER_CORE:g} GFLOP/s/core fp32 "
-                        f"({FP32_PEAK_PER_CORE / 2:g} fp64) x {THREADS} threads"),
+        "peak_gflops_fp32": args.peak_gflops, "peak_gflops_fp64": args.peak_gflops_fp64,
+        "peak_source": args.peak_source,
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
         "threadpoolctl": threadpoolctl is not None,
@@ -718,14 +748,12 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 5, quick: 3)")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
     parser.add_argument("--peak-gflops", type=float,
-                        help=f"fp32 FMA peak for %% of peak (default {FP32_PEAK_PER_CORE:g} x threads; fp64: half)")
+                        help="fp32 peak for %% of peak (fp64: half; default: NumPy's GEMM rate measured in the run)")
     parser.add_argument("--memory-child", nargs=2, metavar=("ROW", "IMPL"),
                         help="internal: measure one implementation's peak memory (run in a subprocess)")
     args = parser.parse_args(argv)
     sizes = SIZES["quick" if args.quick else "full"]
     args.repeats = args.repeats or sizes["repeats"]
-    args.peak_gflops_given = args.peak_gflops is not None
-    args.peak_gflops = args.peak_gflops or FP32_PEAK_PER_CORE * THREADS
     args.cases = {int(case) for case in args.cases.split(",")}
     return args, sizes
 
@@ -741,6 +769,7 @@ def main(argv=None):
     if load_at_start > 0.5:
         print(f"warning: load average {load_at_start:.2f}: other processes will disturb the timings", flush=True)
     gemms = reference_gemms(sizes["gemm"])
+    set_peaks(args, gemms)
     for name, value in gemms.items():
         print(f"reference: {name}: {value:.1f} GFLOP/s", flush=True)
     results = []

@@ -12,7 +12,7 @@
 
 /* Tile sizes. BLOCK_Q queries share each packed key/value tile (packing
  * costs 1/BLOCK_Q of the products) and span whole slivers of every
- * micro-kernel (a multiple of NR = 16, 8 and MR = 6, 4). BLOCK_K keys per
+ * micro-kernel (a multiple of NR = 32, 16, 8 and MR = 12, 6, 4). BLOCK_K keys per
  * step, a multiple of every MR; the longer it is, the fewer times the
  * accumulator is rescaled and reloaded. The (BLOCK_K, BLOCK_Q) score tile is
  * 72 KiB in float: with the value tile and the accumulator it stays in L2.
@@ -28,7 +28,7 @@
 /* sizes of the task buffers, in the order of tile_buffers below */
 static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t sizes[N_TILE_BUFFERS])
 {
-    idx_t Ev_room = ROUND_UP(Ev, 16);
+    idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR);
     if (Ev_room < Ev || !attnc_mul_ok(BLOCK_Q, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
         !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[4]) || !attnc_mul_ok(BLOCK_Q, Ev_room, &sizes[5]))
         return 0;
