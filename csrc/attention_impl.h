@@ -16,7 +16,7 @@
 
 typedef struct {
     const attnc_attention_args *args;
-    idx_t n_query_tiles, workspace_elems;
+    idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
@@ -27,14 +27,22 @@ static idx_t FN(key_end)(const attnc_attention_args *a, idx_t i0, idx_t nq)
     return i0 + nq < a->S ? i0 + nq : a->S;
 }
 
-/* scores_t (nk, BLOCK_Q) of keys [j0, j0+nk) against queries [i0, i0+nq):
- * the product, then -1e20 where the mask is 0 and -inf (an exactly-zero
- * weight) for keys a causal query may not see. */
+/* k_pack, v_pack <- keys and values [j0, j0+nk) of item b */
+static void FN(pack_key_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0,
+                                    idx_t nk)
+{
+    const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
+    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
+    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, a->E, UK_MR, 1);
+    FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
+}
+
+/* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
+ * [i0, i0+nq): the product, then -1e20 where the mask is 0 and -inf (an
+ * exactly-zero weight) for keys a causal query may not see. */
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0,
                            idx_t nq, idx_t j0, idx_t nk)
 {
-    const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
-    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, a->E, UK_MR, 1);
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
@@ -60,13 +68,10 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
         }
 }
 
-/* acc (nq, Ev_padded) += probabilities in scores_t . values [j0, j0+nk) */
-static void FN(accumulate_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t nq,
-                                idx_t j0, idx_t nk)
+/* acc (nq, Ev_padded) += probabilities in scores_t . packed values (nk keys) */
+static void FN(accumulate_tile)(FN(tile_buffers) *t, idx_t nq, idx_t nk)
 {
-    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
     FN(pack_column_slivers)(t->p_pack, t->scores_t, BLOCK_Q, nk, nq, ROUND_UP(nq, UK_MR), UK_MR);
-    FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
     FN(value_product)(t->acc, t->p_pack, t->v_pack, nq, nk, t->Ev_padded);
 }
 
@@ -83,32 +88,55 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
     }
 }
 
-/* Online softmax over key tiles: running max and sum per query; what was
- * accumulated under an older max is rescaled when the max grows. */
-static void FN(flash_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
+/* One step of the online softmax for queries [i0, i0+nq) (the tile's view
+ * of the buffers): the scores against the packed key tile [j0, j0+nk),
+ * the running max and sum updated (what was accumulated under an older
+ * max is rescaled when the max grows), then P.V added to acc. */
+static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq,
+                           idx_t j0, idx_t nk)
 {
+    FN(score_tile)(t, a, b, i0, nq, j0, nk);
+    FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     for (idx_t i = 0; i < nq; i++) {
-        t->run_max[i] = -(real)INFINITY;
-        t->run_sum[i] = 0;
+        real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
+        t->correction[i] = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
+        t->run_sum[i] *= t->correction[i];
+        t->run_max[i] = new_max;
     }
-    idx_t end = FN(key_end)(a, i0, nq);
+    FN(column_exp_sum)(t->scores_t, t->run_max, t->run_sum, nq, nk);
+    if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
+    for (idx_t i = 0; i < nq; i++)
+        if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
+    FN(accumulate_tile)(t, nq, nk);
+}
+
+/* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
+ * each key/value tile is packed once and visits every query tile that can
+ * see it; the (L, S) score matrix never exists. */
+static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t i1)
+{
+    idx_t tiles = (i1 - i0 + BLOCK_Q - 1) / BLOCK_Q;
+    for (idx_t q = 0; q < tiles * BLOCK_Q; q++) {
+        t->run_max[q] = -(real)INFINITY;
+        t->run_sum[q] = 0;
+    }
+    idx_t end = FN(key_end)(a, i0, i1 - i0);
     for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
         idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
-        FN(score_tile)(t, a, b, i0, nq, j0, nk);
-        FN(column_max)(t->tile_max, t->scores_t, nq, nk);
-        for (idx_t i = 0; i < nq; i++) {
-            real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
-            t->correction[i] = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
-            t->run_sum[i] *= t->correction[i];
-            t->run_max[i] = new_max;
+        FN(pack_key_value_tile)(t, a, b, j0, nk);
+        for (idx_t tile = 0; tile < tiles; tile++) {
+            idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+            idx_t tile_end = FN(key_end)(a, q0, nq);
+            if (j0 >= tile_end) continue; /* causal: no query of the tile sees these keys */
+            FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+            FN(flash_step)(&view, a, b, q0, nq, j0, tile_end - j0 < nk ? tile_end - j0 : nk);
         }
-        FN(column_exp_sum)(t->scores_t, t->run_max, t->run_sum, nq, nk);
-        if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
-        for (idx_t i = 0; i < nq; i++)
-            if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
-        FN(accumulate_tile)(t, a, b, nq, j0, nk);
     }
-    FN(write_rows)(a, t, b, i0, nq, t->run_sum);
+    for (idx_t tile = 0; tile < tiles; tile++) {
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+        FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+        FN(write_rows)(a, &view, b, q0, nq, view.run_sum);
+    }
 }
 
 /* The weights output (nq, S) rows hold the scores: all scores, softmax in
@@ -119,6 +147,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
     real *w = (real *)a->weights + (b * a->L + i0) * S;
     for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 1: scores */
         idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
+        FN(pack_key_value_tile)(t, a, b, j0, nk);
         FN(score_tile)(t, a, b, i0, nq, j0, nk);
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
@@ -132,40 +161,68 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) t->scores_t[j * BLOCK_Q + i] = w[i * S + j0 + j];
         if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
-        FN(accumulate_tile)(t, a, b, nq, j0, nk);
+        FN(pack_key_value_tile)(t, a, b, j0, nk);
+        FN(accumulate_tile)(t, nq, nk);
     }
     FN(write_rows)(a, t, b, i0, nq, NULL);
 }
 
+/* Task = item b and a run of tiles_per_task query tiles. */
 static void FN(attention_task)(void *ctx, idx_t task)
 {
     FN(attention_job) *job = ctx;
     const attnc_attention_args *a = job->args;
-    idx_t b = task / job->n_query_tiles;
-    idx_t i0 = (task % job->n_query_tiles) * BLOCK_Q;
-    idx_t nq = a->L - i0 < BLOCK_Q ? a->L - i0 : BLOCK_Q;
+    idx_t b = task / job->tasks_per_item;
+    idx_t first_tile = (task % job->tasks_per_item) * job->tiles_per_task;
+    idx_t last_tile = first_tile + job->tiles_per_task;
+    if (last_tile > job->n_query_tiles) last_tile = job->n_query_tiles;
+    if (first_tile >= last_tile) return;
+    idx_t i0 = first_tile * BLOCK_Q, i1 = last_tile * BLOCK_Q < a->L ? last_tile * BLOCK_Q : a->L;
     real *work = attnc_malloc((size_t)job->workspace_elems * sizeof(real));
     if (!work) {
         atomic_store(&job->failed, 1);
         return;
     }
-    FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev);
-    for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) t.acc[i] = 0;
-    const real *q = (const real *)a->q + a->q_off[b] + i0 * a->q_rs;
-    FN(pack_row_slivers)(t.q_pack, q, a->q_rs, nq, a->E, UK_NR, (real)a->scale);
-    if (a->weights)
-        FN(weights_tile)(&t, a, b, i0, nq);
-    else
-        FN(flash_tile)(&t, a, b, i0, nq);
+    FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev, last_tile - first_tile);
+    for (idx_t tile = 0; tile < last_tile - first_tile; tile++) {
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+        FN(tile_buffers) view = FN(tile_view)(&t, tile, a->E);
+        for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) view.acc[i] = 0;
+        const real *q = (const real *)a->q + a->q_off[b] + q0 * a->q_rs;
+        FN(pack_row_slivers)(view.q_pack, q, a->q_rs, nq, a->E, UK_NR, (real)a->scale);
+        if (a->weights) FN(weights_tile)(&view, a, b, q0, nq);
+    }
+    if (!a->weights) FN(flash_queries)(&t, a, b, i0, i1);
     attnc_free(work);
+}
+
+/* Query tiles per task: up to MAX_TILES_PER_TASK (one when the weights are
+ * materialised), fewer when their state would leave L2, and few enough
+ * that there are at least 4 tasks per thread. The split never changes a
+ * result: every query meets the same key tiles in the same order. */
+static idx_t FN(tiles_per_task)(const attnc_attention_args *a, idx_t n_query_tiles)
+{
+    if (a->weights) return 1;
+    idx_t per_tile = BLOCK_Q * (a->E + ROUND_UP(a->Ev, GEMM_MAX_NR)) * (idx_t)sizeof(real);
+    idx_t tiles = per_tile > 0 ? TASK_STATE_BYTES / per_tile : MAX_TILES_PER_TASK;
+    if (tiles > MAX_TILES_PER_TASK) tiles = MAX_TILES_PER_TASK;
+    idx_t wanted_tasks = 4 * (idx_t)attnc_get_num_threads();
+    if (a->n_items * ((n_query_tiles + tiles - 1) / (tiles > 0 ? tiles : 1)) < wanted_tasks) {
+        idx_t per_item = (wanted_tasks + a->n_items - 1) / a->n_items;
+        tiles = (n_query_tiles + per_item - 1) / per_item;
+    }
+    return tiles > 0 ? tiles : 1;
 }
 
 attnc_status FN(attention)(const attnc_attention_args *a)
 {
-    idx_t elems = attention_workspace_elems(a->E, a->Ev);
+    idx_t n_query_tiles = (a->L + BLOCK_Q - 1) / BLOCK_Q;
+    idx_t tiles = FN(tiles_per_task)(a, n_query_tiles);
+    idx_t elems = attention_workspace_elems(a->E, a->Ev, tiles);
     if (elems < 0 || (size_t)elems > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
-    FN(attention_job) job = {a, (a->L + BLOCK_Q - 1) / BLOCK_Q, elems, 0};
-    idx_t n_tasks = a->n_items * job.n_query_tiles;
+    FN(attention_job) job = {a, n_query_tiles, tiles, (n_query_tiles + tiles - 1) / tiles, elems, 0};
+    idx_t n_tasks;
+    if (!attnc_mul_ok(a->n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
     double flops = 2.0 * (double)a->n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;

@@ -23,25 +23,32 @@
 /* every buffer starts on a 64-byte boundary, as the micro-kernels load
  * packed slivers with aligned loads */
 #define BUFFER_ALIGN_ELEMS 16
+/* Query tiles per task: a task packs each key/value tile once for all of
+ * its query tiles (up to 8 x 96 = 768 queries), while their packed
+ * queries and accumulators stay within TASK_STATE_BYTES (in L2). */
+#define MAX_TILES_PER_TASK 8
+#define TASK_STATE_BYTES (512 * 1024)
 #define N_TILE_BUFFERS 10
 
-/* sizes of the task buffers, in the order of tile_buffers below */
-static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t sizes[N_TILE_BUFFERS])
+/* sizes of the task buffers for `tiles` query tiles, in the order of
+ * tile_buffers below */
+static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t tiles, idx_t sizes[N_TILE_BUFFERS])
 {
-    idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR);
-    if (Ev_room < Ev || !attnc_mul_ok(BLOCK_Q, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
-        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[4]) || !attnc_mul_ok(BLOCK_Q, Ev_room, &sizes[5]))
+    idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR), queries = tiles * BLOCK_Q;
+    if (Ev_room < Ev || !attnc_mul_ok(queries, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
+        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[4]) || !attnc_mul_ok(queries, Ev_room, &sizes[5]))
         return 0;
     sizes[2] = sizes[3] = BLOCK_Q * BLOCK_K;
-    sizes[6] = sizes[7] = sizes[8] = sizes[9] = BLOCK_Q;
+    sizes[6] = sizes[7] = queries;
+    sizes[8] = sizes[9] = BLOCK_Q;
     return 1;
 }
 
 /* Elements of one task's workspace, or -1 when that overflows. */
-static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev)
+static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev, idx_t tiles)
 {
     idx_t sizes[N_TILE_BUFFERS], total = 0;
-    if (!attention_buffer_sizes(E, Ev, sizes)) return -1;
+    if (!attention_buffer_sizes(E, Ev, tiles, sizes)) return -1;
     for (int i = 0; i < N_TILE_BUFFERS; i++) {
         idx_t part = ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
         if (part < sizes[i] || total > PTRDIFF_MAX - part) return -1;
@@ -51,23 +58,25 @@ static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev)
 }
 #endif
 
-/* One task's buffers, carved from one allocation. */
+/* One task's buffers, carved from one allocation; the first two and the
+ * run_ arrays hold one part per query tile of the task. */
 typedef struct {
-    real *q_pack;   /* (BLOCK_Q / NR) slivers of (E, NR): scaled queries        */
-    real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                  */
-    real *scores_t; /* (BLOCK_K, BLOCK_Q): scores, then probabilities, by key   */
-    real *p_pack;   /* (BLOCK_Q / MR) slivers of (BLOCK_K, MR): probabilities   */
-    real *v_pack;   /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values        */
-    real *acc;      /* (BLOCK_Q, Ev_padded): output accumulator                 */
-    real *run_max, *run_sum, *tile_max, *correction; /* (BLOCK_Q) each          */
+    real *q_pack;   /* per tile: (BLOCK_Q / NR) slivers of (E, NR): scaled queries */
+    real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                     */
+    real *scores_t; /* (BLOCK_K, BLOCK_Q): scores, then probabilities, by key      */
+    real *p_pack;   /* (BLOCK_Q / MR) slivers of (BLOCK_K, MR): probabilities      */
+    real *v_pack;   /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values           */
+    real *acc;      /* per tile: (BLOCK_Q, Ev_padded): output accumulator          */
+    real *run_max, *run_sum; /* per tile: (BLOCK_Q) each                           */
+    real *tile_max, *correction; /* (BLOCK_Q) each                                */
     idx_t Ev_padded;
 } FN(tile_buffers);
 
-static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev)
+static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev, idx_t tiles)
 {
     FN(tile_buffers) t;
     idx_t sizes[N_TILE_BUFFERS];
-    attention_buffer_sizes(E, Ev, sizes); /* checked by attention_workspace_elems */
+    attention_buffer_sizes(E, Ev, tiles, sizes); /* checked by attention_workspace_elems */
     real **slots[N_TILE_BUFFERS] = {&t.q_pack, &t.k_pack, &t.scores_t, &t.p_pack, &t.v_pack,
                                     &t.acc, &t.run_max, &t.run_sum, &t.tile_max, &t.correction};
     for (int i = 0; i < N_TILE_BUFFERS; i++) {
@@ -76,6 +85,18 @@ static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev)
     }
     t.Ev_padded = ROUND_UP(Ev, UK_NR);
     return t;
+}
+
+/* The buffers of query tile `tile` of the task: its packed queries,
+ * accumulator and running max and sum in place of the first tile's. */
+static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx_t E)
+{
+    FN(tile_buffers) v = *t;
+    v.q_pack += tile * BLOCK_Q * E;
+    v.acc += tile * BLOCK_Q * t->Ev_padded;
+    v.run_max += tile * BLOCK_Q;
+    v.run_sum += tile * BLOCK_Q;
+    return v;
 }
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
@@ -113,16 +134,19 @@ static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, id
     }
 }
 
-/* scores_t (nk, BLOCK_Q)[:, :nq] <- k_pack . q_pack^T */
+/* The init row of the micro-kernel's store form: tiles start from zero. */
+static const real FN(zero_row)[GEMM_MAX_NR];
+
+/* scores_t (nk, BLOCK_Q)[:, :nq] <- k_pack . q_pack^T (stored, not added:
+ * the tile is never cleared first) */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E)
 {
     idx_t rows = ROUND_UP(nk, UK_MR), cols = ROUND_UP(nq, UK_NR);
-    for (idx_t j = 0; j < rows; j++)
-        for (idx_t i = 0; i < cols; i++) scores_t[j * BLOCK_Q + i] = 0;
     for (idx_t j0 = 0; j0 < rows; j0 += UK_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += UK_NR)
-            UKERNEL(E, k_pack + j0 * E, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q);
+            UKERNEL_STORE(E, k_pack + j0 * E, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
+                          FN(zero_row));
 }
 
 /* acc (nq, Ev_padded) += p_pack . v_pack  (nk keys) */

@@ -25,3 +25,4 @@
 #  define UK_NR GEMM_PORTABLE_NR
 #endif
 #define UKERNEL FN(gemm_ukernel)
+#define UKERNEL_STORE FN(gemm_ukernel_store)

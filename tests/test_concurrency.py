@@ -199,3 +199,28 @@ def test_load_state_dict_while_other_threads_compute(name, restore_threads):
     _same(m(x), expected_a, "after reloading")
     m.load_state_dict(sd_b)
     _same(m(x), expected_b, "with the other parameters")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_many_query_tiles_thread_count_never_changes_a_bit(causal, restore_threads, simd_mode):
+    """Long enough for many query tiles per item, which the kernel groups
+    into tasks differently for each thread count (fewer items than tasks
+    wanted): every grouping gives the same bits, and matches float64 NumPy."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 1000, 40)).astype(np.float32)
+    k = rng.standard_normal((2, 1000, 40)).astype(np.float32)
+    v = rng.standard_normal((2, 1000, 24)).astype(np.float32)
+    mask = rng.random((2, 1, 1000)) > 0.2  # broadcast over queries
+    results = []
+    for n in (1, 2, 3, 4):
+        attnc.set_num_threads(n)
+        results.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal))
+    for n, result in zip((2, 3, 4), results[1:]):
+        np.testing.assert_array_equal(result, results[0], err_msg=f"1 vs {n} threads")
+    scores = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 2, 1) / np.sqrt(40)
+    scores = np.where(mask, scores, -1e20)
+    if causal:
+        scores = np.where(np.tril(np.ones((1000, 1000), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    expected = (weights / weights.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-5)
