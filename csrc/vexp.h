@@ -5,26 +5,34 @@
  *
  * exp: Cody-Waite range reduction x = n*ln2 + r, |r| <= ln2/2, then a Taylor
  * polynomial of degree 7 (float) / 13 (double), whose truncation error is
- * below half an ulp; the total error is a few ulp. Inputs below the
- * smallest normal result flush to 0 (absolute error < 1.2e-38 / 2.3e-308,
- * harmless in a softmax), -inf gives 0, NaN gives NaN, large x gives inf. */
+ * below half an ulp; the total error is a few ulp. 2^n is built in the
+ * exponent bits from the rounding shifter's own bits (no float-to-int
+ * conversion). x is clamped to [EXP_LO, EXP_HI], where n runs from the
+ * exponent below the smallest normal (2^n == 0: results below the smallest
+ * normal flush to 0 or come out subnormal, an absolute error < 1.2e-38 /
+ * 2.3e-308, harmless in a softmax; -inf gives exactly 0) to the one above
+ * the largest (2^n == inf: large x gives inf). NaN gives NaN. The clamps
+ * are max/min selects and only NaN needs a fix-up: about 17 vector
+ * instructions per vector of results. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #if defined(ATTNC_REAL_F32)
-#  define EXP_LO (-87.33f) /* exp(EXP_LO) is about the smallest normal float */
-#  define EXP_HI (88.37f)  /* keeps n <= 127, the largest finite exponent */
+#  define EXP_LO (-88.0f) /* rounds to n = -127: 2^n == 0 */
+#  define EXP_HI (88.5f)  /* rounds to n = 128: 2^n == inf (n = 128 from x = 88.38) */
 #  define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
+#  define EXP_SHIFTER_BITS 0x4B400000 /* its bits: shifted bits - these = n */
 #  define EXP_LN2_HI 0.693145751953125f
 #  define EXP_LN2_LO 1.428606765330187e-06f
 #  define EXP_BIAS 127
 #  define EXP_MANT_BITS 23
 typedef int32_t FN(exp_int);
 #else
-#  define EXP_LO (-708.39)
-#  define EXP_HI (709.43)
+#  define EXP_LO (-709.0) /* rounds to n = -1023 */
+#  define EXP_HI (710.0)  /* rounds to n = 1024 (from x = 709.44) */
 #  define EXP_SHIFTER 6755399441055744.0 /* 1.5 * 2^52 */
+#  define EXP_SHIFTER_BITS 0x4338000000000000
 #  define EXP_LN2_HI 0.6931471803691238
 #  define EXP_LN2_LO 1.9082149292705877e-10
 #  define EXP_BIAS 1023
@@ -59,17 +67,18 @@ static inline real FN(taylor_exp)(real r)
 
 static inline real FN(vexp)(real x)
 {
-    real clamped = x < EXP_LO ? EXP_LO : (x > EXP_HI ? EXP_HI : x);
-    clamped = clamped == clamped ? clamped : 0; /* NaN is put back at the end */
-    real n = (clamped * (real)1.4426950408889634 + EXP_SHIFTER) - EXP_SHIFTER;
+    real clamped = x > EXP_LO ? x : EXP_LO; /* a max; NaN becomes EXP_LO */
+    clamped = clamped < EXP_HI ? clamped : EXP_HI;
+    real shifted = clamped * (real)1.4426950408889634 + EXP_SHIFTER;
+    real n = shifted - EXP_SHIFTER;
     real r = clamped - n * EXP_LN2_HI;
     r = r - n * EXP_LN2_LO;
-    FN(exp_int) bits = ((FN(exp_int))n + EXP_BIAS) << EXP_MANT_BITS;
+    FN(exp_int) bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    bits = (bits - EXP_SHIFTER_BITS + EXP_BIAS) << EXP_MANT_BITS; /* n + bias in [0, 2 * bias + 1] */
     real two_to_n;
     memcpy(&two_to_n, &bits, sizeof two_to_n);
     real y = FN(taylor_exp)(r) * two_to_n;
-    y = x < EXP_LO ? 0 : y;
-    y = x > EXP_HI ? (real)INFINITY : y;
     return x == x ? y : x;
 }
 
@@ -118,6 +127,7 @@ static inline void FN(scale_row)(real *x, idx_t n, real factor)
 #undef EXP_LO
 #undef EXP_HI
 #undef EXP_SHIFTER
+#undef EXP_SHIFTER_BITS
 #undef EXP_LN2_HI
 #undef EXP_LN2_LO
 #undef EXP_BIAS
