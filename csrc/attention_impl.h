@@ -33,7 +33,7 @@ static void FN(pack_key_value_tile)(FN(tile_buffers) *t, const attnc_attention_a
 {
     const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
     const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
-    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, a->E, UK_MR, 1);
+    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, ROUND_UP(nk, UK_MR), a->E, UK_MR, 1);
     FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
 }
 
@@ -68,13 +68,6 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
         }
 }
 
-/* acc (nq, Ev_padded) += probabilities in scores_t . packed values (nk keys) */
-static void FN(accumulate_tile)(FN(tile_buffers) *t, idx_t nq, idx_t nk)
-{
-    FN(pack_column_slivers)(t->p_pack, t->scores_t, BLOCK_Q, nk, nq, ROUND_UP(nq, UK_MR), UK_MR);
-    FN(value_product)(t->acc, t->p_pack, t->v_pack, nq, nk, t->Ev_padded);
-}
-
 /* out rows [i0, i0+nq) of item b <- acc / row_sum (row_sum NULL: acc) */
 static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
                            idx_t nq, const real *row_sum)
@@ -107,7 +100,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, i
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
-    FN(accumulate_tile)(t, nq, nk);
+    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded);
 }
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
@@ -162,7 +155,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
             for (idx_t i = 0; i < nq; i++) t->scores_t[j * BLOCK_Q + i] = w[i * S + j0 + j];
         if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
         FN(pack_key_value_tile)(t, a, b, j0, nk);
-        FN(accumulate_tile)(t, nq, nk);
+        FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded);
     }
     FN(write_rows)(a, t, b, i0, nq, NULL);
 }
@@ -189,7 +182,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
         FN(tile_buffers) view = FN(tile_view)(&t, tile, a->E);
         for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) view.acc[i] = 0;
         const real *q = (const real *)a->q + a->q_off[b] + q0 * a->q_rs;
-        FN(pack_row_slivers)(view.q_pack, q, a->q_rs, nq, a->E, UK_NR, (real)a->scale);
+        FN(pack_row_slivers)(view.q_pack, q, a->q_rs, nq, FN(padded_queries)(nq), a->E, UK_NR, (real)a->scale);
         if (a->weights) FN(weights_tile)(&view, a, b, q0, nq);
     }
     if (!a->weights) FN(flash_queries)(&t, a, b, i0, i1);

@@ -28,7 +28,7 @@
  * queries and accumulators stay within TASK_STATE_BYTES (in L2). */
 #define MAX_TILES_PER_TASK 8
 #define TASK_STATE_BYTES (512 * 1024)
-#define N_TILE_BUFFERS 10
+#define N_TILE_BUFFERS 9
 
 /* sizes of the task buffers for `tiles` query tiles, in the order of
  * tile_buffers below */
@@ -36,11 +36,11 @@ static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t tiles, idx_t s
 {
     idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR), queries = tiles * BLOCK_Q;
     if (Ev_room < Ev || !attnc_mul_ok(queries, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
-        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[4]) || !attnc_mul_ok(queries, Ev_room, &sizes[5]))
+        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[3]) || !attnc_mul_ok(queries, Ev_room, &sizes[4]))
         return 0;
-    sizes[2] = sizes[3] = BLOCK_Q * BLOCK_K;
-    sizes[6] = sizes[7] = queries;
-    sizes[8] = sizes[9] = BLOCK_Q;
+    sizes[2] = BLOCK_Q * BLOCK_K;
+    sizes[5] = sizes[6] = queries;
+    sizes[7] = sizes[8] = BLOCK_Q;
     return 1;
 }
 
@@ -64,7 +64,6 @@ typedef struct {
     real *q_pack;   /* per tile: (BLOCK_Q / NR) slivers of (E, NR): scaled queries */
     real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                     */
     real *scores_t; /* (BLOCK_K, BLOCK_Q): scores, then probabilities, by key      */
-    real *p_pack;   /* (BLOCK_Q / MR) slivers of (BLOCK_K, MR): probabilities      */
     real *v_pack;   /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values           */
     real *acc;      /* per tile: (BLOCK_Q, Ev_padded): output accumulator          */
     real *run_max, *run_sum; /* per tile: (BLOCK_Q) each                           */
@@ -77,8 +76,8 @@ static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev, idx_t t
     FN(tile_buffers) t;
     idx_t sizes[N_TILE_BUFFERS];
     attention_buffer_sizes(E, Ev, tiles, sizes); /* checked by attention_workspace_elems */
-    real **slots[N_TILE_BUFFERS] = {&t.q_pack, &t.k_pack, &t.scores_t, &t.p_pack, &t.v_pack,
-                                    &t.acc, &t.run_max, &t.run_sum, &t.tile_max, &t.correction};
+    real **slots[N_TILE_BUFFERS] = {&t.q_pack, &t.k_pack, &t.scores_t, &t.v_pack, &t.acc,
+                                    &t.run_max, &t.run_sum, &t.tile_max, &t.correction};
     for (int i = 0; i < N_TILE_BUFFERS; i++) {
         *slots[i] = work;
         work += ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
@@ -99,13 +98,20 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
     return v;
 }
 
+/* The query columns a score tile computes for nq queries: whole NR
+ * slivers for the score product, and whole MR runs for the value product,
+ * which reads probabilities straight from the score tile. The columns past
+ * nq are products with zero queries: zeros, never exponentiated. */
+static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, UK_MR), UK_NR); }
+
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
- * slivers of `width` rows: sliver s is (E, width), zero-padded past n.
- * Queries (width NR, the scale folded in) and keys (width MR). */
-static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t E, idx_t width,
-                                 real scale)
+ * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
+ * (a multiple of width) are zeros. Queries (width NR, the scale folded in)
+ * and keys (width MR). */
+static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
+                                 idx_t width, real scale)
 {
-    for (idx_t r0 = 0; r0 < n; r0 += width) {
+    for (idx_t r0 = 0; r0 < padded_n; r0 += width) {
         real *sliver = dst + r0 * E;
         for (idx_t r = 0; r < width; r++) {
             const real *row = src + (r0 + r) * src_rs;
@@ -119,7 +125,7 @@ static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t
 
 /* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
  * slivers of `width` columns: sliver s is (BLOCK_K, width), zero-padded up to
- * padded_cols. Values (width NR) and probabilities (width MR). */
+ * padded_cols. Values (width NR). */
 static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t cols,
                                     idx_t padded_cols, idx_t width)
 {
@@ -137,25 +143,27 @@ static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, id
 /* The init row of the micro-kernel's store form: tiles start from zero. */
 static const real FN(zero_row)[GEMM_MAX_NR];
 
-/* scores_t (nk, BLOCK_Q)[:, :nq] <- k_pack . q_pack^T (stored, not added:
- * the tile is never cleared first) */
+/* scores_t (nk, BLOCK_Q)[:, :padded_queries(nq)] <- k_pack . q_pack^T
+ * (stored, not added: the tile is never cleared first) */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E)
 {
-    idx_t rows = ROUND_UP(nk, UK_MR), cols = ROUND_UP(nq, UK_NR);
+    idx_t rows = ROUND_UP(nk, UK_MR), cols = FN(padded_queries)(nq);
     for (idx_t j0 = 0; j0 < rows; j0 += UK_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += UK_NR)
-            UKERNEL_STORE(E, k_pack + j0 * E, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
+            UKERNEL_STORE(E, k_pack + j0 * E, UK_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
                           FN(zero_row));
 }
 
-/* acc (nq, Ev_padded) += p_pack . v_pack  (nk keys) */
-static void FN(value_product)(real *acc, const real *p_pack, const real *v_pack, idx_t nq, idx_t nk,
+/* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys): the micro-
+ * kernel reads the probabilities of MR queries from each key's row of
+ * scores_t (nk, BLOCK_Q) in place, BLOCK_Q apart, with no packing. */
+static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, idx_t nq, idx_t nk,
                               idx_t Ev_padded)
 {
     for (idx_t i0 = 0; i0 < nq; i0 += UK_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += UK_NR)
-            UKERNEL(nk, p_pack + i0 * BLOCK_K, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded);
+            UKERNEL(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded);
 }
 
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped

@@ -45,8 +45,9 @@ typedef struct {
 /* A micro-kernel's two forms (gemm_kernels.h) and the tile (mr, nr) they compute. */
 typedef struct {
     idx_t mr, nr;
-    void (*add)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs);
-    void (*store)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs, const real *init);
+    void (*add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c, idx_t c_rs);
+    void (*store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c, idx_t c_rs,
+                  const real *init);
 } FN(gemm_tile_kernel);
 
 /* Everything the tasks share; p0, kc name the K block being added. */
@@ -118,13 +119,13 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     idx_t m = FN(gemm_min)(k->mr, job->M - i), n = FN(gemm_min)(k->nr, job->N - j);
     int first = job->p0 == 0;
     if (m == k->mr && n == k->nr) {
-        if (!first) k->add(job->kc, a, b, c, job->c_rs);
-        else k->store(job->kc, a, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+        if (!first) k->add(job->kc, a, k->mr, b, c, job->c_rs);
+        else k->store(job->kc, a, k->mr, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
         return;
     }
     real init[GEMM_MAX_NR] = {0}, tile[GEMM_MAX_TILE];
     for (idx_t s = 0; s < n && first && job->bias; s++) init[s] = job->bias[j + s];
-    k->store(job->kc, a, b, tile, k->nr, init);
+    k->store(job->kc, a, k->mr, b, tile, k->nr, init);
     for (idx_t r = 0; r < m; r++) {
         real *c_row = c + r * job->c_rs, *tile_row = tile + r * k->nr;
         for (idx_t s = 0; s < n; s++) c_row[s] = first ? tile_row[s] : c_row[s] + tile_row[s];

@@ -4,10 +4,12 @@
  *   gemm_ukernel_*:        c (MR, NR) += a (kc, MR)^T . b (kc, NR)
  *   gemm_ukernel_store_*:  c (MR, NR)  = init (NR) + a^T . b,
  *                          init being the same row for every row of c
- * c's rows are c_rs apart; a and b are packed slivers: for each step p, MR
- * elements of a column of A, then NR of a column of B^T, contiguous and
- * 64-byte aligned (the AVX-512 kernels load a whole row of B with one
- * aligned load). attnc_gemm's first K block stores (init = the bias), so
+ * c's rows are c_rs apart. b is a packed sliver: for each step p, NR
+ * elements of a column of B^T, contiguous and 64-byte aligned (the AVX-512
+ * kernels load a whole row of B with aligned loads). a holds, for each
+ * step p, MR contiguous elements (only broadcast, never vector-loaded), and
+ * steps are a_step apart: MR for a packed sliver, or the row length of a
+ * matrix read in place (attention's probabilities). attnc_gemm's first K block stores (init = the bias), so
  * C is never cleared or re-read just to add the bias; later blocks add.
  * MR x NR is as large as the accumulators registers can hold.
  */
@@ -47,10 +49,11 @@
 #define GEMM_MAX_TILE (GEMM_AVX512_MR * GEMM_AVX512_NR_F32)
 
 #define GEMM_DECLARE_UKERNELS(real, sfx, isa)                                                \
-    void gemm_ukernel_##sfx##_##isa(idx_t kc, const real *a, const real *b, real *c,          \
-                                    idx_t c_rs);                                               \
-    void gemm_ukernel_store_##sfx##_##isa(idx_t kc, const real *a, const real *b, real *c,    \
-                                          idx_t c_rs, const real *init);
+    void gemm_ukernel_##sfx##_##isa(idx_t kc, const real *a, idx_t a_step, const real *b,     \
+                                    real *c, idx_t c_rs);                                      \
+    void gemm_ukernel_store_##sfx##_##isa(idx_t kc, const real *a, idx_t a_step,              \
+                                          const real *b, real *c, idx_t c_rs,                  \
+                                          const real *init);
 
 GEMM_DECLARE_UKERNELS(float, f32, portable)
 GEMM_DECLARE_UKERNELS(double, f64, portable)
@@ -61,5 +64,19 @@ GEMM_DECLARE_UKERNELS(float, f32, avx512)
 GEMM_DECLARE_UKERNELS(double, f64, avx512)
 #endif
 #undef GEMM_DECLARE_UKERNELS
+
+/* The two exported forms of a kernel from its tile routine (same arguments,
+ * init last), with init fixed at compile time: for the kernel files. */
+#define GEMM_DEFINE_UKERNELS(real, sfx, isa, tile)                                                \
+    void gemm_ukernel_##sfx##_##isa(idx_t kc, const real *a, idx_t a_step, const real *b,        \
+                                    real *c, idx_t c_rs)                                          \
+    {                                                                                              \
+        tile(kc, a, a_step, b, c, c_rs, NULL);                                                     \
+    }                                                                                              \
+    void gemm_ukernel_store_##sfx##_##isa(idx_t kc, const real *a, idx_t a_step,                 \
+                                          const real *b, real *c, idx_t c_rs, const real *init)  \
+    {                                                                                              \
+        tile(kc, a, a_step, b, c, c_rs, init);                                                     \
+    }
 
 #endif
