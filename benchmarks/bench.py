@@ -435,14 +435,17 @@ def rows(sizes):
 # after a NumPy call (its default THREAD_TIMEOUT is 2^28 cycles, about 0.07 s
 # here), and a spinning thread takes a core from whatever runs next: without
 # this pause, attnc timed right after NumPy lost a third of its Linear speed
-# (benchmarks/NOTES.md). Every implementation starts on idle cores.
+# (benchmarks/NOTES.md). After the pause, one untimed call of the same
+# implementation wakes its own threads (the first call after idle ran 7-9%
+# slower for attnc and torch alike), so every timed call is a steady-state
+# call, as in a user's loop, with no other library's threads running.
 SETTLE_S = 0.25
 
 
 def time_interleaved(impls, rounds, calls=1):
     """Seconds per call of each implementation, one sample per round; every
     round calls all implementations, in an order rotated by one each round,
-    each after SETTLE_S of idle time."""
+    each after SETTLE_S of idle time and one untimed call."""
     names = list(impls)
     samples = {name: [] for name in names}
     gc.disable()
@@ -452,6 +455,7 @@ def time_interleaved(impls, rounds, calls=1):
             for name in names[shift:] + names[:shift]:
                 fn = impls[name]
                 time.sleep(SETTLE_S)
+                fn()
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
@@ -644,7 +648,8 @@ def environment(args):
         "openblas_core": [lib.get("architecture") for lib in openblas],
         "threadpools": [{key: lib.get(key) for key in ("internal_api", "architecture", "num_threads", "version")}
                         | {"library": os.path.basename(lib.get("filepath", ""))} for lib in libraries],
-        "timing": "median of interleaved rounds; the first call of each implementation (warm-up) is untimed",
+        "timing": "median of interleaved rounds; each timed call follows a 0.25 s idle pause and one untimed call "
+                  "of the same implementation",
         "memory": "peak RSS delta of one warm call (output included) in a fresh subprocess per implementation, "
                   "VmHWM reset via /proc/self/clear_refs" + ("; quick mode: case 3 only" if args.quick else ""),
     }
