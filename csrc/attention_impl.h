@@ -199,8 +199,11 @@ static idx_t FN(tiles_per_task)(const attnc_attention_args *a, idx_t n_query_til
     idx_t per_tile = BLOCK_Q * (a->E + ROUND_UP(a->Ev, GEMM_MAX_NR)) * (idx_t)sizeof(real);
     idx_t tiles = per_tile > 0 ? TASK_STATE_BYTES / per_tile : MAX_TILES_PER_TASK;
     if (tiles > MAX_TILES_PER_TASK) tiles = MAX_TILES_PER_TASK;
+    if (tiles < 1) tiles = 1;
     idx_t wanted_tasks = 4 * (idx_t)attnc_get_num_threads();
-    if (a->n_items * ((n_query_tiles + tiles - 1) / (tiles > 0 ? tiles : 1)) < wanted_tasks) {
+    /* few items (n_items < wanted_tasks keeps the products small): split finer */
+    if (a->n_items > 0 && a->n_items < wanted_tasks &&
+        a->n_items * ((n_query_tiles + tiles - 1) / tiles) < wanted_tasks) {
         idx_t per_item = (wanted_tasks + a->n_items - 1) / a->n_items;
         tiles = (n_query_tiles + per_item - 1) / per_item;
     }
