@@ -1,14 +1,16 @@
 /* The attention kernel body (dtype and ISA template; needs dtype.h,
  * ukernel_shape.h, vexp.h and attention_tiles.h).
  *
- * One task = one item (batch element x head) and one tile of BLOCK_Q
- * queries. Two ways through a tile, chosen by whether the caller wants the
- * weights:
- *   flash:        key tiles of BLOCK_K, online softmax (running max and sum),
- *                 P.V accumulated in a (BLOCK_Q, Ev) buffer; the (L, S) score
- *                 matrix never exists.
- *   materialised: the rows of the weights output hold the scores: all
- *                 scores, softmax in place, then P.V from them.
+ * One task = one item (batch element x head) and a run of query tiles of
+ * BLOCK_Q queries (tiles_per_task). Two ways through them, chosen by
+ * whether the caller wants the weights:
+ *   flash:        key tiles of BLOCK_K, each packed once for the task's query
+ *                 tiles; online softmax (running max and sum), P.V
+ *                 accumulated in a (BLOCK_Q, Ev) buffer per query tile; the
+ *                 (L, S) score matrix never exists.
+ *   materialised: one query tile per task; the rows of the weights output
+ *                 hold the scores: all scores, softmax in place, then P.V
+ *                 from them.
  * Both read Q, K, V through row offsets and strides (heads are strides, not
  * copies) and the mask through zero strides (broadcast, never expanded). */
 #include <math.h>
@@ -20,12 +22,35 @@ typedef struct {
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
-/* Keys j < key_end can be visible to queries [i0, i0 + nq). */
-static idx_t FN(key_end)(const attnc_attention_args *a, idx_t i0, idx_t nq)
+/* The keys queries [i0, i0 + nq) are computed against: j < key_end. A
+ * causal query sees keys j <= i only, so the key loop may stop at the
+ * tile's diagonal (skip_hidden), which is exact while the keys and values
+ * past it are finite: see flash_queries. */
+static idx_t FN(key_end)(const attnc_attention_args *a, int skip_hidden, idx_t i0, idx_t nq)
 {
-    if (!a->is_causal) return a->S;
+    if (!skip_hidden) return a->S;
     return i0 + nq < a->S ? i0 + nq : a->S;
 }
+
+/* 1 if the n rows (cols elements each, rows rs apart) of x are all finite:
+ * x * 0 is 0 for a finite x and NaN for NaN or +-inf. Summed in
+ * FINITE_LANES independent lanes, which the compiler vectorises. */
+#define FINITE_LANES 16
+static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
+{
+    real lanes[FINITE_LANES] = {0};
+    for (idx_t j = 0; j < n; j++) {
+        const real *row = x + j * rs;
+        idx_t c = 0;
+        for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
+            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += row[c + u] * 0;
+        for (; c < cols; c++) lanes[0] += row[c] * 0;
+    }
+    real zero_or_nan = 0;
+    for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
+    return zero_or_nan == 0;
+}
+#undef FINITE_LANES
 
 /* k_pack, v_pack <- keys and values [j0, j0+nk) of item b */
 static void FN(pack_key_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0,
@@ -38,8 +63,10 @@ static void FN(pack_key_value_tile)(FN(tile_buffers) *t, const attnc_attention_a
 }
 
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
- * [i0, i0+nq): the product, then -1e20 where the mask is 0 and -inf (an
- * exactly-zero weight) for keys a causal query may not see. */
+ * [i0, i0+nq): the product, then -1e20 where the mask is 0 (the documents'
+ * masked_fill) and, for keys a causal query may not see, the score plus
+ * -inf as in PyTorch's math path: -inf (an exactly-zero weight) for a
+ * finite score, NaN for a NaN or +inf one. */
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0,
                            idx_t nq, idx_t j0, idx_t nk)
 {
@@ -51,7 +78,7 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, i
             for (idx_t i = 0; i < nq; i++) row[i] = m[i * a->mask_rs] ? row[i] : (real)-1e20;
         }
         if (a->is_causal) /* query i0+i sees key j0+j only when j0+j <= i0+i */
-            for (idx_t i = 0; i < nq && i0 + i < j0 + j; i++) row[i] = -(real)INFINITY;
+            for (idx_t i = 0; i < nq && i0 + i < j0 + j; i++) row[i] -= (real)INFINITY;
     }
 }
 
@@ -105,21 +132,28 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, i
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
- * see it; the (L, S) score matrix never exists. */
+ * see it; the (L, S) score matrix never exists. A causal tile stops at its
+ * diagonal when the item's keys and values are finite. Otherwise every key
+ * is visited, so that NaN and inf reach every query as in PyTorch's math
+ * path (a hidden NaN key makes the score NaN; a hidden NaN value is
+ * multiplied by its zero weight). */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t i1)
 {
+    int skip_hidden = a->is_causal &&
+                      FN(rows_finite)((const real *)a->k + a->k_off[b], a->k_rs, a->S, a->E) &&
+                      FN(rows_finite)((const real *)a->v + a->v_off[b], a->v_rs, a->S, a->Ev);
     idx_t tiles = (i1 - i0 + BLOCK_Q - 1) / BLOCK_Q;
     for (idx_t q = 0; q < tiles * BLOCK_Q; q++) {
         t->run_max[q] = -(real)INFINITY;
         t->run_sum[q] = 0;
     }
-    idx_t end = FN(key_end)(a, i0, i1 - i0);
+    idx_t end = FN(key_end)(a, skip_hidden, i0, i1 - i0);
     for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
         idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
         FN(pack_key_value_tile)(t, a, b, j0, nk);
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
-            idx_t tile_end = FN(key_end)(a, q0, nq);
+            idx_t tile_end = FN(key_end)(a, skip_hidden, q0, nq);
             if (j0 >= tile_end) continue; /* causal: no query of the tile sees these keys */
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
             FN(flash_step)(&view, a, b, q0, nq, j0, tile_end - j0 < nk ? tile_end - j0 : nk);
@@ -196,9 +230,10 @@ static void FN(attention_task)(void *ctx, idx_t task)
 static idx_t FN(tiles_per_task)(const attnc_attention_args *a, idx_t n_query_tiles)
 {
     if (a->weights) return 1;
-    idx_t per_tile = BLOCK_Q * (a->E + ROUND_UP(a->Ev, GEMM_MAX_NR)) * (idx_t)sizeof(real);
-    idx_t tiles = per_tile > 0 ? TASK_STATE_BYTES / per_tile : MAX_TILES_PER_TASK;
-    if (tiles > MAX_TILES_PER_TASK) tiles = MAX_TILES_PER_TASK;
+    /* bytes of one tile's packed queries and accumulator (double: no overflow) */
+    double per_tile = (double)BLOCK_Q * ((double)a->E + (double)a->Ev + GEMM_MAX_NR) * (double)sizeof(real);
+    idx_t tiles = per_tile * MAX_TILES_PER_TASK <= TASK_STATE_BYTES ? MAX_TILES_PER_TASK
+                                                                    : (idx_t)(TASK_STATE_BYTES / per_tile);
     if (tiles < 1) tiles = 1;
     idx_t wanted_tasks = 4 * (idx_t)attnc_get_num_threads();
     /* few items (n_items < wanted_tasks keeps the products small): split finer */

@@ -2,11 +2,11 @@
  * dtype.h, ukernel_shape.h and vexp.h).
  *
  * Both products of a tile run on the GEMM micro-kernel (UK_MR x UK_NR
- * register tiles) over packed slivers. Scores are computed transposed,
- * scores_t (keys, queries) = K . Q^T, so that every softmax step (max,
- * exp, sum, rescale) runs along contiguous rows across queries, and the
- * probabilities are packed for P.V by copying UK_MR-wide runs, not by a
- * transpose. */
+ * register tiles). Scores are computed transposed, scores_t (keys,
+ * queries) = K . Q^T over packed slivers, so that every softmax step (max,
+ * exp, sum, rescale) runs along contiguous rows across queries, and P.V
+ * reads the probabilities of UK_MR queries straight from each key's row of
+ * scores_t (the micro-kernel's a_step), with no packing or transpose. */
 #ifndef ATTNC_ATTENTION_TILES_ONCE
 #define ATTNC_ATTENTION_TILES_ONCE
 
@@ -34,8 +34,9 @@
  * tile_buffers below */
 static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t tiles, idx_t sizes[N_TILE_BUFFERS])
 {
+    if (Ev > PTRDIFF_MAX - GEMM_MAX_NR || tiles > PTRDIFF_MAX / BLOCK_Q) return 0;
     idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR), queries = tiles * BLOCK_Q;
-    if (Ev_room < Ev || !attnc_mul_ok(queries, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
+    if (!attnc_mul_ok(queries, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
         !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[3]) || !attnc_mul_ok(queries, Ev_room, &sizes[4]))
         return 0;
     sizes[2] = BLOCK_Q * BLOCK_K;
@@ -58,8 +59,9 @@ static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev, idx_t tiles)
 }
 #endif
 
-/* One task's buffers, carved from one allocation; the first two and the
- * run_ arrays hold one part per query tile of the task. */
+/* One task's buffers, carved from one allocation; q_pack, acc and the
+ * run_ arrays hold one part per query tile of the task, the rest is shared
+ * by its tiles. */
 typedef struct {
     real *q_pack;   /* per tile: (BLOCK_Q / NR) slivers of (E, NR): scaled queries */
     real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                     */

@@ -80,7 +80,9 @@ attnc_status attnc_gemm(attnc_dtype dt, idx_t M, idx_t N, idx_t K,
  * For every item b in [0, n_items) (an item is one batch element and head):
  *   scores (L, S) = scale * Q_b (L, E) . K_b (S, E)^T
  *   scores[i, j]  = -1e20   where mask_b[i, j] == 0            (documents' masked_fill)
- *   key j excluded          where is_causal and j > i          (weight exactly 0)
+ *   scores[i, j] += -inf    where is_causal and j > i          (weight exactly 0
+ *                                      for a finite score; NaN, +inf and NaN
+ *                                      values propagate as in PyTorch's math path)
  *   weights = softmax(scores, axis=-1)            -> written to `weights` if not NULL
  *   out_b (L, Ev) = dropout(weights) . V_b (S, Ev)
  * Row i of Q_b is q + q_off[b] + i * q_rs, its E elements contiguous; same for

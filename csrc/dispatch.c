@@ -16,7 +16,7 @@ attnc_status attnc_attention(const attnc_attention_args *a)
 {
     /* nothing to write: return before walking a possibly huge empty space */
     int no_output = a->n_items == 0 || a->L == 0 || a->Ev == 0;
-    int no_weights = !a->weights || a->S == 0;
+    int no_weights = !a->weights || a->S == 0 || a->n_items == 0 || a->L == 0;
     if (no_output && no_weights) return ATTNC_OK;
     int level = attnc_simd_level();
     if (a->dtype == ATTNC_F32)

@@ -18,9 +18,10 @@
  * 36 MB) travels from memory each time: with KC = 256, a K of 768 took
  * three such passes and reached 0.88x NumPy's throughput on Zen 4; with
  * 768 it takes one and reaches 1.0x, for the AVX2 and AVX-512 kernels
- * alike. A B sliver (KC, NR) is then 48 KB (NR = 16 floats or 8 doubles),
- * more than L1: it streams from L2, which keeps up with one vector of B
- * per MR FMAs (measured on 4096 x 768 x 2304, 1 and 2 threads). */
+ * alike. A B sliver (KC, NR) is then 48 KB (AVX2: NR = 16 floats or 8
+ * doubles) or 96 KB (AVX-512: 32 floats or 16 doubles), more than L1: it
+ * streams from L2, which keeps up with the kernel (measured on 4096 x 768
+ * x 2304, 1 and 2 threads, on Zen 4 and Zen 5). */
 #define GEMM_KC 768
 /* The packed A block (MC, KC) of a task: 144 KB, so it stays in L2 while
  * every B sliver of the task passes over it: MC = 48 rows of float, 24 of

@@ -364,3 +364,39 @@ def test_softmax_inf_like_torch():
     expected = torch.softmax(torch.from_numpy(s), -1).numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     np.testing.assert_allclose(out[3], expected[3], rtol=1e-6)
+
+
+@pytest.mark.parametrize("length", [40, 200], ids=["one-tile", "many-tiles"])
+@pytest.mark.parametrize("where", ["key", "value"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("weights", [False, True], ids=["flash", "weights"])
+def test_causal_non_finite_key_or_value_propagates_like_torch_math(length, where, value, weights, simd_mode):
+    """A NaN or inf in a key or value that most causal queries cannot see
+    (three quarters down the sequence): NaN positions and finite values as in
+    PyTorch's math path (score + -inf, then 0 x value), for the flash path,
+    which otherwise stops each query tile's key loop at its diagonal, and for
+    the materialised-weights path."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rng = np.random.default_rng(17)
+    q, k, v = (rng.standard_normal((2, length, 16)).astype(np.float32) for _ in range(3))
+    hidden = int(length * 0.75)
+    (k if where == "key" else v)[0, hidden, 3] = value
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = TF.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=True).numpy()
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=weights)
+    out = out[0] if weights else out
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    assert np.isnan(expected[0, :hidden]).any() or value == -np.inf and where == "key"
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(out[finite], expected[finite], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)])
+
+
+def test_empty_batch_with_weights_and_huge_feature_size():
+    """Nothing to compute: empty results, even when a workspace for the
+    (zero-size) inputs' feature size could not be sized."""
+    q = np.empty((0, 3, 2**56), np.float32)  # 0 bytes
+    v = np.empty((0, 5, 2), np.float32)
+    out, w = F.scaled_dot_product_attention(q, np.empty((0, 5, 2**56), np.float32), v, return_weights=True)
+    assert out.shape == (0, 3, 2) and w.shape == (0, 3, 5)
