@@ -52,15 +52,22 @@ static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
 }
 #undef FINITE_LANES
 
-/* k_pack, v_pack <- keys and values [j0, j0+nk) of item b */
-static void FN(pack_key_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0,
-                                    idx_t nk)
+/* k_pack <- keys [j0, j0+nk) of item b */
+static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0, idx_t nk)
 {
     const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
-    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
     FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, ROUND_UP(nk, UK_MR), a->E, UK_MR, 1);
+}
+
+/* v_pack <- values [j0, j0+nk) of item b */
+static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0, idx_t nk)
+{
+    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
     FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
 }
+
+/* Queries in the query tile starting at q0 of a run ending at i1. */
+static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q; }
 
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
  * [i0, i0+nq): the product, then -1e20 where the mask is 0 (the documents'
@@ -150,9 +157,10 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     idx_t end = FN(key_end)(a, skip_hidden, i0, i1 - i0);
     for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
         idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
-        FN(pack_key_value_tile)(t, a, b, j0, nk);
+        FN(pack_key_tile)(t, a, b, j0, nk);
+        FN(pack_value_tile)(t, a, b, j0, nk);
         for (idx_t tile = 0; tile < tiles; tile++) {
-            idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+            idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
             idx_t tile_end = FN(key_end)(a, skip_hidden, q0, nq);
             if (j0 >= tile_end) continue; /* causal: no query of the tile sees these keys */
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
@@ -160,7 +168,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         }
     }
     for (idx_t tile = 0; tile < tiles; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(write_rows)(a, &view, b, q0, nq, view.run_sum);
     }
@@ -174,7 +182,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
     real *w = (real *)a->weights + (b * a->L + i0) * S;
     for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 1: scores */
         idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
-        FN(pack_key_value_tile)(t, a, b, j0, nk);
+        FN(pack_key_tile)(t, a, b, j0, nk);
         FN(score_tile)(t, a, b, i0, nq, j0, nk);
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
@@ -188,7 +196,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) t->scores_t[j * BLOCK_Q + i] = w[i * S + j0 + j];
         if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
-        FN(pack_key_value_tile)(t, a, b, j0, nk);
+        FN(pack_value_tile)(t, a, b, j0, nk);
         FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded);
     }
     FN(write_rows)(a, t, b, i0, nq, NULL);
@@ -212,7 +220,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
     }
     FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev, last_tile - first_tile);
     for (idx_t tile = 0; tile < last_tile - first_tile; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q, nq = i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q;
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
         FN(tile_buffers) view = FN(tile_view)(&t, tile, a->E);
         for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) view.acc[i] = 0;
         const real *q = (const real *)a->q + a->q_off[b] + q0 * a->q_rs;

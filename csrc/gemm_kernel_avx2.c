@@ -10,15 +10,6 @@
 
 #define MR GEMM_AVX2_MR
 
-/* Start loading a C tile row (first and last element: it may straddle two
- * cache lines) while the K loop runs: C is read only at the end, often
- * from L3, and waiting for it then cost a sixth of the kernel's time. */
-static inline void prefetch_row(const void *first, const void *last)
-{
-    _mm_prefetch((const char *)first, _MM_HINT_T0);
-    _mm_prefetch((const char *)last, _MM_HINT_T0);
-}
-
 #include "gemm_tile_simd.h"
 
 GEMM_SIMD_TILE(tile_f32, float, __m256, 256, 8, ps)

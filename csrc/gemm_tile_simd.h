@@ -1,6 +1,6 @@
 /* The body of the AVX2 and AVX-512 micro-kernels, for any vector width:
- * include in a translation unit compiled for the ISA, after defining MR
- * and prefetch_row. Per step p, one row of B (two vectors) is loaded with
+ * include in a translation unit compiled for the ISA, after <immintrin.h>
+ * and defining MR. Per step p, one row of B (two vectors) is loaded with
  * aligned loads and each of the MR elements of A is broadcast into two
  * FMAs with it: 2 * MR FMAs per 2 loads and MR broadcasts.
  *
@@ -10,6 +10,15 @@
  * with the _mm<BITS>_*_<sfx> intrinsics (BITS 256 or 512, sfx ps or pd).
  * The unroll pragmas keep acc in registers (without them GCC 12 spills the
  * array to the stack on every step). */
+/* Start loading a C tile row (first and last element: it may straddle
+ * cache lines) while the K loop runs: C is read only at the end, often
+ * from L3, and waiting for it then cost a sixth of the kernel's time. */
+static inline void prefetch_row(const void *first, const void *last)
+{
+    _mm_prefetch((const char *)first, _MM_HINT_T0);
+    _mm_prefetch((const char *)last, _MM_HINT_T0);
+}
+
 #define GEMM_SIMD_TILE(name, real, vec, BITS, LANES, sfx)                                         \
     static inline __attribute__((always_inline)) void                                             \
     name(idx_t kc, const real *a, idx_t a_step, const real *b, real *c, idx_t c_rs,                \
