@@ -1,6 +1,6 @@
 """attnc: self-attention and multi-head attention for NumPy, computed in C."""
 from . import functional
-from ._C import get_num_threads
+from ._C import get_num_threads, set_num_threads
 from ._random import manual_seed
 from .attention import (
     MultiHeadAttention,
@@ -13,7 +13,6 @@ from .attention import (
     SelfAttentionV4,
 )
 from .module import Dropout, Linear, Module
-from ._threads import set_num_threads
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """The package's global generator and the seeds kernels key their
-counter-based RNG with."""
+counter-based RNG with (the C layer calls draw_seed when dropout applies)."""
 import numpy as np
 
 _global = np.random.default_rng()
@@ -9,12 +9,6 @@ def manual_seed(n):
     """Reset the global generator used by modules and functions given rng=None."""
     global _global
     _global = np.random.default_rng(n)
-
-
-def check_rng(rng):
-    if rng is not None and not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng: expected a numpy.random.Generator or None, got {type(rng).__name__}")
-    return rng
 
 
 def generator(rng=None):

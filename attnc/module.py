@@ -5,10 +5,15 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import as_real, module_dtype, positive_int, probability
-from ._random import check_rng, draw_seed, generator
+from ._checks import module_dtype, positive_int
+from ._random import generator
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+def _detached(value):
+    """A torch tensor that requires grad as one that does not (np.asarray refuses it)."""
+    return value.detach() if hasattr(value, "detach") else value
 
 
 def _indent(text, spaces):
@@ -24,15 +29,25 @@ class Module:
         object.__setattr__(self, "_parameters", [])
         object.__setattr__(self, "_modules", {})
         self.dtype = module_dtype(dtype)
-        self.rng = check_rng(rng)
+        self.rng = _C.check_rng(rng)
         self.training = True
 
     def __setattr__(self, name, value):
         if isinstance(value, Module):
             self._modules[name] = value
         elif name in self._parameters and value is not None:
-            value = np.ascontiguousarray(as_real(value, name), dtype=self.dtype)
+            # any layout in, an aligned, writable, C-contiguous array of the
+            # module's dtype out (the value itself when it already is one)
+            value = _C.as_parameter(_detached(value), name=name, dtype=self.dtype)
         object.__setattr__(self, name, value)
+
+    def __setstate__(self, state):
+        """Unpickling sets attributes without __setattr__: convert the
+        parameters here (out-of-band buffers may be read-only or unaligned)."""
+        self.__dict__.update(state)
+        for name in self._parameters:
+            if self.__dict__[name] is not None:
+                self.__dict__[name] = _C.as_parameter(self.__dict__[name], name=name, dtype=self.dtype)
 
     def register_parameter(self, name, value):
         self._parameters.append(name)
@@ -71,6 +86,8 @@ class Module:
         return {name: value.copy() for name, value in self.named_parameters()}
 
     def load_state_dict(self, state_dict, strict=True):
+        """Copies state_dict's values into the parameters of the same keys;
+        all or nothing: every value is converted and checked first."""
         own = dict(self.named_parameters())
         missing = [key for key in own if key not in state_dict]
         unexpected = [key for key in state_dict if key not in own]
@@ -80,15 +97,30 @@ class Module:
         for key, value in state_dict.items():
             if key not in own:
                 continue
-            if hasattr(value, "detach"):  # a torch tensor that requires grad
-                value = value.detach()
-            array = as_real(value, key)
+            owner, name = self._owner_of(key)
+            array = _C.as_parameter(_detached(value), name=key, dtype=owner.dtype)
             if array.shape != own[key].shape:
                 raise ValueError(f"{key}: expected shape {own[key].shape}, got {array.shape}")
-            converted[key] = array
-        for key, array in converted.items():
-            np.copyto(own[key], array, casting="unsafe")
+            converted[key] = owner, name, array
+        # nothing below can fail: copy into each parameter in place (views
+        # of it see the new values, as torch's copy_), or replace one that
+        # cannot take a copy (read-only, or changed in place since assigned)
+        for key, (owner, name, array) in converted.items():
+            current = own[key]
+            flags = current.flags
+            if flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
+                np.copyto(current, array)
+            else:
+                object.__setattr__(owner, name, array.copy())  # never the caller's memory
         return IncompatibleKeys(missing, unexpected)
+
+    def _owner_of(self, key):
+        """(module, attribute name) of the parameter named `key`."""
+        owner = self
+        *path, name = key.split(".")
+        for child in path:
+            owner = owner._modules[child]
+        return owner, name
 
     def to(self, dtype):
         dtype = module_dtype(dtype)
@@ -96,7 +128,7 @@ class Module:
         for name in self._parameters:
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, np.ascontiguousarray(value, dtype=dtype))
+                object.__setattr__(self, name, _C.as_parameter(value, name=name, dtype=dtype))
         for child in self._modules.values():
             child.to(dtype)
         return self
@@ -104,9 +136,6 @@ class Module:
     # -- randomness ----------------------------------------------------------
     def _generator(self):
         return generator(self.rng)
-
-    def _dropout_seed(self, p):
-        return draw_seed(self.rng) if self.training and p > 0 else 0
 
     # -- printing ------------------------------------------------------------
     def extra_repr(self):
@@ -138,7 +167,7 @@ class Linear(Module):
         self.register_parameter("bias", draw.uniform(-bound, bound, self.out_features) if bias else None)
 
     def forward(self, x):
-        return _C.linear(x, self.weight, self.bias, self.dtype)
+        return _C.linear(x, self.weight, self.bias, dtype=self.dtype)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -150,11 +179,10 @@ class Dropout(Module):
 
     def __init__(self, p=0.5, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
-        self.p = probability(p, "p")
+        self.p = _C.probability(p, name="p")
 
     def forward(self, x):
-        p = self.p if self.training else 0.0
-        return _C.dropout(x, p, self._dropout_seed(p), self.dtype)
+        return _C.dropout(x, self.p, training=self.training, rng=self.rng, dtype=self.dtype)
 
     def extra_repr(self):
         return f"p={self.p}, inplace=False"

@@ -1,20 +1,29 @@
-/* The attention kernel body (dtype and ISA template; needs dtype.h,
- * ukernel_shape.h, vexp.h and attention_tiles.h).
+/* The attention kernel (dtype and ISA template; needs dtype.h, simd.h,
+ * vexp.h, gemm_impl.h, attention_tiles.h and attention_rows.h).
  *
- * One task = one item (batch element x head) and a run of query tiles of
- * BLOCK_Q queries (tiles_per_task). Two ways through them, chosen by
- * whether the caller wants the weights:
- *   flash:        key tiles of BLOCK_K, each packed once for the task's query
- *                 tiles; online softmax (running max and sum), P.V
- *                 accumulated in a (BLOCK_Q, Ev) buffer per query tile; the
- *                 (L, S) score matrix never exists.
- *   materialised: one query tile per task; the rows of the weights output
- *                 hold the scores: all scores, softmax in place, then P.V
- *                 from them.
- * Both read Q, K, V through row offsets and strides (heads are strides, not
- * copies) and the mask through zero strides (broadcast, never expanded). */
-#include <math.h>
-#include <stdatomic.h>
+ * Two paths, chosen by the item's sizes alone (never by the batch, the
+ * thread count or whether the weights are wanted, so an output's bits
+ * never depend on those):
+ *   flash (tiles): one task = one item (batch element x head) and a run of
+ *          query tiles of BLOCK_Q queries; key tiles of BLOCK_K, each
+ *          packed once for the task's query tiles; online softmax (running
+ *          max and sum), P.V accumulated per query tile; the (L, S) score
+ *          matrix never exists. When the weights are wanted, a second pass
+ *          per query tile writes them: scores into the weights rows, then
+ *          a softmax in place.
+ *   rows (attention_rows.h): one query at a time, no packing: few queries
+ *          per item (decode), or head sizes too large for the tiles.
+ * Both read Q, K, V through batch strides (heads are strides, not copies)
+ * and the mask through zero strides (broadcast, never expanded). */
+
+/* The rows path takes items of at most this many queries (the tiles would
+ * be mostly padding), and head sizes E + Ev above FLASH_MAX_HEAD (the
+ * tiles' workspace grows with them). */
+#ifndef ATTNC_ATTENTION_PATHS
+#define ATTNC_ATTENTION_PATHS
+#define ROWS_MAX_QUERIES 4
+#define FLASH_MAX_HEAD 2048
+#endif
 
 typedef struct {
     const attnc_attention_args *args;
@@ -52,18 +61,29 @@ static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
 }
 #undef FINITE_LANES
 
-/* k_pack <- keys [j0, j0+nk) of item b */
-static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0, idx_t nk)
+/* k_pack <- keys [j0, j0+nk) of the item */
+static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                              idx_t j0, idx_t nk)
 {
-    const real *k = (const real *)a->k + a->k_off[b] + j0 * a->k_rs;
-    FN(pack_row_slivers)(t->k_pack, k, a->k_rs, nk, ROUND_UP(nk, UK_MR), a->E, UK_MR, 1);
+    const real *k = item->k + j0 * a->k.row_stride;
+    FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
 }
 
-/* v_pack <- values [j0, j0+nk) of item b */
-static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t j0, idx_t nk)
+/* v_pack <- values [j0, j0+nk) of the item */
+static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                                idx_t j0, idx_t nk)
 {
-    const real *v = (const real *)a->v + a->v_off[b] + j0 * a->v_rs;
-    FN(pack_column_slivers)(t->v_pack, v, a->v_rs, nk, a->Ev, t->Ev_padded, UK_NR);
+    const real *v = item->v + j0 * a->v.row_stride;
+    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR);
+}
+
+/* q_pack <- the scaled queries [q0, q0+nq) of the item */
+static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                                idx_t q0, idx_t nq)
+{
+    const real *q = item->q + q0 * a->q.row_stride;
+    FN(pack_row_slivers)(t->q_pack, q, a->q.row_stride, nq, FN(padded_queries)(nq), a->E, GEMM_NR,
+                         (real)a->scale);
 }
 
 /* Queries in the query tile starting at q0 of a run ending at i1. */
@@ -74,14 +94,14 @@ static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOC
  * masked_fill) and, for keys a causal query may not see, the score plus
  * -inf as in PyTorch's math path: -inf (an exactly-zero weight) for a
  * finite score, NaN for a NaN or +inf one. */
-static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0,
-                           idx_t nq, idx_t j0, idx_t nk)
+static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                           idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
-        if (a->mask) {
-            const uint8_t *m = a->mask + a->mask_off[b] + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
+        if (item->mask) {
+            const uint8_t *m = item->mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
             for (idx_t i = 0; i < nq; i++) row[i] = m[i * a->mask_rs] ? row[i] : (real)-1e20;
         }
         if (a->is_causal) /* query i0+i sees key j0+j only when j0+j <= i0+i */
@@ -102,15 +122,15 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
         }
 }
 
-/* out rows [i0, i0+nq) of item b <- acc / row_sum (row_sum NULL: acc) */
-static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
-                           idx_t nq, const real *row_sum)
+/* out rows [i0, i0+nq) of the item <- acc / row_sum (0 for a row whose
+ * scores were all -inf: its weights are all 0) */
+static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, const FN(item_view) *item,
+                           idx_t i0, idx_t nq)
 {
-    real *out = (real *)a->out + a->out_off[b];
     for (idx_t i = 0; i < nq; i++) {
-        real *dst = out + (i0 + i) * a->out_rs;
+        real *dst = item->out + (i0 + i) * a->out.row_stride;
         const real *src = t->acc + i * t->Ev_padded;
-        real factor = row_sum && a->S > 0 ? 1 / row_sum[i] : 1;
+        real factor = FN(safe_inverse)(t->run_sum[i]);
         for (idx_t c = 0; c < a->Ev; c++) dst[c] = src[c] * factor;
     }
 }
@@ -118,19 +138,21 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
 /* One step of the online softmax for queries [i0, i0+nq) (the tile's view
  * of the buffers): the scores against the packed key tile [j0, j0+nk),
  * the running max and sum updated (what was accumulated under an older
- * max is rescaled when the max grows), then P.V added to acc. */
-static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq,
-                           idx_t j0, idx_t nk)
+ * max is rescaled when the max grows), then P.V added to acc. A row with
+ * no finite score yet keeps max -inf and shift 0: its e are exactly 0. */
+static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                           idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
-    FN(score_tile)(t, a, b, i0, nq, j0, nk);
+    FN(score_tile)(t, a, item, i0, nq, j0, nk);
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     for (idx_t i = 0; i < nq; i++) {
         real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
         t->correction[i] = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
         t->run_sum[i] *= t->correction[i];
         t->run_max[i] = new_max;
+        t->tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
     }
-    FN(column_exp_sum)(t->scores_t, t->run_max, t->run_sum, nq, nk);
+    FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk);
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
@@ -139,130 +161,135 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, i
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
- * see it; the (L, S) score matrix never exists. A causal tile stops at its
- * diagonal when the item's keys and values are finite. Otherwise every key
- * is visited, so that NaN and inf reach every query as in PyTorch's math
- * path (a hidden NaN key makes the score NaN; a hidden NaN value is
- * multiplied by its zero weight). */
-static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t i1)
+ * see it. A causal tile stops at its diagonal when the item's keys and
+ * values are finite. Otherwise every key is visited, so that NaN and inf
+ * reach every query as in PyTorch's math path (a hidden NaN key makes the
+ * score NaN; a hidden NaN value is multiplied by its zero weight). */
+static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                              idx_t b, idx_t i0, idx_t i1)
 {
-    int skip_hidden = a->is_causal &&
-                      FN(rows_finite)((const real *)a->k + a->k_off[b], a->k_rs, a->S, a->E) &&
-                      FN(rows_finite)((const real *)a->v + a->v_off[b], a->v_rs, a->S, a->Ev);
-    idx_t tiles = (i1 - i0 + BLOCK_Q - 1) / BLOCK_Q;
-    for (idx_t q = 0; q < tiles * BLOCK_Q; q++) {
-        t->run_max[q] = -(real)INFINITY;
-        t->run_sum[q] = 0;
+    int skip_hidden = a->is_causal && FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
+                      FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
+    idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
+    for (idx_t tile = 0; tile < tiles; tile++) {
+        idx_t q0 = i0 + tile * BLOCK_Q;
+        FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+        FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
+        for (idx_t i = 0; i < BLOCK_Q * t->Ev_padded; i++) view.acc[i] = 0;
+        for (idx_t i = 0; i < BLOCK_Q; i++) {
+            view.run_max[i] = -(real)INFINITY;
+            view.run_sum[i] = 0;
+        }
     }
     idx_t end = FN(key_end)(a, skip_hidden, i0, i1 - i0);
-    for (idx_t j0 = 0; j0 < end; j0 += BLOCK_K) {
-        idx_t nk = end - j0 < BLOCK_K ? end - j0 : BLOCK_K;
-        FN(pack_key_tile)(t, a, b, j0, nk);
-        FN(pack_value_tile)(t, a, b, j0, nk);
+    for (idx_t j0 = 0; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
+        idx_t nk = attnc_min(end - j0, BLOCK_K);
+        FN(pack_key_tile)(t, a, item, j0, nk);
+        FN(pack_value_tile)(t, a, item, j0, nk);
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
             idx_t tile_end = FN(key_end)(a, skip_hidden, q0, nq);
             if (j0 >= tile_end) continue; /* causal: no query of the tile sees these keys */
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-            FN(flash_step)(&view, a, b, q0, nq, j0, tile_end - j0 < nk ? tile_end - j0 : nk);
+            FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));
         }
     }
     for (idx_t tile = 0; tile < tiles; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
+        idx_t q0 = i0 + tile * BLOCK_Q;
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-        FN(write_rows)(a, &view, b, q0, nq, view.run_sum);
+        FN(write_rows)(a, &view, item, q0, FN(tile_queries)(q0, i1));
     }
 }
 
-/* The weights output (nq, S) rows hold the scores: all scores, softmax in
- * place, then dropout(weights) . V. */
-static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq)
+/* The weights rows [i0, i0+nq) of item b: the scores of every key tile
+ * into them, then a softmax in place (weights 0 for a row of -inf). */
+static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                             idx_t b, idx_t i0, idx_t nq)
 {
     idx_t S = a->S;
     real *w = (real *)a->weights + (b * a->L + i0) * S;
-    for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 1: scores */
-        idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
-        FN(pack_key_tile)(t, a, b, j0, nk);
-        FN(score_tile)(t, a, b, i0, nq, j0, nk);
+    FN(pack_query_tile)(t, a, item, i0, nq);
+    for (idx_t j0 = 0; j0 < S && !attnc_interrupted(); j0 += BLOCK_K) {
+        idx_t nk = attnc_min(S - j0, BLOCK_K);
+        FN(pack_key_tile)(t, a, item, j0, nk);
+        FN(score_tile)(t, a, item, i0, nq, j0, nk);
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
     }
-    for (idx_t i = 0; i < nq; i++) { /* pass 2: softmax in place */
+    for (idx_t i = 0; i < nq; i++) {
         real *row = w + i * S;
-        FN(scale_row)(row, S, 1 / FN(exp_shift_sum)(row, S, FN(row_max)(row, S)));
+        FN(scale_row)(row, S, FN(safe_inverse)(FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
     }
-    for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) { /* pass 3: dropout(weights) . V */
-        idx_t nk = S - j0 < BLOCK_K ? S - j0 : BLOCK_K;
-        for (idx_t j = 0; j < nk; j++)
-            for (idx_t i = 0; i < nq; i++) t->scores_t[j * BLOCK_Q + i] = w[i * S + j0 + j];
-        if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
-        FN(pack_value_tile)(t, a, b, j0, nk);
-        FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded);
-    }
-    FN(write_rows)(a, t, b, i0, nq, NULL);
 }
 
-/* Task = item b and a run of tiles_per_task query tiles. */
+/* Task = item b and a run of tiles_per_task query tiles: the output, then
+ * (when wanted) the weights of the same queries. */
 static void FN(attention_task)(void *ctx, idx_t task)
 {
     FN(attention_job) *job = ctx;
     const attnc_attention_args *a = job->args;
     idx_t b = task / job->tasks_per_item;
     idx_t first_tile = (task % job->tasks_per_item) * job->tiles_per_task;
-    idx_t last_tile = first_tile + job->tiles_per_task;
-    if (last_tile > job->n_query_tiles) last_tile = job->n_query_tiles;
+    idx_t last_tile = attnc_min(first_tile + job->tiles_per_task, job->n_query_tiles);
     if (first_tile >= last_tile) return;
-    idx_t i0 = first_tile * BLOCK_Q, i1 = last_tile * BLOCK_Q < a->L ? last_tile * BLOCK_Q : a->L;
+    idx_t i0 = first_tile * BLOCK_Q, i1 = attnc_min(last_tile * BLOCK_Q, a->L);
     real *work = attnc_malloc((size_t)job->workspace_elems * sizeof(real));
     if (!work) {
         atomic_store(&job->failed, 1);
         return;
     }
-    FN(tile_buffers) t = FN(carve_buffers)(work, a->E, a->Ev, last_tile - first_tile);
-    for (idx_t tile = 0; tile < last_tile - first_tile; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-        FN(tile_buffers) view = FN(tile_view)(&t, tile, a->E);
-        for (idx_t i = 0; i < BLOCK_Q * t.Ev_padded; i++) view.acc[i] = 0;
-        const real *q = (const real *)a->q + a->q_off[b] + q0 * a->q_rs;
-        FN(pack_row_slivers)(view.q_pack, q, a->q_rs, nq, FN(padded_queries)(nq), a->E, UK_NR, (real)a->scale);
-        if (a->weights) FN(weights_tile)(&view, a, b, q0, nq);
-    }
-    if (!a->weights) FN(flash_queries)(&t, a, b, i0, i1);
+    FN(tile_buffers) t;
+    FN(tile_layout)(work, a->E, a->Ev, last_tile - first_tile, &t);
+    FN(item_view) item = FN(item_at)(a, b);
+    FN(flash_queries)(&t, a, &item, b, i0, i1);
+    if (a->weights)
+        for (idx_t q0 = i0; q0 < i1; q0 += BLOCK_Q) FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1));
     attnc_free(work);
 }
 
-/* Query tiles per task: up to MAX_TILES_PER_TASK (one when the weights are
- * materialised), fewer when their state would leave L2, and few enough
- * that there are at least 4 tasks per thread. The split never changes a
- * result: every query meets the same key tiles in the same order. */
-static idx_t FN(tiles_per_task)(const attnc_attention_args *a, idx_t n_query_tiles)
+/* Query tiles per task: up to MAX_TILES_PER_TASK, fewer when their state
+ * would leave L2, and few enough that there are at least 4 tasks per
+ * thread. The split never changes a result: every query meets the same
+ * key tiles in the same order. */
+static idx_t FN(tiles_per_task)(const attnc_attention_args *a, idx_t n_items, idx_t n_query_tiles)
 {
-    if (a->weights) return 1;
-    /* bytes of one tile's packed queries and accumulator (double: no overflow) */
-    double per_tile = (double)BLOCK_Q * ((double)a->E + (double)a->Ev + GEMM_MAX_NR) * (double)sizeof(real);
+    /* bytes of one tile's packed queries and accumulator */
+    double per_tile = (double)BLOCK_Q * ((double)a->E + (double)a->Ev + GEMM_NR) * (double)sizeof(real);
     idx_t tiles = per_tile * MAX_TILES_PER_TASK <= TASK_STATE_BYTES ? MAX_TILES_PER_TASK
                                                                     : (idx_t)(TASK_STATE_BYTES / per_tile);
     if (tiles < 1) tiles = 1;
     idx_t wanted_tasks = 4 * (idx_t)attnc_get_num_threads();
     /* few items (n_items < wanted_tasks keeps the products small): split finer */
-    if (a->n_items > 0 && a->n_items < wanted_tasks &&
-        a->n_items * ((n_query_tiles + tiles - 1) / tiles) < wanted_tasks) {
-        idx_t per_item = (wanted_tasks + a->n_items - 1) / a->n_items;
-        tiles = (n_query_tiles + per_item - 1) / per_item;
+    if (n_items < wanted_tasks && n_items * attnc_ceil_div(n_query_tiles, tiles) < wanted_tasks) {
+        idx_t per_item = attnc_ceil_div(wanted_tasks, n_items);
+        tiles = attnc_ceil_div(n_query_tiles, per_item);
     }
     return tiles > 0 ? tiles : 1;
 }
 
-attnc_status FN(attention)(const attnc_attention_args *a)
+static attnc_status FN(attention_tiles)(const attnc_attention_args *a, idx_t n_items)
 {
-    idx_t n_query_tiles = (a->L + BLOCK_Q - 1) / BLOCK_Q;
-    idx_t tiles = FN(tiles_per_task)(a, n_query_tiles);
-    idx_t elems = attention_workspace_elems(a->E, a->Ev, tiles);
-    if (elems < 0 || (size_t)elems > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
-    FN(attention_job) job = {a, n_query_tiles, tiles, (n_query_tiles + tiles - 1) / tiles, elems, 0};
+    idx_t n_query_tiles = attnc_ceil_div(a->L, BLOCK_Q);
+    idx_t tiles = FN(tiles_per_task)(a, n_items, n_query_tiles);
+    FN(tile_buffers) unused;
+    FN(attention_job) job = {a, n_query_tiles, tiles, attnc_ceil_div(n_query_tiles, tiles),
+                             FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0};
     idx_t n_tasks;
-    if (!attnc_mul_ok(a->n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
-    double flops = 2.0 * (double)a->n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
+    if (!attnc_mul_ok(n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
+    double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;
+}
+
+attnc_status FN(attention)(const attnc_attention_args *a)
+{
+    /* nothing to write: return before walking a possibly huge empty space */
+    int empty = a->L == 0;
+    for (int d = 0; d < a->batch.ndim; d++) empty |= a->batch.shape[d] == 0;
+    if (empty || (a->Ev == 0 && (!a->weights || a->S == 0))) return ATTNC_OK;
+    idx_t n_items = 1; /* the output or the weights hold them all: no overflow */
+    for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
+    int rows = a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;
+    attnc_status status = rows ? FN(attention_rows)(a, n_items) : FN(attention_tiles)(a, n_items);
+    return status == ATTNC_OK && attnc_interrupted() ? ATTNC_EINTR : status;
 }

@@ -1,22 +1,22 @@
-/* The tile pieces of the attention kernel (dtype and ISA template; needs
- * dtype.h, ukernel_shape.h and vexp.h).
+/* The tile pieces of the attention kernel's flash path (dtype and ISA
+ * template; needs dtype.h, simd.h, vexp.h and gemm_impl.h).
  *
- * Both products of a tile run on the GEMM micro-kernel (UK_MR x UK_NR
+ * Both products of a tile run on the GEMM micro-kernel (GEMM_MR x GEMM_NR
  * register tiles). Scores are computed transposed, scores_t (keys,
  * queries) = K . Q^T over packed slivers, so that every softmax step (max,
  * exp, sum, rescale) runs along contiguous rows across queries, and P.V
- * reads the probabilities of UK_MR queries straight from each key's row of
- * scores_t (the micro-kernel's a_step), with no packing or transpose. */
+ * reads the probabilities of GEMM_MR queries straight from each key's row
+ * of scores_t (the micro-kernel's a_step), with no packing or transpose. */
 #ifndef ATTNC_ATTENTION_TILES_ONCE
 #define ATTNC_ATTENTION_TILES_ONCE
 
 /* Tile sizes. BLOCK_Q queries share each packed key/value tile (packing
  * costs 1/BLOCK_Q of the products) and span whole slivers of every
- * micro-kernel (a multiple of NR = 32, 16, 8 and MR = 12, 6, 4). BLOCK_K keys per
- * step, a multiple of every MR; the longer it is, the fewer times the
- * accumulator is rescaled and reloaded. The (BLOCK_K, BLOCK_Q) score tile is
- * 72 KiB in float: with the value tile and the accumulator it stays in L2.
- * Chosen by measurement (benchmarks/NOTES.md). */
+ * micro-kernel (a multiple of every GEMM_NR: 32, 16, 8, 4, and GEMM_MR: 12,
+ * 6, 4). BLOCK_K keys per step, a multiple of every GEMM_MR; the longer it
+ * is, the fewer times the accumulator is rescaled and reloaded. The
+ * (BLOCK_K, BLOCK_Q) score tile is 72 KiB in float: with the value tile and
+ * the accumulator it stays in L2. Chosen by measurement (benchmarks/NOTES.md). */
 #define BLOCK_Q 96
 #define BLOCK_K 192
 #define ROUND_UP(n, m) (((n) + (m) - 1) / (m) * (m))
@@ -28,40 +28,14 @@
  * queries and accumulators stay within TASK_STATE_BYTES (in L2). */
 #define MAX_TILES_PER_TASK 8
 #define TASK_STATE_BYTES (512 * 1024)
-#define N_TILE_BUFFERS 9
-
-/* sizes of the task buffers for `tiles` query tiles, in the order of
- * tile_buffers below */
-static inline int attention_buffer_sizes(idx_t E, idx_t Ev, idx_t tiles, idx_t sizes[N_TILE_BUFFERS])
-{
-    if (Ev > PTRDIFF_MAX - GEMM_MAX_NR || tiles > PTRDIFF_MAX / BLOCK_Q) return 0;
-    idx_t Ev_room = ROUND_UP(Ev, GEMM_MAX_NR), queries = tiles * BLOCK_Q;
-    if (!attnc_mul_ok(queries, E, &sizes[0]) || !attnc_mul_ok(BLOCK_K, E, &sizes[1]) ||
-        !attnc_mul_ok(BLOCK_K, Ev_room, &sizes[3]) || !attnc_mul_ok(queries, Ev_room, &sizes[4]))
-        return 0;
-    sizes[2] = BLOCK_Q * BLOCK_K;
-    sizes[5] = sizes[6] = queries;
-    sizes[7] = sizes[8] = BLOCK_Q;
-    return 1;
-}
-
-/* Elements of one task's workspace, or -1 when that overflows. */
-static inline idx_t attention_workspace_elems(idx_t E, idx_t Ev, idx_t tiles)
-{
-    idx_t sizes[N_TILE_BUFFERS], total = 0;
-    if (!attention_buffer_sizes(E, Ev, tiles, sizes)) return -1;
-    for (int i = 0; i < N_TILE_BUFFERS; i++) {
-        idx_t part = ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
-        if (part < sizes[i] || total > PTRDIFF_MAX - part) return -1;
-        total += part;
-    }
-    return total;
-}
 #endif
 
-/* One task's buffers, carved from one allocation; q_pack, acc and the
- * run_ arrays hold one part per query tile of the task, the rest is shared
- * by its tiles. */
+_Static_assert(BLOCK_Q % GEMM_NR == 0 && BLOCK_Q % GEMM_MR == 0 && BLOCK_K % GEMM_MR == 0,
+               "tiles are whole slivers of the micro-kernel");
+
+/* One task's buffers, carved from one allocation (tile_layout); q_pack, acc
+ * and the run_ arrays hold one part per query tile of the task, the rest
+ * is shared by its tiles. */
 typedef struct {
     real *q_pack;   /* per tile: (BLOCK_Q / NR) slivers of (E, NR): scaled queries */
     real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                     */
@@ -73,19 +47,28 @@ typedef struct {
     idx_t Ev_padded;
 } FN(tile_buffers);
 
-static FN(tile_buffers) FN(carve_buffers)(real *work, idx_t E, idx_t Ev, idx_t tiles)
+/* The workspace layout, in one place: carves `work` into t (when work is
+ * not NULL) and returns its size in elements, each part 64-byte aligned.
+ * The flash path runs only for head sizes that keep this small
+ * (attention_impl.h), so it cannot overflow. */
+static idx_t FN(tile_layout)(real *work, idx_t E, idx_t Ev, idx_t tiles, FN(tile_buffers) *t)
 {
-    FN(tile_buffers) t;
-    idx_t sizes[N_TILE_BUFFERS];
-    attention_buffer_sizes(E, Ev, tiles, sizes); /* checked by attention_workspace_elems */
-    real **slots[N_TILE_BUFFERS] = {&t.q_pack, &t.k_pack, &t.scores_t, &t.v_pack, &t.acc,
-                                    &t.run_max, &t.run_sum, &t.tile_max, &t.correction};
-    for (int i = 0; i < N_TILE_BUFFERS; i++) {
-        *slots[i] = work;
-        work += ROUND_UP(sizes[i], BUFFER_ALIGN_ELEMS);
-    }
-    t.Ev_padded = ROUND_UP(Ev, UK_NR);
-    return t;
+    idx_t used = 0, Ev_padded = ROUND_UP(Ev, GEMM_NR);
+#define PART(field, elems)                          \
+    t->field = work ? work + used : NULL;           \
+    used += ROUND_UP((elems), BUFFER_ALIGN_ELEMS)
+    PART(q_pack, tiles * BLOCK_Q * E);
+    PART(k_pack, BLOCK_K * E);
+    PART(scores_t, BLOCK_K * BLOCK_Q);
+    PART(v_pack, BLOCK_K * Ev_padded);
+    PART(acc, tiles * BLOCK_Q * Ev_padded);
+    PART(run_max, tiles * BLOCK_Q);
+    PART(run_sum, tiles * BLOCK_Q);
+    PART(tile_max, BLOCK_Q);
+    PART(correction, BLOCK_Q);
+#undef PART
+    t->Ev_padded = Ev_padded;
+    return used;
 }
 
 /* The buffers of query tile `tile` of the task: its packed queries,
@@ -104,7 +87,7 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
  * slivers for the score product, and whole MR runs for the value product,
  * which reads probabilities straight from the score tile. The columns past
  * nq are products with zero queries: zeros, never exponentiated. */
-static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, UK_MR), UK_NR); }
+static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, GEMM_MR), GEMM_NR); }
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
  * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
@@ -143,17 +126,17 @@ static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, id
 }
 
 /* The init row of the micro-kernel's store form: tiles start from zero. */
-static const real FN(zero_row)[GEMM_MAX_NR];
+static const real FN(zero_row)[64];
 
 /* scores_t (nk, BLOCK_Q)[:, :padded_queries(nq)] <- k_pack . q_pack^T
  * (stored, not added: the tile is never cleared first) */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E)
 {
-    idx_t rows = ROUND_UP(nk, UK_MR), cols = FN(padded_queries)(nq);
-    for (idx_t j0 = 0; j0 < rows; j0 += UK_MR)
-        for (idx_t i0 = 0; i0 < cols; i0 += UK_NR)
-            UKERNEL_STORE(E, k_pack + j0 * E, UK_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
+    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(padded_queries)(nq);
+    for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
+        for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
+            FN(gemm_tile)(E, k_pack + j0 * E, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
                           FN(zero_row));
 }
 
@@ -163,9 +146,10 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
 static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, idx_t nq, idx_t nk,
                               idx_t Ev_padded)
 {
-    for (idx_t i0 = 0; i0 < nq; i0 += UK_MR)
-        for (idx_t c0 = 0; c0 < Ev_padded; c0 += UK_NR)
-            UKERNEL(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded);
+    for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
+        for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
+            FN(gemm_tile)(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded,
+                          NULL);
 }
 
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped

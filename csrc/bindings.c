@@ -1,79 +1,302 @@
-/* CPython + NumPy glue only: parse arguments, validate shapes and dtypes,
- * convert arrays (dtype, byte order, alignment, contiguity), release the
- * GIL and call the kernels with plain pointers, sizes and strides. Every
- * error names the argument it is about. Nothing here computes. */
+/* CPython + NumPy glue only, and the one place arguments are checked.
+ *
+ * Every function parses named arguments, validates each of them (types,
+ * dtypes, shapes, broadcasting, probabilities, scale, axis, thread counts,
+ * the rng), raising TypeError / ValueError whose message starts with the
+ * argument's name; converts arrays (dtype, byte order, alignment,
+ * contiguity) copying only what needs it; fills the kernel's argument
+ * struct with plain pointers, sizes and element strides; and runs the
+ * kernel with the GIL released and Ctrl-C polled. The kernels below trust
+ * what they receive. Nothing here computes.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define PY_ARRAY_UNIQUE_SYMBOL ATTNC_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <math.h>
+
 #include "attnc.h"
 
-/* ======================================================================== */
-/* conversions                                                              */
+static PyObject *generator_type; /* numpy.random.Generator, looked up at import */
+static PyObject *draw_seed_fn;   /* attnc._random.draw_seed, looked up on first use */
 
-static int dtype_code(PyArray_Descr *descr, attnc_dtype *code)
+/* ======================================================================== */
+/* running a kernel: GIL released, Ctrl-C polled                            */
+
+typedef struct {
+    PyThreadState *thread; /* this thread's state while the GIL is released */
+} released_gil;
+
+/* The interrupt hook (attnc.h): the kernels call it now and then on the
+ * calling thread. It takes the GIL back, runs Python's signal handlers and
+ * releases the GIL again; nonzero once a handler has raised (Ctrl-C:
+ * KeyboardInterrupt), and the exception stays set for the caller. */
+static int poll_signals(void *ctx)
 {
-    if (descr->type_num == NPY_FLOAT) *code = ATTNC_F32;
-    else if (descr->type_num == NPY_DOUBLE) *code = ATTNC_F64;
-    else {
-        PyErr_SetString(PyExc_TypeError, "dtype: expected float32 or float64");
+    released_gil *gil = ctx;
+    PyEval_RestoreThread(gil->thread);
+    int stop = PyErr_CheckSignals() != 0 || PyErr_Occurred() != NULL;
+    gil->thread = PyEval_SaveThread();
+    return stop;
+}
+
+/* status = call, with the GIL released and the interrupt hook installed. */
+#define RUN_KERNEL(status, call)                                  \
+    do {                                                          \
+        released_gil gil_ = {PyEval_SaveThread()};                \
+        attnc_interrupt_hook hook_ = {poll_signals, &gil_};       \
+        attnc_call_begin(&hook_);                                 \
+        (status) = (call);                                        \
+        attnc_call_end();                                         \
+        PyEval_RestoreThread(gil_.thread);                        \
+    } while (0)
+
+/* After RUN_KERNEL: 1 on success; else 0 with an exception set. A signal
+ * handler's exception (KeyboardInterrupt) wins over the status, even when
+ * it was raised after the kernel's last poll. */
+static int kernel_ok(attnc_status status, const char *function)
+{
+    if (PyErr_Occurred()) return 0;
+    switch (status) {
+    case ATTNC_OK:
+        return 1;
+    case ATTNC_ENOMEM:
+        PyErr_Format(PyExc_MemoryError, "%s: out of memory for the workspace", function);
+        return 0;
+    case ATTNC_EOVERFLOW:
+        PyErr_Format(PyExc_MemoryError, "%s: the workspace size overflows", function);
+        return 0;
+    case ATTNC_EINTR: /* the hook stops a call only with an exception set */
+        PyErr_SetNone(PyExc_KeyboardInterrupt);
         return 0;
     }
-    return 1;
-}
-
-/* "O&" converter: a dtype argument that must be float32 or float64. */
-static int dtype_converter(PyObject *obj, void *out)
-{
-    PyArray_Descr *descr = NULL;
-    if (!PyArray_DescrConverter(obj, &descr)) return 0;
-    int ok = dtype_code(descr, out);
-    Py_DECREF(descr);
-    return ok;
-}
-
-/* Only real numbers: bool, integers and floats convert; complex, object,
- * strings, void and datetimes raise TypeError naming the argument. */
-static int check_real_kind(PyArrayObject *arr, const char *name)
-{
-    char kind = PyArray_DESCR(arr)->kind;
-    if (kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f') return 1;
-    PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %R; expected real numbers (bool, int or float)",
-                 name, (PyObject *)PyArray_DESCR(arr));
+    PyErr_Format(PyExc_SystemError, "%s: unknown kernel status %d", function, (int)status);
     return 0;
 }
 
-/* obj as an aligned, native-byte-order array of `dt` (a new reference).
- * With contiguous, C-contiguous too; copies only what needs converting. */
-static PyArrayObject *as_real_array(PyObject *obj, const char *name, attnc_dtype dt, int contiguous)
+/* ======================================================================== */
+/* scalar arguments                                                         */
+
+/* Replaces a TypeError or ValueError being raised by one of the same type
+ * whose message starts with `name` (the original becomes its __cause__). */
+static void name_the_error(const char *name)
 {
-    PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_O(obj);
-    if (!raw) return NULL;
-    if (!check_real_kind(raw, name)) {
-        Py_DECREF(raw);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type != PyExc_TypeError && type != PyExc_ValueError) {
+        PyErr_Restore(type, value, tb);
+        return;
+    }
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyErr_Format(type, "%s: %S", name, value);
+    PyObject *type2, *value2, *tb2;
+    PyErr_Fetch(&type2, &value2, &tb2);
+    PyErr_NormalizeException(&type2, &value2, &tb2);
+    if (value2) PyException_SetCause(value2, value); /* steals value */
+    else Py_XDECREF(value);
+    PyErr_Restore(type2, value2, tb2);
+    Py_DECREF(type);
+    Py_XDECREF(tb);
+}
+
+/* obj as a double: Python and NumPy numbers, not strings. TypeError naming
+ * `name` (expected `what`) otherwise; an int beyond the float range is a
+ * ValueError. */
+static int as_double(PyObject *obj, const char *name, const char *what, double *out)
+{
+    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj)) {
+        *out = PyFloat_AsDouble(obj);
+        if (!(*out == -1.0 && PyErr_Occurred())) return 1;
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: expected %s, got an integer too large for a float", name, what);
+            return 0;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return 0;
+        PyErr_Clear();
+    }
+    PyErr_Format(PyExc_TypeError, "%s: expected %s, got %R", name, what, obj);
+    return 0;
+}
+
+/* A dropout probability: a number in [0, 1] (NaN is not). */
+static int probability(PyObject *obj, const char *name, double *p)
+{
+    if (!as_double(obj, name, "a number in [0, 1]", p)) return 0;
+    if (*p >= 0.0 && *p <= 1.0) return 1;
+    PyErr_Format(PyExc_ValueError, "%s: expected a probability in [0, 1], got %R", name, obj);
+    return 0;
+}
+
+static int finite_number(PyObject *obj, const char *name, double *out)
+{
+    if (!as_double(obj, name, "a finite number", out)) return 0;
+    if (isfinite(*out)) return 1;
+    PyErr_Format(PyExc_ValueError, "%s: expected a finite number, got %R", name, obj);
+    return 0;
+}
+
+/* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow. */
+static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
+{
+    PyObject *index = PyNumber_Index(obj);
+    if (!index) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %s", name, Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    *out = PyLong_AsLongAndOverflow(index, overflow);
+    Py_DECREF(index);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+static int check_rng(PyObject *rng)
+{
+    if (rng == Py_None || Py_IS_TYPE(rng, (PyTypeObject *)generator_type)) return 1;
+    int is_generator = PyObject_IsInstance(rng, generator_type);
+    if (is_generator) return is_generator > 0;
+    PyErr_Format(PyExc_TypeError, "rng: expected a numpy.random.Generator or None, got %s", Py_TYPE(rng)->tp_name);
+    return 0;
+}
+
+/* A fresh key for one dropout mask, drawn from rng (None: the package's
+ * global generator) by attnc._random.draw_seed. Called only when dropout
+ * applies, so a call without dropout leaves the generator untouched. */
+static int draw_seed(PyObject *rng, uint64_t *seed)
+{
+    if (!draw_seed_fn) {
+        PyObject *random = PyImport_ImportModule("attnc._random");
+        if (!random) return 0;
+        draw_seed_fn = PyObject_GetAttrString(random, "draw_seed");
+        Py_DECREF(random);
+        if (!draw_seed_fn) return 0;
+    }
+    PyObject *value = PyObject_CallOneArg(draw_seed_fn, rng);
+    if (!value) return 0;
+    unsigned long long key = PyLong_AsUnsignedLongLong(value);
+    Py_DECREF(value);
+    if (key == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    *seed = key;
+    return 1;
+}
+
+/* ======================================================================== */
+/* arrays                                                                   */
+
+static int npy_type(attnc_dtype dt) { return dt == ATTNC_F32 ? NPY_FLOAT : NPY_DOUBLE; }
+
+/* A shape as a tuple, for messages (NULL with an exception on failure). */
+static PyObject *shape_tuple(int nd, const npy_intp *dims)
+{
+    PyObject *shape = PyTuple_New(nd);
+    for (int d = 0; shape && d < nd; d++) {
+        PyObject *size = PyLong_FromSsize_t(dims[d]);
+        if (!size) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, d, size);
+    }
+    return shape;
+}
+
+/* ValueError "name: expected shape (a, b), got (c,)". */
+static void shape_error(const char *name, int expected_nd, const npy_intp *expected, PyArrayObject *arr)
+{
+    PyObject *want = shape_tuple(expected_nd, expected);
+    PyObject *got = want ? shape_tuple(PyArray_NDIM(arr), PyArray_DIMS(arr)) : NULL;
+    if (got) PyErr_Format(PyExc_ValueError, "%s: expected shape %R, got %R", name, want, got);
+    Py_XDECREF(want);
+    Py_XDECREF(got);
+}
+
+/* obj as an ndarray of real numbers (no copy for an ndarray): bool,
+ * integers and floats; TypeError naming `name` for complex, object,
+ * strings, void, datetimes. A new reference. */
+static PyArrayObject *real_array(PyObject *obj, const char *name)
+{
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (!arr) {
+        name_the_error(name);
         return NULL;
     }
+    char kind = PyArray_DESCR(arr)->kind;
+    if (kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f') return arr;
+    PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %R; expected real numbers (bool, int or float)", name,
+                 (PyObject *)PyArray_DESCR(arr));
+    Py_DECREF(arr);
+    return NULL;
+}
+
+/* The functional layer's result dtype: float64 if any floating input is
+ * float64 or wider (in any byte order), else float32 (integers and bools
+ * count as float32). NULL entries are skipped. */
+static attnc_dtype result_dtype(PyArrayObject *const *arrays, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (arrays[i] && PyArray_DESCR(arrays[i])->kind == 'f' && PyArray_ITEMSIZE(arrays[i]) >= 8)
+            return ATTNC_F64;
+    return ATTNC_F32;
+}
+
+/* arr as an aligned, native-byte-order base-class array of dt (a new
+ * reference); C-contiguous too with `contiguous`. Copies only if needed. */
+static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
+{
     int flags = NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
                 (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
-    PyArray_Descr *descr = PyArray_DescrFromType(dt == ATTNC_F32 ? NPY_FLOAT : NPY_DOUBLE);
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny((PyObject *)raw, descr, 0, 0, flags, NULL);
-    Py_DECREF(raw);
+    return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, PyArray_DescrFromType(npy_type(dt)), 0, 0, flags, NULL);
+}
+
+/* Replaces *arr by its conversion (see convert); 0 on failure (*arr NULL). */
+static int convert_in_place(PyArrayObject **arr, attnc_dtype dt, int contiguous)
+{
+    PyArrayObject *converted = convert(*arr, dt, contiguous);
+    Py_DECREF(*arr);
+    *arr = converted;
+    return converted != NULL;
+}
+
+/* As convert_in_place, and the last axis has unit stride (each row is a
+ * plain vector; the other axes keep their strides). */
+static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt)
+{
+    if (!convert_in_place(arr, dt, 0)) return 0;
+    int nd = PyArray_NDIM(*arr);
+    if (nd > 0 && PyArray_DIM(*arr, nd - 1) > 1 && PyArray_STRIDE(*arr, nd - 1) != PyArray_ITEMSIZE(*arr)) {
+        PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
+        Py_DECREF(*arr);
+        *arr = copy;
+    }
+    return *arr != NULL;
+}
+
+/* real_array then convert: an input of a known dtype. */
+static PyArrayObject *real_input(PyObject *obj, const char *name, attnc_dtype dt, int contiguous)
+{
+    PyArrayObject *arr = real_array(obj, name);
+    if (arr && !convert_in_place(&arr, dt, contiguous)) return NULL;
     return arr;
 }
 
-/* As above, and the last axis has unit stride (rows read as plain vectors). */
-static PyArrayObject *as_row_major(PyObject *obj, const char *name, attnc_dtype dt)
+/* The `dtype` argument of linear/softmax/dropout (a module's dtype): None
+ * (the functional rule) or float32/float64. 0 with TypeError otherwise. */
+static int dtype_argument(PyObject *obj, int *given, attnc_dtype *dt)
 {
-    PyArrayObject *arr = as_real_array(obj, name, dt, 0);
-    if (!arr) return NULL;
-    int nd = PyArray_NDIM(arr);
-    if (nd > 0 && PyArray_DIM(arr, nd - 1) > 1 && PyArray_STRIDE(arr, nd - 1) != PyArray_ITEMSIZE(arr)) {
-        PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(arr, NPY_CORDER);
-        Py_DECREF(arr);
-        return copy;
+    *given = obj != NULL && obj != Py_None;
+    if (!*given) return 1;
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(obj, &descr)) {
+        name_the_error("dtype");
+        return 0;
     }
-    return arr;
+    int type = descr->type_num;
+    Py_DECREF(descr);
+    if (type == NPY_FLOAT || type == NPY_DOUBLE) {
+        *dt = type == NPY_FLOAT ? ATTNC_F32 : ATTNC_F64;
+        return 1;
+    }
+    PyErr_Format(PyExc_TypeError, "dtype: expected float32 or float64, got %R", obj);
+    return 0;
 }
 
 static idx_t elem_stride(PyArrayObject *arr, int axis)
@@ -83,31 +306,14 @@ static idx_t elem_stride(PyArrayObject *arr, int axis)
 
 static PyObject *new_array(int nd, const npy_intp *shape, attnc_dtype dt)
 {
-    return PyArray_SimpleNew(nd, (npy_intp *)shape, dt == ATTNC_F32 ? NPY_FLOAT : NPY_DOUBLE);
-}
-
-static int check_dropout_p(double p, const char *name)
-{
-    if (p >= 0 && p <= 1) return 1;
-    PyObject *value = PyFloat_FromDouble(p);
-    if (value) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a probability in [0, 1], got %R", name, value);
-        Py_DECREF(value);
-    }
-    return 0;
-}
-
-static PyObject *status_error(attnc_status status, const char *what)
-{
-    if (status == ATTNC_ENOMEM) return PyErr_Format(PyExc_MemoryError, "%s: out of memory for the workspace", what);
-    return PyErr_Format(PyExc_MemoryError, "%s: the workspace size overflows", what);
+    return PyArray_SimpleNew(nd, (npy_intp *)shape, npy_type(dt));
 }
 
 static int check_min_ndim(PyArrayObject *arr, const char *name, int min_nd, const char *layout)
 {
     if (PyArray_NDIM(arr) >= min_nd) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: expected at least %d dimensions %s, got %d",
-                 name, min_nd, layout, PyArray_NDIM(arr));
+    PyErr_Format(PyExc_ValueError, "%s: expected at least %d dimension%s %s, got %d", name, min_nd,
+                 min_nd == 1 ? "" : "s", layout, PyArray_NDIM(arr));
     return 0;
 }
 
@@ -115,38 +321,42 @@ static int check_dim(PyArrayObject *arr, const char *name, int axis, npy_intp ex
 {
     npy_intp got = PyArray_DIM(arr, axis < 0 ? PyArray_NDIM(arr) + axis : axis);
     if (got == expected) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: expected %s of size %zd, got %zd", name, what,
-                 (Py_ssize_t)expected, (Py_ssize_t)got);
+    PyErr_Format(PyExc_ValueError, "%s: expected %s of size %zd, got %zd", name, what, (Py_ssize_t)expected,
+                 (Py_ssize_t)got);
     return 0;
 }
 
 /* ======================================================================== */
-/* broadcast batch dimensions                                               */
+/* broadcast batches (attnc_batch, attnc_matrices)                          */
 
-/* shape[:nd] <- the broadcast of the leading (batch) dims of arrays, each
- * of which has `skip` trailing non-batch dims, right-aligned. */
-static int broadcast_batch(PyArrayObject **arrays, const char **names, int n, int skip,
-                           int *nd, npy_intp *shape)
+/* batch <- the broadcast of the leading (batch) dims of arrays, each of
+ * which has `skip` trailing non-batch dims, right-aligned (NumPy rules). */
+static int broadcast_batch(PyArrayObject **arrays, const char **names, int n, int skip, attnc_batch *batch)
 {
-    *nd = 0;
+    int nd = 0;
     for (int i = 0; i < n; i++)
-        if (PyArray_NDIM(arrays[i]) - skip > *nd) *nd = PyArray_NDIM(arrays[i]) - skip;
-    for (int d = 0; d < *nd; d++) shape[d] = 1;
+        if (PyArray_NDIM(arrays[i]) - skip > nd) nd = PyArray_NDIM(arrays[i]) - skip;
+    batch->ndim = nd;
+    for (int d = 0; d < nd; d++) batch->shape[d] = 1;
     for (int i = 0; i < n; i++) {
         int ad = PyArray_NDIM(arrays[i]) - skip;
         for (int d = 0; d < ad; d++) {
-            npy_intp size = PyArray_DIM(arrays[i], d), *target = &shape[*nd - ad + d];
+            idx_t size = PyArray_DIM(arrays[i], d), *target = &batch->shape[nd - ad + d];
             if (size == *target || size == 1) continue;
-            if (*target == 1) { *target = size; continue; }
-            PyErr_Format(PyExc_ValueError, "%s: batch dimensions do not broadcast with those of %s",
-                         names[i], names[0]);
+            if (*target == 1) {
+                *target = size;
+                continue;
+            }
+            PyErr_Format(PyExc_ValueError, "%s: batch dimensions do not broadcast with those of %s", names[i],
+                         names[0]);
             return 0;
         }
     }
     return 1;
 }
 
-/* strides (elements) of arr's batch dims aligned to a broadcast batch of nd dims */
+/* strides (elements) of arr's batch dims aligned to a batch of nd dims:
+ * 0 where arr has no such dim or it has size 1 (broadcast) */
 static void batch_strides(PyArrayObject *arr, int skip, int nd, idx_t *strides)
 {
     int ad = PyArray_NDIM(arr) - skip;
@@ -156,59 +366,53 @@ static void batch_strides(PyArrayObject *arr, int skip, int nd, idx_t *strides)
     }
 }
 
-static int count_items(int nd, const npy_intp *shape, idx_t *count, const char *what)
+/* strides of a C-contiguous batch of matrices of matrix_size elements */
+static void contiguous_batch_strides(const attnc_batch *batch, idx_t matrix_size, idx_t *strides)
+{
+    idx_t step = matrix_size;
+    for (int d = batch->ndim - 1; d >= 0; d--) {
+        strides[d] = batch->shape[d] == 1 ? 0 : step;
+        if (!attnc_mul_ok(step, batch->shape[d], &step)) step = 0; /* only when the batch is empty */
+    }
+}
+
+/* *count <- the product of sizes (0 if any is 0); MemoryError on overflow. */
+static int count_items(int nd, const idx_t *sizes, idx_t *count, const char *name)
 {
     *count = 1;
     for (int d = 0; d < nd; d++)
-        if (!attnc_mul_ok(*count, shape[d], count)) {
-            PyErr_Format(PyExc_MemoryError, "%s: the broadcast batch is too large", what);
+        if (sizes[d] == 0) {
+            *count = 0;
+            return 1;
+        }
+    for (int d = 0; d < nd; d++)
+        if (!attnc_mul_ok(*count, sizes[d], count)) {
+            PyErr_Format(PyExc_MemoryError, "%s: the batch is too large", name);
             return 0;
         }
     return 1;
 }
 
-/* offsets (a new PyMem buffer) of arr's matrices over a broadcast batch */
-static idx_t *batch_offsets(PyArrayObject *arr, int skip, int nd, const npy_intp *shape, idx_t count)
-{
-    idx_t strides[NPY_MAXDIMS];
-    batch_strides(arr, skip, nd, strides);
-    idx_t *offsets = PyMem_Malloc(sizeof(idx_t) * (size_t)(count > 0 ? count : 1));
-    if (!offsets) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    attnc_broadcast_offsets(nd, (const idx_t *)shape, strides, offsets);
-    return offsets;
-}
-
 /* ======================================================================== */
 /* masks                                                                    */
 
+#define MAX_SCORES_DIMS (NPY_MAXDIMS + 1) /* batch of up to 62, heads, L, S */
+
 typedef struct {
-    PyArrayObject *keep; /* bool, aligned; NULL when no mask */
-    idx_t *offsets;      /* one per item */
-    idx_t row_stride, col_stride;
+    PyArrayObject *keep;            /* bool, aligned; NULL when no mask */
+    idx_t strides[MAX_SCORES_DIMS]; /* per scores dim; 0 where broadcast */
 } mask_view;
 
-static void mask_release(mask_view *m)
-{
-    Py_XDECREF(m->keep);
-    PyMem_Free(m->offsets);
-}
-
-/* A mask that broadcasts to scores (nd dims: batch..., L, S) as a bool
- * array of its own (un-broadcast) size: zero-stride axes are collapsed to
- * length 1 before casting, so a broadcast view is never expanded. Nonzero
- * (NaN included) keeps a position, as bool(x) does. */
-static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape,
-                        idx_t n_items, mask_view *m)
+/* A mask that broadcasts to the scores (nd dims: batch..., L, S), as a
+ * bool array of its own (un-broadcast) size: zero-stride axes are collapsed
+ * to length 1 before casting, so a broadcast view is never expanded.
+ * Nonzero (NaN included) keeps a position, as bool(x) does. */
+static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape, mask_view *m)
 {
     m->keep = NULL;
-    m->offsets = NULL;
-    if (obj == Py_None) return 1;
-    PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (obj == NULL || obj == Py_None) return 1;
+    PyArrayObject *raw = real_array(obj, name);
     if (!raw) return 0;
-    if (!check_real_kind(raw, name)) goto fail_raw;
     int md = PyArray_NDIM(raw);
     int fits = md <= nd;
     for (int d = 0; fits && d < md; d++) {
@@ -216,16 +420,15 @@ static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp 
         fits = size == 1 || size == scores_shape[nd - md + d];
     }
     if (!fits) {
-        PyObject *target = PyTuple_New(nd);
-        if (target)
-            for (int d = 0; d < nd; d++) PyTuple_SET_ITEM(target, d, PyLong_FromSsize_t(scores_shape[d]));
-        PyObject *given = PyObject_GetAttrString((PyObject *)raw, "shape");
-        if (target && given)
-            PyErr_Format(PyExc_ValueError, "%s: shape %R does not broadcast to the scores' shape %R",
-                         name, given, target);
+        PyObject *target = shape_tuple(nd, scores_shape);
+        PyObject *given = target ? shape_tuple(md, PyArray_DIMS(raw)) : NULL;
+        if (given)
+            PyErr_Format(PyExc_ValueError, "%s: shape %R does not broadcast to the scores' shape %R", name, given,
+                         target);
         Py_XDECREF(target);
         Py_XDECREF(given);
-        goto fail_raw;
+        Py_DECREF(raw);
+        return 0;
     }
     npy_intp dims[NPY_MAXDIMS], strides[NPY_MAXDIMS];
     for (int d = 0; d < md; d++) {
@@ -234,153 +437,31 @@ static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp 
     }
     PyArray_Descr *raw_descr = PyArray_DESCR(raw);
     Py_INCREF(raw_descr);
-    PyArrayObject *collapsed = (PyArrayObject *)PyArray_NewFromDescr(
-        &PyArray_Type, raw_descr, md, dims, strides, PyArray_DATA(raw), 0, NULL);
-    if (!collapsed) goto fail_raw;
+    PyArrayObject *collapsed = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, raw_descr, md, dims, strides,
+                                                                      PyArray_DATA(raw), 0, NULL);
+    if (!collapsed) {
+        Py_DECREF(raw);
+        return 0;
+    }
     if (PyArray_SetBaseObject(collapsed, (PyObject *)raw) < 0) { /* steals raw */
         Py_DECREF(collapsed);
         return 0;
     }
-    m->keep = (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, PyArray_DescrFromType(NPY_BOOL),
-                                               0, 0, NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
+    m->keep = (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, PyArray_DescrFromType(NPY_BOOL), 0, 0,
+                                               NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
     Py_DECREF(collapsed);
     if (!m->keep) return 0;
-    idx_t aligned[NPY_MAXDIMS + 2]; /* scores have up to two more dims than x */
-    for (int d = 0; d < nd; d++) {
+    for (int d = 0; d < nd; d++) { /* bool: byte strides are element strides */
         int a = d - (nd - md);
-        aligned[d] = (a < 0 || PyArray_DIM(m->keep, a) == 1) ? 0 : PyArray_STRIDE(m->keep, a);
+        m->strides[d] = (a < 0 || PyArray_DIM(m->keep, a) == 1) ? 0 : PyArray_STRIDE(m->keep, a);
     }
-    m->row_stride = aligned[nd - 2];
-    m->col_stride = aligned[nd - 1];
-    m->offsets = PyMem_Malloc(sizeof(idx_t) * (size_t)(n_items > 0 ? n_items : 1));
-    if (!m->offsets) {
-        PyErr_NoMemory();
-        return 0;
-    }
-    attnc_broadcast_offsets(nd - 2, (const idx_t *)scores_shape, aligned, m->offsets);
     return 1;
-fail_raw:
-    Py_DECREF(raw);
-    return 0;
 }
 
 /* ======================================================================== */
-/* linear(x, weight, bias, dtype) -> x @ weight.T + bias                     */
+/* results                                                                  */
 
-static PyObject *py_linear(PyObject *self, PyObject *args)
-{
-    PyObject *x_obj, *w_obj, *b_obj, *result = NULL;
-    attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OOOO&:linear", &x_obj, &w_obj, &b_obj, dtype_converter, &dt)) return NULL;
-    PyArrayObject *x = as_real_array(x_obj, "x", dt, 1), *w = NULL, *b = NULL;
-    if (!x || !check_min_ndim(x, "x", 1, "(..., in_features)")) goto done;
-    if (!(w = as_real_array(w_obj, "weight", dt, 0))) goto done;
-    if (PyArray_NDIM(w) != 2) {
-        PyErr_Format(PyExc_ValueError, "weight: expected 2 dimensions (out_features, in_features), got %d",
-                     PyArray_NDIM(w));
-        goto done;
-    }
-    npy_intp n_out = PyArray_DIM(w, 0), n_in = PyArray_DIM(w, 1);
-    if (!check_dim(x, "x", -1, n_in, "last dimension (in_features)")) goto done;
-    if (b_obj != Py_None) {
-        if (!(b = as_real_array(b_obj, "bias", dt, 1))) goto done;
-        if (PyArray_NDIM(b) != 1 || PyArray_DIM(b, 0) != n_out) {
-            PyErr_Format(PyExc_ValueError, "bias: expected shape (%zd,)", (Py_ssize_t)n_out);
-            goto done;
-        }
-    }
-    int nd = PyArray_NDIM(x);
-    npy_intp shape[NPY_MAXDIMS];
-    for (int d = 0; d < nd - 1; d++) shape[d] = PyArray_DIM(x, d);
-    shape[nd - 1] = n_out;
-    if (!(result = new_array(nd, shape, dt))) goto done;
-    idx_t rows;
-    if (!count_items(nd - 1, shape, &rows, "x")) Py_CLEAR(result);
-    if (!result) goto done;
-    attnc_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = attnc_gemm(dt, rows, n_out, n_in, PyArray_DATA(x), n_in, 1, PyArray_DATA(w),
-                        elem_stride(w, 0), elem_stride(w, 1), b ? PyArray_DATA(b) : NULL,
-                        PyArray_DATA((PyArrayObject *)result), n_out);
-    Py_END_ALLOW_THREADS
-    if (status != ATTNC_OK) {
-        Py_CLEAR(result);
-        status_error(status, "linear");
-    }
-done:
-    Py_XDECREF(x);
-    Py_XDECREF(w);
-    Py_XDECREF(b);
-    return result;
-}
-
-/* ======================================================================== */
-/* softmax(x, axis, dtype)                                                  */
-
-static PyObject *py_softmax(PyObject *self, PyObject *args)
-{
-    PyObject *x_obj;
-    int axis;
-    attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OiO&:softmax", &x_obj, &axis, dtype_converter, &dt)) return NULL;
-    PyArrayObject *x = as_real_array(x_obj, "x", dt, 1);
-    if (!x) return NULL;
-    int nd = PyArray_NDIM(x);
-    int span = nd > 0 ? nd : 1; /* a 0-d array is one row of one element */
-    if (axis < -span || axis >= span) {
-        PyErr_Format(PyExc_ValueError, "axis: %d is out of range for an array of %d dimensions", axis, nd);
-        Py_DECREF(x);
-        return NULL;
-    }
-    if (axis < 0) axis += span;
-    idx_t outer = 1, n = nd > 0 ? PyArray_DIM(x, axis) : 1, inner = 1;
-    if (PyArray_SIZE(x) == 0) { /* nothing to do; the products below could overflow */
-        outer = 0;
-    } else {
-        for (int d = 0; d < axis; d++) outer *= PyArray_DIM(x, d);
-        for (int d = axis + 1; d < nd; d++) inner *= PyArray_DIM(x, d);
-    }
-    PyObject *result = new_array(nd, PyArray_DIMS(x), dt);
-    if (result) {
-        attnc_status status;
-        Py_BEGIN_ALLOW_THREADS
-        status = attnc_softmax(dt, PyArray_DATA((PyArrayObject *)result), PyArray_DATA(x), outer, n, inner);
-        Py_END_ALLOW_THREADS
-        if (status != ATTNC_OK) {
-            Py_CLEAR(result);
-            status_error(status, "softmax");
-        }
-    }
-    Py_DECREF(x);
-    return result;
-}
-
-/* ======================================================================== */
-/* dropout(x, p, seed, dtype)                                               */
-
-static PyObject *py_dropout(PyObject *self, PyObject *args)
-{
-    PyObject *x_obj;
-    double p;
-    unsigned long long seed;
-    attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OdKO&:dropout", &x_obj, &p, &seed, dtype_converter, &dt)) return NULL;
-    if (!check_dropout_p(p, "p")) return NULL;
-    PyArrayObject *x = as_real_array(x_obj, "x", dt, 1);
-    if (!x) return NULL;
-    PyObject *result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt);
-    if (result) {
-        Py_BEGIN_ALLOW_THREADS
-        attnc_dropout(dt, PyArray_DATA((PyArrayObject *)result), PyArray_DATA(x), PyArray_SIZE(x), p, seed);
-        Py_END_ALLOW_THREADS
-    }
-    Py_DECREF(x);
-    return result;
-}
-
-/* ======================================================================== */
-/* scaled_dot_product_attention                                             */
-
+/* out, or (out, weights) when weights were asked for; steals both. */
 static PyObject *pack_result(PyObject *out, PyObject *weights)
 {
     if (!out) {
@@ -394,213 +475,508 @@ static PyObject *pack_result(PyObject *out, PyObject *weights)
     return pair;
 }
 
+/* ======================================================================== */
+/* linear(x, weight, bias=None, *, dtype=None) -> x @ weight.T + bias        */
 
-static PyObject *py_sdpa(PyObject *self, PyObject *args)
+static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *q_obj, *k_obj, *v_obj, *mask_obj, *out = NULL, *weights = NULL;
-    double dropout_p, scale;
-    int is_causal, want_weights;
-    unsigned long long seed;
-    attnc_dtype dt;
-    if (!PyArg_ParseTuple(args, "OOOOdpdKpO&:scaled_dot_product_attention", &q_obj, &k_obj, &v_obj,
-                          &mask_obj, &dropout_p, &is_causal, &scale, &seed, &want_weights, dtype_converter, &dt))
+    static char *kwlist[] = {"x", "weight", "bias", "dtype", NULL};
+    PyObject *x_obj, *w_obj, *b_obj = Py_None, *dtype_obj = NULL, *result = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O$O:linear", kwlist, &x_obj, &w_obj, &b_obj, &dtype_obj))
         return NULL;
-    if (!check_dropout_p(dropout_p, "dropout_p")) return NULL;
-    if (!isfinite(scale)) return PyErr_Format(PyExc_ValueError, "scale: expected a finite number");
+    PyArrayObject *x = NULL, *w = NULL, *b = NULL;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt)) return NULL;
+    if (!(x = real_array(x_obj, "x")) || !(w = real_array(w_obj, "weight"))) goto done;
+    if (b_obj != Py_None && !(b = real_array(b_obj, "bias"))) goto done;
+    if (!dtype_given) dt = result_dtype((PyArrayObject *[]){x, w, b}, 3);
+    if (!check_min_ndim(x, "x", 1, "(..., in_features)")) goto done;
+    if (PyArray_NDIM(w) != 2) {
+        PyObject *got = shape_tuple(PyArray_NDIM(w), PyArray_DIMS(w));
+        if (got)
+            PyErr_Format(PyExc_ValueError, "weight: expected 2 dimensions (out_features, in_features), got shape %R",
+                         got);
+        Py_XDECREF(got);
+        goto done;
+    }
+    npy_intp n_out = PyArray_DIM(w, 0), n_in = PyArray_DIM(w, 1);
+    if (!check_dim(x, "x", -1, n_in, "last dimension (in_features)")) goto done;
+    if (b && (PyArray_NDIM(b) != 1 || PyArray_DIM(b, 0) != n_out)) {
+        shape_error("bias", 1, &n_out, b);
+        goto done;
+    }
+    if (!convert_in_place(&x, dt, 1) || !convert_in_place(&w, dt, 0) || (b && !convert_in_place(&b, dt, 1)))
+        goto done;
+    int nd = PyArray_NDIM(x);
+    npy_intp shape[NPY_MAXDIMS];
+    for (int d = 0; d < nd - 1; d++) shape[d] = PyArray_DIM(x, d);
+    shape[nd - 1] = n_out;
+    idx_t rows;
+    if (!count_items(nd - 1, shape, &rows, "x") || !(result = new_array(nd, shape, dt))) goto done;
+    if (PyArray_SIZE((PyArrayObject *)result) == 0) goto done;
+    attnc_gemm_args g = {
+        .M = rows, .N = n_out, .K = n_in,
+        .a = PyArray_DATA(x), .a_rs = n_in, .a_cs = 1,
+        .b = PyArray_DATA(w), .b_rs = elem_stride(w, 0), .b_cs = elem_stride(w, 1),
+        .bias = b ? PyArray_DATA(b) : NULL,
+        .c = PyArray_DATA((PyArrayObject *)result), .c_rs = n_out,
+    };
+    attnc_status status;
+    RUN_KERNEL(status, attnc_kernels_for(dt)->gemm(&g));
+    if (!kernel_ok(status, "linear")) Py_CLEAR(result);
+done:
+    Py_XDECREF(x);
+    Py_XDECREF(w);
+    Py_XDECREF(b);
+    return result;
+}
 
+/* ======================================================================== */
+/* softmax(x, axis=-1, *, dtype=None)                                        */
+
+static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"x", "axis", "dtype", NULL};
+    PyObject *x_obj, *axis_obj = NULL, *dtype_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:softmax", kwlist, &x_obj, &axis_obj, &dtype_obj))
+        return NULL;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given, overflow = 0;
+    long axis = -1;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt)) return NULL;
+    if (axis_obj && !as_long(axis_obj, "axis", &axis, &overflow)) return NULL;
+    PyArrayObject *x = real_array(x_obj, "x");
+    if (!x) return NULL;
+    if (!dtype_given) dt = result_dtype(&x, 1);
+    int nd = PyArray_NDIM(x);
+    int span = nd > 0 ? nd : 1; /* a 0-d array is one row of one element */
+    if (overflow || axis < -span || axis >= span) {
+        PyErr_Format(PyExc_ValueError, "axis: %R is out of range for an array of %d dimensions", axis_obj, nd);
+        Py_DECREF(x);
+        return NULL;
+    }
+    if (axis < 0) axis += span;
+    PyObject *result = NULL;
+    if (!convert_in_place(&x, dt, 1) || !(result = new_array(nd, PyArray_DIMS(x), dt))) goto done;
+    if (PyArray_SIZE(x) == 0) goto done;
+    idx_t outer = 1, n = nd > 0 ? PyArray_DIM(x, axis) : 1, inner = 1; /* products of a real array's dims */
+    for (int d = 0; d < axis; d++) outer *= PyArray_DIM(x, d);
+    for (int d = axis + 1; d < nd; d++) inner *= PyArray_DIM(x, d);
+    attnc_status status;
+    RUN_KERNEL(status, attnc_kernels_for(dt)->softmax(PyArray_DATA((PyArrayObject *)result), PyArray_DATA(x), outer,
+                                                      n, inner));
+    if (!kernel_ok(status, "softmax")) Py_CLEAR(result);
+done:
+    Py_XDECREF(x);
+    return result;
+}
+
+/* ======================================================================== */
+/* dropout(x, p=0.5, *, training=True, rng=None, dtype=None)                 */
+
+static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"x", "p", "training", "rng", "dtype", NULL};
+    PyObject *x_obj, *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL;
+    int training = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$pOO:dropout", kwlist, &x_obj, &p_obj, &training, &rng,
+                                     &dtype_obj))
+        return NULL;
+    double p = 0.5;
+    uint64_t seed = 0;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "p", &p)) || !check_rng(rng))
+        return NULL;
+    if (!training) p = 0.0; /* a fresh copy */
+    PyArrayObject *x = real_array(x_obj, "x");
+    if (!x) return NULL;
+    if (!dtype_given) dt = result_dtype(&x, 1);
+    PyObject *result = NULL;
+    if (!convert_in_place(&x, dt, 1) || !(result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt))) goto done;
+    if (p > 0 && !draw_seed(rng, &seed)) {
+        Py_CLEAR(result);
+        goto done;
+    }
+    if (PyArray_SIZE(x) == 0) goto done;
+    attnc_status status;
+    RUN_KERNEL(status, attnc_kernels_for(dt)->dropout(PyArray_DATA((PyArrayObject *)result), PyArray_DATA(x),
+                                                      PyArray_SIZE(x), p, seed));
+    if (!kernel_ok(status, "dropout")) Py_CLEAR(result);
+done:
+    Py_XDECREF(x);
+    return result;
+}
+
+/* ======================================================================== */
+/* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
+/*     dropout_p=0.0, is_causal=False, scale=None, *, rng=None,              */
+/*     return_weights=False, dtype=None)                                     */
+
+static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                             "rng", "return_weights", "dtype", NULL};
+    PyObject *objs[3], *mask_obj = Py_None, *p_obj = NULL, *scale_obj = Py_None, *rng = Py_None, *dtype_obj = NULL;
+    int is_causal = 0, want_weights = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OpO:scaled_dot_product_attention", kwlist, &objs[0],
+                                     &objs[1], &objs[2], &mask_obj, &p_obj, &is_causal, &scale_obj, &rng,
+                                     &want_weights, &dtype_obj))
+        return NULL;
+    double dropout_p = 0.0, scale = 0.0;
+    uint64_t seed = 0;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)) ||
+        !check_rng(rng) || (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)))
+        return NULL;
+
+    static const char *names[3] = {"query", "key", "value"};
+    static const char *layouts[3] = {"(..., L, E)", "(..., S, E)", "(..., S, Ev)"};
     PyArrayObject *arr[3] = {NULL, NULL, NULL};
-    const char *names[3] = {"query", "key", "value"};
-    const char *layouts[3] = {"(..., L, E)", "(..., S, E)", "(..., S, Ev)"};
-    PyObject *objs[3] = {q_obj, k_obj, v_obj};
-    idx_t *offsets[4] = {NULL, NULL, NULL, NULL}; /* q, k, v, out */
-    mask_view mask = {NULL, NULL, 0, 0};
+    PyObject *out = NULL, *weights = NULL;
+    mask_view mask = {NULL};
     for (int i = 0; i < 3; i++)
-        if (!(arr[i] = as_row_major(objs[i], names[i], dt)) || !check_min_ndim(arr[i], names[i], 2, layouts[i]))
-            goto done;
+        if (!(arr[i] = real_array(objs[i], names[i]))) goto done;
+    if (!dtype_given) dt = result_dtype(arr, 3);
+    for (int i = 0; i < 3; i++)
+        if (!check_min_ndim(arr[i], names[i], 2, layouts[i])) goto done;
     npy_intp L = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 2), E = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 1);
     npy_intp S = PyArray_DIM(arr[1], PyArray_NDIM(arr[1]) - 2);
     npy_intp Ev = PyArray_DIM(arr[2], PyArray_NDIM(arr[2]) - 1);
     if (!check_dim(arr[1], "key", -1, E, "last dimension (E, as query)") ||
         !check_dim(arr[2], "value", -2, S, "sequence dimension (S, as key)"))
         goto done;
-    int nb;
-    npy_intp shape[NPY_MAXDIMS + 2];
+    attnc_attention_args a = {
+        .L = L, .S = S, .E = E, .Ev = Ev, .is_causal = is_causal,
+        .scale = scale_obj != Py_None ? scale : E > 0 ? 1.0 / sqrt((double)E) : 1.0,
+    };
     idx_t n_items;
-    if (!broadcast_batch(arr, names, 3, 2, &nb, shape) || !count_items(nb, shape, &n_items, "query"))
+    if (!broadcast_batch(arr, names, 3, 2, &a.batch) || !count_items(a.batch.ndim, a.batch.shape, &n_items, "query"))
         goto done;
     for (int i = 0; i < 3; i++)
-        if (!(offsets[i] = batch_offsets(arr[i], 2, nb, shape, n_items))) goto done;
-    if (!(offsets[3] = PyMem_Malloc(sizeof(idx_t) * (size_t)(n_items > 0 ? n_items : 1)))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    idx_t out_matrix;
-    if (!attnc_mul_ok(L, Ev, &out_matrix)) {
-        PyErr_SetString(PyExc_MemoryError, "scaled_dot_product_attention: the output is too large");
-        goto done;
-    }
-    for (idx_t b = 0; b < n_items; b++) offsets[3][b] = b * out_matrix;
-
+        if (!row_major_in_place(&arr[i], dt)) goto done;
+    int nb = a.batch.ndim;
+    npy_intp shape[NPY_MAXDIMS];
+    for (int d = 0; d < nb; d++) shape[d] = a.batch.shape[d];
     shape[nb] = L;
     shape[nb + 1] = S;
-    if (!mask_prepare(mask_obj, "attn_mask", nb + 2, shape, n_items, &mask)) goto done;
+    if (!mask_prepare(mask_obj, "attn_mask", nb + 2, shape, &mask)) goto done;
     if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
     shape[nb + 1] = Ev;
     if (!(out = new_array(nb + 2, shape, dt))) goto done;
+    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
+    if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0))
+        goto done;
 
-    attnc_attention_args a = {
-        .dtype = dt, .n_items = n_items, .L = L, .S = S, .E = E, .Ev = Ev,
-        .q = PyArray_DATA(arr[0]), .q_off = offsets[0], .q_rs = elem_stride(arr[0], PyArray_NDIM(arr[0]) - 2),
-        .k = PyArray_DATA(arr[1]), .k_off = offsets[1], .k_rs = elem_stride(arr[1], PyArray_NDIM(arr[1]) - 2),
-        .v = PyArray_DATA(arr[2]), .v_off = offsets[2], .v_rs = elem_stride(arr[2], PyArray_NDIM(arr[2]) - 2),
-        .mask = mask.keep ? PyArray_DATA(mask.keep) : NULL, .mask_off = mask.offsets,
-        .mask_rs = mask.row_stride, .mask_cs = mask.col_stride,
-        .is_causal = is_causal, .scale = scale, .dropout_p = dropout_p, .seed = seed,
-        .out = PyArray_DATA((PyArrayObject *)out), .out_off = offsets[3], .out_rs = Ev,
-        .weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL,
-    };
-    attnc_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = attnc_attention(&a);
-    Py_END_ALLOW_THREADS
-    if (status != ATTNC_OK) {
-        Py_CLEAR(out);
-        Py_CLEAR(weights);
-        status_error(status, "scaled_dot_product_attention");
+    attnc_matrices *operands[3] = {&a.q, &a.k, &a.v};
+    for (int i = 0; i < 3; i++) {
+        operands[i]->data = PyArray_DATA(arr[i]);
+        operands[i]->row_stride = elem_stride(arr[i], PyArray_NDIM(arr[i]) - 2);
+        batch_strides(arr[i], 2, nb, operands[i]->batch_strides);
     }
+    if (mask.keep) {
+        a.mask = PyArray_DATA(mask.keep);
+        for (int d = 0; d < nb; d++) a.mask_batch_strides[d] = mask.strides[d];
+        a.mask_rs = mask.strides[nb];
+        a.mask_cs = mask.strides[nb + 1];
+    }
+    a.dropout_p = dropout_p;
+    a.seed = seed;
+    a.out.data = PyArray_DATA((PyArrayObject *)out);
+    a.out.row_stride = Ev;
+    contiguous_batch_strides(&a.batch, L * Ev, a.out.batch_strides);
+    a.weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL;
+    attnc_status status;
+    RUN_KERNEL(status, attnc_kernels_for(dt)->attention(&a));
+    kernel_ok(status, "scaled_dot_product_attention");
 done:
     if (PyErr_Occurred()) {
         Py_CLEAR(out);
         Py_CLEAR(weights);
     }
     for (int i = 0; i < 3; i++) Py_XDECREF(arr[i]);
-    for (int i = 0; i < 4; i++) PyMem_Free(offsets[i]);
-    mask_release(&mask);
+    Py_XDECREF(mask.keep);
     return pack_result(out, weights);
 }
 
 /* ======================================================================== */
-/* self_attention: a whole module forward                                   */
+/* self_attention(x, params, spec, attention_mask=None, *, dtype,           */
+/*     dropout_p=0.0, training=False, rng=None, return_weights=False,        */
+/*     scale=None)                                                           */
+/*                                                                          */
+/* A whole module forward. spec, built once at the module's construction   */
+/* (attnc/attention.py), describes the module:                              */
+/*   (names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads,       */
+/*    heads_axis, fused)                                                    */
+/* names: the state_dict keys of params, in order: the Q, K, V weight and   */
+/* bias (fused: the one (3 * qk_dim, in_dim) weight and bias), then the     */
+/* output projection's weight and bias when out_dim >= 0.                   */
 
-/* A parameter array of the module: exactly dtype dt, C-contiguous, shape
- * (rows, cols) or (rows,) for a bias (cols < 0). None allowed if optional. */
-static int get_param(PyObject *obj, const char *name, attnc_dtype dt, npy_intp rows, npy_intp cols,
-                     int optional, const void **data)
+typedef struct {
+    PyObject *names, *dropout_name;
+    Py_ssize_t in_dim, qk_dim, v_dim, out_dim, n_heads;
+    int heads_axis, fused;
+    Py_ssize_t n_params;
+} module_spec;
+
+static int parse_spec(PyObject *obj, module_spec *s)
 {
-    *data = NULL;
-    if (obj == Py_None && optional) return 1;
-    int type = dt == ATTNC_F32 ? NPY_FLOAT : NPY_DOUBLE;
-    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type ||
-        !PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_TypeError, "%s: expected an aligned C-contiguous %s array", name,
-                     dt == ATTNC_F32 ? "float32" : "float64");
+    if (!PyArg_ParseTuple(obj, "O!U(nnnn)npp:self_attention spec", &PyTuple_Type, &s->names, &s->dropout_name,
+                          &s->in_dim, &s->qk_dim, &s->v_dim, &s->out_dim, &s->n_heads, &s->heads_axis, &s->fused))
         return 0;
-    }
-    PyArrayObject *arr = (PyArrayObject *)obj;
+    s->n_params = (s->fused ? 2 : 6) + (s->out_dim >= 0 ? 2 : 0);
+    if (PyTuple_GET_SIZE(s->names) == s->n_params && s->in_dim > 0 && s->n_heads > 0 && s->qk_dim % s->n_heads == 0 &&
+        s->v_dim % s->n_heads == 0 && s->qk_dim > 0 && s->v_dim > 0 && (!s->fused || s->qk_dim == s->v_dim))
+        return 1;
+    PyErr_Format(PyExc_ValueError, "spec: inconsistent module description %R", obj);
+    return 0;
+}
+
+/* A module parameter as an array of dt with shape (rows, cols), or (rows,)
+ * for a bias (cols < 0; None allowed: no bias). An array that already fits
+ * (C-contiguous, aligned, native dt) is used in place, any other is
+ * converted, so a parameter of any layout works. *arr: a new reference,
+ * NULL for None. Errors name the parameter by its state_dict key. */
+static int module_param(PyObject *obj, PyObject *name, attnc_dtype dt, npy_intp rows, npy_intp cols,
+                        PyArrayObject **arr)
+{
     int nd = cols < 0 ? 1 : 2;
-    if (PyArray_NDIM(arr) != nd || PyArray_DIM(arr, 0) != rows || (nd == 2 && PyArray_DIM(arr, 1) != cols)) {
-        PyErr_Format(PyExc_ValueError, "%s: unexpected shape", name);
+    npy_intp expected[2] = {rows, cols};
+    *arr = NULL;
+    if (obj == Py_None && nd == 1) return 1;
+    const char *cname = PyUnicode_AsUTF8(name);
+    if (!cname) return 0;
+    if (obj == Py_None) {
+        PyObject *want = shape_tuple(nd, expected);
+        if (want) PyErr_Format(PyExc_TypeError, "%s: expected an array of shape %R, got None", cname, want);
+        Py_XDECREF(want);
         return 0;
     }
-    *data = PyArray_DATA(arr);
+    if (PyArray_Check(obj) && PyArray_TYPE((PyArrayObject *)obj) == npy_type(dt) &&
+        PyArray_ISCARRAY_RO((PyArrayObject *)obj) && PyArray_ISNOTSWAPPED((PyArrayObject *)obj)) {
+        Py_INCREF(obj); /* held for the call: another thread may rebind the attribute */
+        *arr = (PyArrayObject *)obj;
+    } else if (!(*arr = real_input(obj, cname, dt, 1))) {
+        return 0;
+    }
+    if (PyArray_NDIM(*arr) == nd && PyArray_DIM(*arr, 0) == rows && (nd == 1 || PyArray_DIM(*arr, 1) == cols))
+        return 1;
+    shape_error(cname, nd, expected, *arr);
+    Py_CLEAR(*arr);
+    return 0;
+}
+
+#define MAX_PARAMS 8 /* Q, K, V and output projections, weight and bias each */
+
+/* The expected shapes of one projection's weight (out, in) and bias (out,)
+ * appended to rows/cols at *n (cols < 0 marks a bias). */
+static void expect_projection(npy_intp *rows, npy_intp *cols, int *n, npy_intp out_features, npy_intp in_features)
+{
+    rows[*n] = rows[*n + 1] = out_features;
+    cols[*n] = in_features;
+    cols[*n + 1] = -1;
+    *n += 2;
+}
+
+/* Checks (and converts, see module_param) every parameter against the
+ * shapes spec gives, holding each in held[], and points s at them: the Q,
+ * K and V weights (D, C) and biases (D), or the row blocks of the fused
+ * (3 D, C) projection; the output projection (out_dim, Dv) if any. */
+static int module_params(PyObject *params, const module_spec *spec, attnc_dtype dt, PyArrayObject **held,
+                         attnc_self_attention_args *s)
+{
+    npy_intp qk = spec->qk_dim, v = spec->v_dim, C = spec->in_dim;
+    npy_intp rows[MAX_PARAMS], cols[MAX_PARAMS];
+    int n = 0;
+    if (spec->fused) {
+        expect_projection(rows, cols, &n, 3 * qk, C);
+    } else {
+        expect_projection(rows, cols, &n, qk, C);
+        expect_projection(rows, cols, &n, qk, C);
+        expect_projection(rows, cols, &n, v, C);
+    }
+    int first_out = n;
+    if (spec->out_dim >= 0) expect_projection(rows, cols, &n, spec->out_dim, v);
+    for (int i = 0; i < n; i++)
+        if (!module_param(PyTuple_GET_ITEM(params, i), PyTuple_GET_ITEM(spec->names, i), dt, rows[i], cols[i],
+                          &held[i]))
+            return 0;
+    size_t item = dt == ATTNC_F32 ? sizeof(float) : sizeof(double);
+    for (int p = 0; p < 3; p++) {
+        if (spec->fused) { /* row block p of the fused weight and bias */
+            s->w[p] = (const char *)PyArray_DATA(held[0]) + (size_t)(p * qk * C) * item;
+            s->bias[p] = held[1] ? (const char *)PyArray_DATA(held[1]) + (size_t)(p * qk) * item : NULL;
+        } else {
+            s->w[p] = PyArray_DATA(held[2 * p]);
+            s->bias[p] = held[2 * p + 1] ? PyArray_DATA(held[2 * p + 1]) : NULL;
+        }
+        s->dim[p] = p == ATTNC_V ? v : qk;
+    }
+    if (first_out < n) {
+        s->w_out = PyArray_DATA(held[first_out]);
+        s->bias_out = held[first_out + 1] ? PyArray_DATA(held[first_out + 1]) : NULL;
+    }
     return 1;
 }
 
-static PyObject *py_self_attention(PyObject *self, PyObject *args)
+static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *x_obj, *w_obj[3], *b_obj[3], *wo_obj, *bo_obj, *mask_obj, *out = NULL, *weights = NULL;
-    Py_ssize_t n_heads;
-    int heads_axis, want_weights;
-    double scale, dropout_p;
-    unsigned long long seed;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOnpdOdKp:self_attention", &x_obj, &w_obj[0], &b_obj[0], &w_obj[1],
-                          &b_obj[1], &w_obj[2], &b_obj[2], &wo_obj, &bo_obj, &n_heads, &heads_axis, &scale,
-                          &mask_obj, &dropout_p, &seed, &want_weights))
+    static char *kwlist[] = {"x", "params", "spec", "attention_mask", "dtype", "dropout_p", "training", "rng",
+                             "return_weights", "scale", NULL};
+    PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
+             *scale_obj = Py_None;
+    int training = 0, want_weights = 0, dtype_given;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|O$OOpOpO:self_attention", kwlist, &x_obj, &PyTuple_Type,
+                                     &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
+                                     &rng, &want_weights, &scale_obj))
         return NULL;
-    if (!PyArray_Check(w_obj[0]))
-        return PyErr_Format(PyExc_TypeError, "query weight: expected a float32 or float64 array");
-    attnc_dtype dt;
-    if (!dtype_code(PyArray_DESCR((PyArrayObject *)w_obj[0]), &dt)) return NULL;
-    if (!check_dropout_p(dropout_p, "dropout")) return NULL;
-    if (!isfinite(scale)) return PyErr_Format(PyExc_ValueError, "scale: expected a finite number");
-    if (n_heads < 1) return PyErr_Format(PyExc_ValueError, "n_heads: expected at least 1, got %zd", n_heads);
-
-    attnc_self_attention_args s = {.dtype = dt, .H = n_heads, .scale = scale, .dropout_p = dropout_p, .seed = seed};
-    static const char *w_names[3] = {"query weight", "key weight", "value weight"};
-    static const char *b_names[3] = {"query bias", "key bias", "value bias"};
-    idx_t C = PyArray_Check(w_obj[0]) && PyArray_NDIM((PyArrayObject *)w_obj[0]) == 2
-                  ? PyArray_DIM((PyArrayObject *)w_obj[0], 1) : 0;
-    for (int p = 0; p < 3; p++) {
-        s.dim[p] = PyArray_Check(w_obj[p]) && PyArray_NDIM((PyArrayObject *)w_obj[p]) >= 1
-                       ? PyArray_DIM((PyArrayObject *)w_obj[p], 0) : 0;
-        if (!get_param(w_obj[p], w_names[p], dt, s.dim[p], C, 0, &s.w[p]) ||
-            !get_param(b_obj[p], b_names[p], dt, s.dim[p], -1, 1, &s.bias[p]))
-            return NULL;
+    module_spec spec;
+    attnc_dtype dt = ATTNC_F32;
+    if (!parse_spec(spec_obj, &spec) || !dtype_argument(dtype_obj, &dtype_given, &dt)) return NULL;
+    if (!dtype_given) return PyErr_Format(PyExc_TypeError, "dtype: expected the module's dtype, got None");
+    if (PyTuple_GET_SIZE(params) != spec.n_params)
+        return PyErr_Format(PyExc_TypeError, "params: expected a tuple of %zd parameters, got %zd", spec.n_params,
+                            PyTuple_GET_SIZE(params));
+    double dropout_p = 0.0, scale = 0.0;
+    uint64_t seed = 0;
+    if (p_obj) {
+        const char *p_name = PyUnicode_AsUTF8(spec.dropout_name);
+        if (!p_name || !probability(p_obj, p_name, &dropout_p)) return NULL;
     }
-    if (s.dim[0] != s.dim[1] || s.dim[0] % n_heads || s.dim[2] % n_heads)
-        return PyErr_Format(PyExc_ValueError, "n_heads: %zd heads do not split query/key size %zd and value size %zd",
-                            n_heads, (Py_ssize_t)s.dim[1], (Py_ssize_t)s.dim[2]);
-    if (wo_obj != Py_None) {
-        s.n_out = PyArray_Check(wo_obj) ? PyArray_DIM((PyArrayObject *)wo_obj, 0) : 0;
-        if (!get_param(wo_obj, "output weight", dt, s.n_out, s.dim[2], 0, &s.w_out) ||
-            !get_param(bo_obj, "output bias", dt, s.n_out, -1, 1, &s.bias_out))
-            return NULL;
-    }
+    if (!training) dropout_p = 0.0;
+    if (!check_rng(rng) || (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale))) return NULL;
 
-    mask_view mask = {NULL, NULL, 0, 0};
-    PyArrayObject *x = as_real_array(x_obj, "x", dt, 1);
-    if (!x || !check_min_ndim(x, "x", 2, "(..., seq, dim)") || !check_dim(x, "x", -1, C, "last dimension"))
+    PyArrayObject *held[MAX_PARAMS] = {NULL}; /* by position in params */
+    PyArrayObject *x = NULL;
+    PyObject *out = NULL, *weights = NULL;
+    mask_view mask = {NULL};
+    attnc_self_attention_args s = {.dtype = dt, .C = spec.in_dim, .n_out = spec.out_dim >= 0 ? spec.out_dim : 0};
+    npy_intp qk = spec.qk_dim, v = spec.v_dim, C = spec.in_dim;
+    if (!module_params(params, &spec, dt, held, &s)) goto done;
+    idx_t head_size = qk / spec.n_heads;
+    s.scale = scale_obj != Py_None ? scale : 1.0 / sqrt((double)head_size);
+
+    /* x (..., T, C): the batch is (leading dims of x..., heads) */
+    if (!(x = real_input(x_obj, "x", dt, 1)) || !check_min_ndim(x, "x", 2, "(..., seq, dim)") ||
+        !check_dim(x, "x", -1, C, "last dimension"))
         goto done;
     int nb = PyArray_NDIM(x) - 2;
-    npy_intp shape[NPY_MAXDIMS + 1];
-    for (int d = 0; d < nb; d++) shape[d] = PyArray_DIM(x, d);
-    s.C = C;
-    s.T = PyArray_DIM(x, nb);
-    s.x = PyArray_DATA(x);
-    idx_t n_items;
-    if (!count_items(nb, shape, &s.B, "x") || !attnc_mul_ok(s.B, s.H, &n_items)) {
-        PyErr_SetString(PyExc_MemoryError, "x: the batch is too large");
+    int ns = nb + (spec.heads_axis ? 1 : 0) + 2; /* scores: batch..., [heads,] T, T */
+    if (want_weights && ns > NPY_MAXDIMS) {
+        PyErr_Format(PyExc_ValueError, "x: %d dimensions are too many for the attention weights (%d dimensions "
+                     "(..., heads, seq, seq); NumPy allows %d)", PyArray_NDIM(x), ns, NPY_MAXDIMS);
         goto done;
     }
-    int ns = nb; /* scores: batch..., [heads,] seq, seq */
-    if (heads_axis) shape[ns++] = n_heads;
-    shape[ns] = s.T;
-    shape[ns + 1] = s.T;
-    if (!mask_prepare(mask_obj, "attention_mask", ns + 2, shape, n_items, &mask)) goto done;
-    s.mask = mask.keep ? PyArray_DATA(mask.keep) : NULL;
-    s.mask_off = mask.offsets;
-    s.mask_rs = mask.row_stride;
-    s.mask_cs = mask.col_stride;
-    if (want_weights && !(weights = new_array(ns + 2, shape, dt))) goto done;
-    shape[nb + 1] = s.w_out ? s.n_out : s.dim[2];
+    s.T = PyArray_DIM(x, nb);
+    s.x = PyArray_DATA(x);
+    s.batch.ndim = nb + 1;
+    for (int d = 0; d < nb; d++) s.batch.shape[d] = PyArray_DIM(x, d);
+    s.batch.shape[nb] = spec.n_heads;
+    idx_t n_items;
+    if (!count_items(s.batch.ndim, s.batch.shape, &n_items, "x")) goto done;
+    npy_intp shape[MAX_SCORES_DIMS];
+    for (int d = 0; d < nb; d++) shape[d] = PyArray_DIM(x, d);
+    if (spec.heads_axis) shape[nb] = spec.n_heads;
+    shape[ns - 2] = shape[ns - 1] = s.T;
+    if (!mask_prepare(mask_obj, "attention_mask", ns, shape, &mask)) goto done;
+    if (want_weights && !(weights = new_array(ns, shape, dt))) goto done;
     shape[nb] = s.T;
+    shape[nb + 1] = spec.out_dim >= 0 ? spec.out_dim : v;
     if (!(out = new_array(nb + 2, shape, dt))) goto done;
+    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
+    if (PyArray_SIZE((PyArrayObject *)out) == 0) goto done; /* then the weights are empty too */
+
+    if (mask.keep) {
+        s.mask = PyArray_DATA(mask.keep);
+        for (int d = 0; d < nb; d++) s.mask_batch_strides[d] = mask.strides[d];
+        s.mask_batch_strides[nb] = spec.heads_axis ? mask.strides[nb] : 0;
+        s.mask_rs = mask.strides[ns - 2];
+        s.mask_cs = mask.strides[ns - 1];
+    }
+    s.dropout_p = dropout_p;
+    s.seed = seed;
     s.out = PyArray_DATA((PyArrayObject *)out);
     s.weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL;
-
     attnc_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = attnc_self_attention(&s);
-    Py_END_ALLOW_THREADS
-    if (status != ATTNC_OK) status_error(status, "attention");
+    RUN_KERNEL(status, attnc_self_attention(&s));
+    kernel_ok(status, "self_attention");
 done:
     if (PyErr_Occurred()) {
         Py_CLEAR(out);
         Py_CLEAR(weights);
     }
+    for (int i = 0; i < MAX_PARAMS; i++) Py_XDECREF(held[i]);
     Py_XDECREF(x);
-    mask_release(&mask);
+    Py_XDECREF(mask.keep);
     return pack_result(out, weights);
 }
 
 /* ======================================================================== */
-/* threads and kernel selection                                             */
+/* checks the modules' constructors share with the calls above              */
 
-static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
+/* probability(p, name) -> float: p as a dropout probability, else
+ * TypeError / ValueError naming `name` (the constructors' check). */
+static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 1 || n > 1024) return PyErr_Format(PyExc_ValueError, "n: expected 1 <= n <= 1024, got %ld", n);
+    static char *kwlist[] = {"p", "name", NULL};
+    PyObject *p_obj;
+    const char *name = "p";
+    double p;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|s:probability", kwlist, &p_obj, &name)) return NULL;
+    if (!probability(p_obj, name, &p)) return NULL;
+    return PyFloat_FromDouble(p);
+}
+
+/* check_rng(rng) -> rng: a numpy.random.Generator or None, else TypeError. */
+static PyObject *py_check_rng(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"rng", NULL};
+    PyObject *rng;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:check_rng", kwlist, &rng) || !check_rng(rng)) return NULL;
+    Py_INCREF(rng);
+    return rng;
+}
+
+/* as_parameter(value, *, name, dtype) -> an aligned, writable,
+ * C-contiguous base-class ndarray of dtype: value itself when it already
+ * is one, else a converted copy. TypeError naming `name` for non-real data. */
+static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"value", "name", "dtype", NULL};
+    PyObject *value, *dtype_obj;
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$sO:as_parameter", kwlist, &value, &name, &dtype_obj))
+        return NULL;
+    attnc_dtype dt;
+    int given;
+    if (!dtype_argument(dtype_obj, &given, &dt)) return NULL;
+    if (!given) return PyErr_Format(PyExc_TypeError, "dtype: expected float32 or float64, got None");
+    PyArrayObject *arr = real_array(value, name);
+    if (!arr) return NULL;
+    int flags = NPY_ARRAY_CARRAY | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST | NPY_ARRAY_ENSUREARRAY;
+    PyObject *param = PyArray_FromAny((PyObject *)arr, PyArray_DescrFromType(npy_type(dt)), 0, 0, flags, NULL);
+    Py_DECREF(arr);
+    if (!param) name_the_error(name);
+    return param;
+}
+
+/* ======================================================================== */
+/* threads, kernel levels, test hooks                                       */
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"n", NULL};
+    PyObject *n_obj;
+    long n;
+    int overflow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_num_threads", kwlist, &n_obj) ||
+        !as_long(n_obj, "n", &n, &overflow))
+        return NULL;
+    if (overflow > 0 || (!overflow && n > INT_MAX)) /* more than the pool could count */
+        return PyErr_Format(PyExc_ValueError, "n: expected at most %d threads, got %R", INT_MAX, n_obj);
+    if (overflow < 0 || n < 1) return PyErr_Format(PyExc_ValueError, "n: expected at least 1 thread, got %R", n_obj);
     attnc_set_num_threads((int)n);
     Py_RETURN_NONE;
 }
@@ -610,84 +986,109 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *unused)
     return PyLong_FromLong(attnc_get_num_threads());
 }
 
-static PyObject *py_set_simd(PyObject *self, PyObject *arg)
+static PyObject *py_simd_levels(PyObject *self, PyObject *unused)
 {
-    int enabled = PyObject_IsTrue(arg);
-    if (enabled < 0) return NULL;
-    attnc_set_simd(enabled);
-    Py_RETURN_NONE;
+    int n = attnc_n_levels();
+    PyObject *levels = PyTuple_New(n);
+    for (int i = 0; levels && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(attnc_level_name(i));
+        if (!name) Py_CLEAR(levels);
+        else PyTuple_SET_ITEM(levels, i, name);
+    }
+    return levels;
 }
 
-static PyObject *py_simd_active(PyObject *self, PyObject *unused) { return PyBool_FromLong(attnc_simd_active()); }
-
-/* The ISA levels' names, indexed by level (attnc.h). */
-static const char *const simd_level_names[] = {"portable", "avx2", "avx512"};
-#define N_SIMD_LEVELS ((int)(sizeof(simd_level_names) / sizeof(simd_level_names[0])))
-
-static PyObject *py_set_simd_level(PyObject *self, PyObject *arg)
+static PyObject *py_set_simd_level(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    if (!name && PyErr_Occurred()) return NULL;
-    for (int level = 0; name && level < N_SIMD_LEVELS; level++)
-        if (strcmp(name, simd_level_names[level]) == 0) {
-            attnc_set_simd_level(level);
-            Py_RETURN_NONE;
-        }
-    return PyErr_Format(PyExc_ValueError, "level: expected 'portable', 'avx2' or 'avx512', got %R", arg);
+    static char *kwlist[] = {"level", NULL};
+    PyObject *level;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_simd_level", kwlist, &level)) return NULL;
+    if (!PyUnicode_Check(level))
+        return PyErr_Format(PyExc_TypeError, "level: expected a str, got %s", Py_TYPE(level)->tp_name);
+    const char *name = PyUnicode_AsUTF8(level);
+    if (!name) return NULL;
+    if (attnc_set_level(name)) Py_RETURN_NONE;
+    PyObject *levels = py_simd_levels(self, NULL);
+    if (levels) PyErr_Format(PyExc_ValueError, "level: %R is not a level this CPU runs; it runs %R", level, levels);
+    Py_XDECREF(levels);
+    return NULL;
 }
 
 static PyObject *py_simd_level(PyObject *self, PyObject *unused)
 {
-    return PyUnicode_FromString(simd_level_names[attnc_simd_level()]);
+    return PyUnicode_FromString(attnc_active_level());
 }
 
-static PyObject *py_cpu_has_avx512(PyObject *self, PyObject *unused)
+static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    return PyBool_FromLong(attnc_cpu_has_avx512());
-}
-
-static PyObject *py_cpu_has_avx2_fma(PyObject *self, PyObject *unused)
-{
-    return PyBool_FromLong(attnc_cpu_has_avx2_fma());
-}
-
-static PyObject *py_fail_alloc_after(PyObject *self, PyObject *arg)
-{
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    static char *kwlist[] = {"n", NULL};
+    long n;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "l:fail_alloc_after", kwlist, &n)) return NULL;
     attnc_fail_alloc_after(n);
     Py_RETURN_NONE;
 }
 
+/* ======================================================================== */
+/* the module                                                               */
+
+#define KW (METH_VARARGS | METH_KEYWORDS)
+#define FN(f) ((PyCFunction)(void (*)(void))(f))
+
 static PyMethodDef methods[] = {
-    {"linear", py_linear, METH_VARARGS, "linear(x, weight, bias, dtype) -> x @ weight.T + bias"},
-    {"softmax", py_softmax, METH_VARARGS, "softmax(x, axis, dtype) -> stable softmax along axis"},
-    {"dropout", py_dropout, METH_VARARGS, "dropout(x, p, seed, dtype) -> x * keep / (1 - p)"},
-    {"scaled_dot_product_attention", py_sdpa, METH_VARARGS,
-     "scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, seed, return_weights, dtype)"},
-    {"self_attention", py_self_attention, METH_VARARGS,
-     "self_attention(x, wq, bq, wk, bk, wv, bv, wo, bo, n_heads, heads_axis, scale, mask, dropout_p, seed, "
-     "return_weights)"},
-    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n)"},
-    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
-    {"set_simd", py_set_simd, METH_O, "set_simd(enabled): False forces the portable kernels, True the best"},
-    {"simd_active", py_simd_active, METH_NOARGS, "simd_active() -> bool: AVX2 or AVX-512 kernels in use"},
-    {"set_simd_level", py_set_simd_level, METH_O,
-     "set_simd_level(level): use at most 'portable', 'avx2' or 'avx512' kernels"},
-    {"simd_level", py_simd_level, METH_NOARGS, "simd_level() -> str: the kernels in use ('portable', 'avx2', 'avx512')"},
-    {"cpu_has_avx2_fma", py_cpu_has_avx2_fma, METH_NOARGS, "cpu_has_avx2_fma() -> bool"},
-    {"cpu_has_avx512", py_cpu_has_avx512, METH_NOARGS, "cpu_has_avx512() -> bool: AVX-512 F, VL and DQ"},
-    {"fail_alloc_after", py_fail_alloc_after, METH_O,
-     "fail_alloc_after(n): testing hook; the (n+1)-th kernel allocation fails (n < 0: never)"},
+    {"linear", FN(py_linear), KW,
+     "linear($module, /, x, weight, bias=None, *, dtype=None)\n--\n\n"
+     "x @ weight.T + bias; dtype None: float64 if any floating input is, else float32."},
+    {"softmax", FN(py_softmax), KW,
+     "softmax($module, /, x, axis=-1, *, dtype=None)\n--\n\nStable softmax along axis."},
+    {"dropout", FN(py_dropout), KW,
+     "dropout($module, /, x, p=0.5, *, training=True, rng=None, dtype=None)\n--\n\n"
+     "x with each element zeroed with probability p and the rest scaled by 1/(1-p) (training), or a copy."},
+    {"scaled_dot_product_attention", FN(py_sdpa), KW,
+     "scaled_dot_product_attention($module, /, query, key, value, attn_mask=None, dropout_p=0.0, "
+     "is_causal=False, scale=None, *, rng=None, return_weights=False, dtype=None)\n--\n\n"
+     "attnc.functional.scaled_dot_product_attention; dtype None: the functional dtype rule."},
+    {"self_attention", FN(py_self_attention), KW,
+     "self_attention($module, /, x, params, spec, attention_mask=None, *, dtype, dropout_p=0.0, training=False, "
+     "rng=None, return_weights=False, scale=None)\n--\n\n"
+     "A whole module forward. params: the parameter arrays in the order of spec's names; spec: "
+     "(names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused), built at the "
+     "module's construction. scale None: 1/sqrt(qk_dim // n_heads)."},
+    {"probability", FN(py_probability), KW,
+     "probability($module, /, p, name='p')\n--\n\np as a float in [0, 1], else TypeError/ValueError naming name."},
+    {"check_rng", FN(py_check_rng), KW,
+     "check_rng($module, /, rng)\n--\n\nrng if it is a numpy.random.Generator or None, else TypeError."},
+    {"as_parameter", FN(py_as_parameter), KW,
+     "as_parameter($module, /, value, *, name, dtype)\n--\n\n"
+     "value as an aligned, writable, C-contiguous ndarray of dtype (value itself if it already is one)."},
+    {"set_num_threads", FN(py_set_num_threads), KW,
+     "set_num_threads($module, /, n)\n--\n\nThreads the kernels may use (n >= 1). Results never depend on it."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS,
+     "get_num_threads($module, /)\n--\n\nThe thread count set (default: the CPUs this process may run on)."},
+    {"simd_levels", py_simd_levels, METH_NOARGS,
+     "simd_levels($module, /)\n--\n\nThe kernel ISA levels this CPU can run, best last."},
+    {"set_simd_level", FN(py_set_simd_level), KW,
+     "set_simd_level($module, /, level)\n--\n\nUse the kernels of at most `level` (one of simd_levels())."},
+    {"simd_level", py_simd_level, METH_NOARGS, "simd_level($module, /)\n--\n\nThe kernel ISA level in use."},
+    {"fail_alloc_after", FN(py_fail_alloc_after), KW,
+     "fail_alloc_after($module, /, n)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails (n < 0: never)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, .m_name = "attnc._C", .m_doc = "attnc's C kernels", .m_size = -1, .m_methods = methods,
+    PyModuleDef_HEAD_INIT, .m_name = "attnc._C", .m_doc = "attnc's C kernels and their one validation layer",
+    .m_size = -1, .m_methods = methods,
 };
 
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
+    if (!generator_type) {
+        PyObject *random = PyImport_ImportModule("numpy.random");
+        if (!random) return NULL;
+        generator_type = PyObject_GetAttrString(random, "Generator");
+        Py_DECREF(random);
+        if (!generator_type) return NULL;
+    }
+    attnc_select_kernels();
     return PyModule_Create(&module);
 }

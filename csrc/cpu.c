@@ -1,48 +1,72 @@
-/* Run-time choice of kernels: the best ISA level the CPU has (AVX-512,
- * else AVX2+FMA, else portable C), capped by attnc_set_simd_level (tests
- * run every level this CPU has; a cap above the CPU's best is harmless). */
+/* The kernel table: one row per ISA level (each row is one translation
+ * unit's kernels, kernel_bundle.h), and the run-time choice among them:
+ * the best level the CPU has, chosen once at import; tests may cap it
+ * (attnc_set_level) to run every level this CPU has. */
 #include <stdatomic.h>
+#include <string.h>
 
 #include "attnc.h"
 
-static atomic_int level_cap = ATTNC_SIMD_AVX512;
+extern const attnc_kernels attnc_kernels_portable[ATTNC_N_DTYPES];
+#ifdef ATTNC_X86
+extern const attnc_kernels attnc_kernels_avx2[ATTNC_N_DTYPES];
+extern const attnc_kernels attnc_kernels_avx512[ATTNC_N_DTYPES];
+#endif
 
-int attnc_cpu_has_avx2_fma(void)
+/* 1 if this CPU (and OS) can run a level's kernels */
+static int always(void) { return 1; }
+#ifdef ATTNC_X86
+static int has_avx2_fma(void)
 {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+}
+/* AVX-512 F, VL and DQ: what kernels_avx512.c is compiled for */
+static int has_avx512(void)
+{
+    return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+}
 #endif
-}
 
-int attnc_cpu_has_avx512(void)
-{
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __builtin_cpu_init();
-    return attnc_cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-    return 0;
+/* The levels, each implying the ones before it. */
+static const struct {
+    const char *name;
+    int (*cpu_has)(void);
+    const attnc_kernels *kernels; /* by dtype */
+} levels[] = {
+    {"portable", always, attnc_kernels_portable},
+#ifdef ATTNC_X86
+    {"avx2", has_avx2_fma, attnc_kernels_avx2},
+    {"avx512", has_avx512, attnc_kernels_avx512},
 #endif
-}
+};
+#define N_LEVELS ((int)(sizeof levels / sizeof levels[0]))
 
-void attnc_set_simd_level(int max_level)
+static int n_runnable = 1;         /* levels [0, n_runnable) run on this CPU */
+static atomic_int active_level = 0;
+
+void attnc_select_kernels(void)
 {
-    if (max_level < ATTNC_SIMD_PORTABLE) max_level = ATTNC_SIMD_PORTABLE;
-    if (max_level > ATTNC_SIMD_AVX512) max_level = ATTNC_SIMD_AVX512;
-    atomic_store(&level_cap, max_level);
+    n_runnable = 1;
+    while (n_runnable < N_LEVELS && levels[n_runnable].cpu_has()) n_runnable++;
+    atomic_store(&active_level, n_runnable - 1);
 }
 
-void attnc_set_simd(int enabled) { attnc_set_simd_level(enabled ? ATTNC_SIMD_AVX512 : ATTNC_SIMD_PORTABLE); }
+const attnc_kernels *attnc_kernels_for(attnc_dtype dt) { return &levels[atomic_load(&active_level)].kernels[dt]; }
 
-int attnc_simd_level(void)
+int attnc_n_levels(void) { return n_runnable; }
+
+const char *attnc_level_name(int level) { return levels[level].name; }
+
+int attnc_set_level(const char *name)
 {
-    int cap = atomic_load(&level_cap);
-    if (cap >= ATTNC_SIMD_AVX512 && attnc_cpu_has_avx512()) return ATTNC_SIMD_AVX512;
-    if (cap >= ATTNC_SIMD_AVX2 && attnc_cpu_has_avx2_fma()) return ATTNC_SIMD_AVX2;
-    return ATTNC_SIMD_PORTABLE;
+    for (int level = 0; level < n_runnable; level++)
+        if (strcmp(name, levels[level].name) == 0) {
+            atomic_store(&active_level, level);
+            return 1;
+        }
+    return 0;
 }
 
-int attnc_simd_active(void) { return attnc_simd_level() != ATTNC_SIMD_PORTABLE; }
+const char *attnc_active_level(void) { return levels[atomic_load(&active_level)].name; }

@@ -1,15 +1,16 @@
 /* The float/double template machinery, in one place.
  *
  * A kernel body written once in NAME_impl.h uses `real` for the element type
- * and FN(name) for every function it defines; a .c file instantiates it with
+ * and FN(name) for every function it defines. kernel_bundle.h instantiates
+ * every body once per dtype:
  *
  *     #define ATTNC_REAL_F32
  *     #include "dtype.h"
- *     #include "NAME_impl.h"
+ *     ... the bodies ...
  *     #include "dtype_end.h"
  *
- * and again with ATTNC_REAL_F64. ISA-specific translation units also define
- * ATTNC_ISA (e.g. avx2) before including, which is appended to the names.
+ * and again with ATTNC_REAL_F64, in each ISA's translation unit, whose
+ * ATTNC_ISA (portable, avx2, avx512) is appended to the names too.
  */
 #if defined(ATTNC_REAL_F32)
 #  define real float
@@ -20,10 +21,8 @@
 #else
 #  error "define ATTNC_REAL_F32 or ATTNC_REAL_F64 before including dtype.h"
 #endif
-
 #ifndef ATTNC_ISA
-#  define ATTNC_ISA portable
-#  define ATTNC_ISA_DEFAULTED
+#  error "define ATTNC_ISA (the translation unit's ISA level) before including dtype.h"
 #endif
 
 #define ATTNC_CAT3_(a, b, c) a##_##b##_##c

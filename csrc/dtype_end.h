@@ -3,7 +3,3 @@
 #undef REAL_SUFFIX
 #undef ATTNC_REAL_F32
 #undef ATTNC_REAL_F64
-#ifdef ATTNC_ISA_DEFAULTED
-#  undef ATTNC_ISA
-#  undef ATTNC_ISA_DEFAULTED
-#endif

@@ -1,27 +1,30 @@
-/* The GEMM body (dtype template; see dtype.h): BLIS-style packing and
- * blocking around a register-blocked micro-kernel (gemm_kernels.h).
+/* The GEMM (dtype and ISA template; needs dtype.h and simd.h): a register-
+ * blocked micro-kernel, and BLIS-style packing and blocking around it.
+ *
+ *   C (M, N) = bias (N) + A (M, K) . B (N, K)^T
  *
  *   for each block of KC steps of K, in order:
  *     pass 1 (parallel): pack A into MR-row slivers and B into NR-row
  *                        slivers, zero-padded to whole slivers
  *     pass 2 (parallel): one task per block of C (MC rows, NC columns):
- *       for each B sliver (KC, NR) of the block, kept in L1:
+ *       for each B sliver (KC, NR) of the block:
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
  * The first K block starts the sums from the bias (or zeros) and stores
  * them: C is never cleared or re-read just to add the bias. Each element of
- * C adds up its K blocks in the same order whatever task or thread
- * computes it, so results never depend on the thread count.
+ * C adds up its K blocks in the same order whatever task, thread or tile
+ * computes it, and the small-problem loops (gemm_direct) repeat that order
+ * with the same fused multiply-add, so a row's bits never depend on M.
  */
+#ifndef ATTNC_GEMM_CONSTANTS
+#define ATTNC_GEMM_CONSTANTS
 /* KC: steps of K per packed block. Every K block reads and writes all of
  * C once more, and a C larger than the caches (a (4096, 2304) float C is
  * 36 MB) travels from memory each time: with KC = 256, a K of 768 took
  * three such passes and reached 0.88x NumPy's throughput on Zen 4; with
  * 768 it takes one and reaches 1.0x, for the AVX2 and AVX-512 kernels
- * alike. A B sliver (KC, NR) is then 48 KB (AVX2: NR = 16 floats or 8
- * doubles) or 96 KB (AVX-512: 32 floats or 16 doubles), more than L1: it
- * streams from L2, which keeps up with the kernel (measured on 4096 x 768
- * x 2304, 1 and 2 threads, on Zen 4 and Zen 5). */
+ * alike. A B sliver (KC, NR) then streams from L2, which keeps up with the
+ * kernel (measured on 4096 x 768 x 2304, 1 and 2 threads, Zen 4 and 5). */
 #define GEMM_KC 768
 /* The packed A block (MC, KC) of a task: 144 KB, so it stays in L2 while
  * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
@@ -34,8 +37,56 @@
 #define GEMM_NC 512
 /* Up to this many multiply-adds, packing costs more than it saves: C is
  * computed by direct loops with no workspace (e.g. the documents' tiny
- * examples, or a GEMM called per head inside another parallel task). */
+ * examples). */
 #define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
+
+static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
+/* ceil(x / y) without the overflow of (x + y - 1) / y */
+static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* the micro-kernel                                                          */
+
+/* c (MR, NR) = init (NR) + a (kc, MR)^T . b (kc, NR), or c += a^T . b when
+ * init is NULL (a constant NULL compiles the loads away). b is a packed
+ * sliver: NR contiguous elements per step, aligned to the vector size. a
+ * holds MR elements per step (only broadcast), steps a_step apart: MR for
+ * a packed sliver, or the row length of a matrix read in place. Per step,
+ * 2 vector loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
+static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_step,
+                                                                const real *b, real *c, idx_t c_rs,
+                                                                const real *init)
+{
+    vreal acc[GEMM_MR][2];
+    _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
+        acc[i][0] = init ? vloadu(init) : vzero();
+        acc[i][1] = init ? vloadu(init + VLANES) : vzero();
+        /* start loading C's row (it may straddle cache lines) while the K
+         * loop runs: waiting for it at the end cost a sixth of the time */
+        __builtin_prefetch(c + i * c_rs);
+        __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
+    }
+    for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
+        vreal b0 = vload(b), b1 = vload(b + VLANES);
+        _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
+            vreal ai = vset1(a[i]);
+            acc[i][0] = vfma(ai, b0, acc[i][0]);
+            acc[i][1] = vfma(ai, b1, acc[i][1]);
+        }
+    }
+    _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++, c += c_rs) {
+        if (!init) {
+            acc[i][0] = vadd(vloadu(c), acc[i][0]);
+            acc[i][1] = vadd(vloadu(c + VLANES), acc[i][1]);
+        }
+        vstoreu(c, acc[i][0]);
+        vstoreu(c + VLANES, acc[i][1]);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* packing                                                                   */
 
 /* A strided operand of the product: element (r, p) at data[r * rs + p * cs]. */
 typedef struct {
@@ -43,41 +94,25 @@ typedef struct {
     idx_t rs, cs;
 } FN(gemm_operand);
 
-/* A micro-kernel's two forms (gemm_kernels.h) and the tile (mr, nr) they compute. */
-typedef struct {
-    idx_t mr, nr;
-    void (*add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c, idx_t c_rs);
-    void (*store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c, idx_t c_rs,
-                  const real *init);
-} FN(gemm_tile_kernel);
-
 /* Everything the tasks share; p0, kc name the K block being added. */
 typedef struct {
-    FN(gemm_tile_kernel) kernel;
     idx_t M, N;
     FN(gemm_operand) a, b;   /* A (M, K), B (N, K) */
     const real *bias;        /* (N) or NULL */
     real *c;                 /* C (M, N), rows c_rs apart */
     idx_t c_rs;
     idx_t mc, nc, n_row_blocks, n_col_blocks;
-    real *packed_a, *packed_b; /* (M / mr, kc, mr), (N / nr, kc, nr), rounded up */
+    real *packed_a, *packed_b; /* (M / MR, kc, MR), (N / NR, kc, NR), rounded up */
     idx_t p0, kc;
 } FN(gemm_job);
 
 /* The init row of the first K block when there is no bias. */
-static const real FN(gemm_zeros)[GEMM_MAX_NR];
-
-static inline idx_t FN(gemm_min)(idx_t x, idx_t y) { return x < y ? x : y; }
-/* ceil(x / y) without the overflow of (x + y - 1) / y */
-static inline idx_t FN(gemm_ceil_div)(idx_t x, idx_t y) { return x / y + (x % y != 0); }
-
-/* ------------------------------------------------------------------------ */
-/* packing                                                                   */
+static const real FN(gemm_zeros)[64];
 
 /* dst (kc, width) <- x rows [r0, r0 + rows), steps [p0, p0 + kc); rows
  * past `rows` are zeros, so an edge tile computes like a full one. */
-static void FN(pack_sliver)(real *dst, FN(gemm_operand) x, idx_t r0, idx_t rows, idx_t width,
-                            idx_t p0, idx_t kc)
+static void FN(pack_sliver)(real *dst, FN(gemm_operand) x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
+                            idx_t kc)
 {
     const real *src = x.data + r0 * x.rs + p0 * x.cs;
     if (rows < width)
@@ -96,13 +131,13 @@ static void FN(pack_task)(void *ctx, idx_t t)
     FN(gemm_job) *job = ctx;
     int is_a = t < job->n_row_blocks;
     FN(gemm_operand) x = is_a ? job->a : job->b;
-    idx_t width = is_a ? job->kernel.mr : job->kernel.nr;
+    idx_t width = is_a ? GEMM_MR : GEMM_NR;
     idx_t block = is_a ? job->mc : job->nc;
     idx_t first = (is_a ? t : t - job->n_row_blocks) * block;
-    idx_t end = FN(gemm_min)(is_a ? job->M : job->N, first + block);
+    idx_t end = attnc_min(is_a ? job->M : job->N, first + block);
     real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->kc;
     for (idx_t r = first; r < end; r += width, dst += width * job->kc)
-        FN(pack_sliver)(dst, x, r, FN(gemm_min)(width, end - r), width, job->p0, job->kc);
+        FN(pack_sliver)(dst, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -113,22 +148,21 @@ static void FN(pack_task)(void *ctx, idx_t t)
  * computed in a buffer, so that only its valid elements are written. */
 static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
 {
-    const FN(gemm_tile_kernel) *k = &job->kernel;
     const real *a = job->packed_a + i * job->kc;
     const real *b = job->packed_b + j * job->kc;
     real *c = job->c + i * job->c_rs + j;
-    idx_t m = FN(gemm_min)(k->mr, job->M - i), n = FN(gemm_min)(k->nr, job->N - j);
+    idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
     int first = job->p0 == 0;
-    if (m == k->mr && n == k->nr) {
-        if (!first) k->add(job->kc, a, k->mr, b, c, job->c_rs);
-        else k->store(job->kc, a, k->mr, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+    if (m == GEMM_MR && n == GEMM_NR) {
+        if (first) FN(gemm_tile)(job->kc, a, GEMM_MR, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+        else FN(gemm_tile)(job->kc, a, GEMM_MR, b, c, job->c_rs, NULL);
         return;
     }
-    real init[GEMM_MAX_NR] = {0}, tile[GEMM_MAX_TILE];
-    for (idx_t s = 0; s < n && first && job->bias; s++) init[s] = job->bias[j + s];
-    k->store(job->kc, a, k->mr, b, tile, k->nr, init);
+    real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
+    for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n && first && job->bias ? job->bias[j + s] : 0;
+    FN(gemm_tile)(job->kc, a, GEMM_MR, b, tile, GEMM_NR, init);
     for (idx_t r = 0; r < m; r++) {
-        real *c_row = c + r * job->c_rs, *tile_row = tile + r * k->nr;
+        real *c_row = c + r * job->c_rs, *tile_row = tile + r * GEMM_NR;
         for (idx_t s = 0; s < n; s++) c_row[s] = first ? tile_row[s] : c_row[s] + tile_row[s];
     }
 }
@@ -138,26 +172,31 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     const FN(gemm_job) *job = ctx;
-    idx_t i0 = t % job->n_row_blocks * job->mc, i1 = FN(gemm_min)(job->M, i0 + job->mc);
-    idx_t j0 = t / job->n_row_blocks * job->nc, j1 = FN(gemm_min)(job->N, j0 + job->nc);
-    for (idx_t j = j0; j < j1; j += job->kernel.nr)
-        for (idx_t i = i0; i < i1; i += job->kernel.mr) FN(run_tile)(job, i, j);
+    idx_t i0 = t % job->n_row_blocks * job->mc, i1 = attnc_min(job->M, i0 + job->mc);
+    idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
+    for (idx_t j = j0; j < j1; j += GEMM_NR)
+        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j);
 }
 
 /* ------------------------------------------------------------------------ */
 /* the entry point                                                           */
 
-/* C (M, N) = bias + A (M, K) . B (N, K)^T by direct loops: for tiny sizes,
- * and for K == 0 (C = bias or zeros). */
+/* C = bias + A . B^T by plain loops, in the packed path's order of
+ * operations: each K block summed from its init (the bias, then zeros) by
+ * sfma, then added to C. For tiny sizes, and for K == 0 (C = bias). */
 static void FN(gemm_direct)(idx_t M, idx_t N, idx_t K, FN(gemm_operand) a, FN(gemm_operand) b,
                             const real *bias, real *c, idx_t c_rs)
 {
     for (idx_t i = 0; i < M; i++)
         for (idx_t j = 0; j < N; j++) {
-            real sum = 0;
-            for (idx_t p = 0; p < K; p++)
-                sum += a.data[i * a.rs + p * a.cs] * b.data[j * b.rs + p * b.cs];
-            c[i * c_rs + j] = (bias ? bias[j] : 0) + sum;
+            real total = bias ? bias[j] : 0;
+            for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+                real sum = p0 == 0 ? total : 0;
+                for (idx_t p = p0; p < attnc_min(K, p0 + GEMM_KC); p++)
+                    sum = sfma(a.data[i * a.rs + p * a.cs], b.data[j * b.rs + p * b.cs], sum);
+                total = p0 == 0 ? sum : total + sum;
+            }
+            c[i * c_rs + j] = total;
         }
 }
 
@@ -165,35 +204,31 @@ static void FN(gemm_direct)(idx_t M, idx_t N, idx_t K, FN(gemm_operand) a, FN(ge
 static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)
 {
     idx_t padded, elements, n;
-    if (!attnc_mul_ok(FN(gemm_ceil_div)(rows, width), width, &padded) ||
-        !attnc_mul_ok(padded, kc, &elements) || !attnc_mul_ok(elements, sizeof(real), &n))
+    if (!attnc_mul_ok(attnc_ceil_div(rows, width), width, &padded) || !attnc_mul_ok(padded, kc, &elements) ||
+        !attnc_mul_ok(elements, sizeof(real), &n))
         return 0;
     *bytes = (size_t)n;
     return 1;
 }
 
-/* C (M, N) = bias (N) + A (M, K) . B (N, K)^T with the given micro-kernel. */
-static attnc_status FN(gemm)(FN(gemm_tile_kernel) kernel, idx_t M, idx_t N, idx_t K,
-                             FN(gemm_operand) a, FN(gemm_operand) b, const real *bias, real *c,
-                             idx_t c_rs)
+attnc_status FN(gemm)(const attnc_gemm_args *g)
 {
+    idx_t M = g->M, N = g->N, K = g->K;
+    FN(gemm_operand) a = {g->a, g->a_rs, g->a_cs}, b = {g->b, g->b_rs, g->b_cs};
     if (M <= 0 || N <= 0) return ATTNC_OK;
     if ((double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS) {
-        FN(gemm_direct)(M, N, K, a, b, bias, c, c_rs);
+        FN(gemm_direct)(M, N, K, a, b, g->bias, g->c, g->c_rs);
         return ATTNC_OK;
     }
-    idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / kernel.mr * kernel.mr;
-    if (mc < kernel.mr) mc = kernel.mr;
-    idx_t nc = GEMM_NC / kernel.nr * kernel.nr;
+    idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     FN(gemm_job) job = {
-        .kernel = kernel, .M = M, .N = N, .a = a, .b = b, .bias = bias, .c = c, .c_rs = c_rs,
-        .mc = mc, .nc = nc,
-        .n_row_blocks = FN(gemm_ceil_div)(M, mc), .n_col_blocks = FN(gemm_ceil_div)(N, nc),
+        .M = M, .N = N, .a = a, .b = b, .bias = g->bias, .c = g->c, .c_rs = g->c_rs,
+        .mc = mc, .nc = GEMM_NC / GEMM_NR * GEMM_NR,
+        .n_row_blocks = attnc_ceil_div(M, mc), .n_col_blocks = attnc_ceil_div(N, GEMM_NC / GEMM_NR * GEMM_NR),
     };
     size_t a_bytes, b_bytes;
-    idx_t kc_max = FN(gemm_min)(K, GEMM_KC);
-    if (!FN(packed_bytes)(M, kernel.mr, kc_max, &a_bytes) ||
-        !FN(packed_bytes)(N, kernel.nr, kc_max, &b_bytes))
+    idx_t kc_max = attnc_min(K, GEMM_KC);
+    if (!FN(packed_bytes)(M, GEMM_MR, kc_max, &a_bytes) || !FN(packed_bytes)(N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     job.packed_a = attnc_malloc(a_bytes);
     job.packed_b = attnc_malloc(b_bytes);
@@ -203,13 +238,11 @@ static attnc_status FN(gemm)(FN(gemm_tile_kernel) kernel, idx_t M, idx_t N, idx_
     double packed_elements = (double)(a_bytes + b_bytes) / sizeof(real);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         job.p0 = p0;
-        job.kc = FN(gemm_min)(GEMM_KC, K - p0);
-        attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task),
-                           &job);
-        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, 2.0 * M * N * job.kc,
-                           FN(multiply_task), &job);
+        job.kc = attnc_min(GEMM_KC, K - p0);
+        attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task), &job);
+        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, 2.0 * M * N * job.kc, FN(multiply_task), &job);
     }
-    status = ATTNC_OK;
+    status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 done:
     attnc_free(job.packed_a);
     attnc_free(job.packed_b);

@@ -1,72 +1,78 @@
 /* A whole attention module forward: projections, attention over heads
- * (as strides into the projection buffer), output projection. */
+ * (as strides into the projection buffer), output projection; every step
+ * through the kernel table. */
 #include "attnc.h"
 
-typedef struct {
-    idx_t *q, *k, *v, *out; /* (B*H) offsets each */
-} item_offsets;
-
-/* Offsets of head h of batch element b in the (B*T, width) projection
- * buffer and in the merged (B*T, Dv) output. */
-static void fill_offsets(item_offsets o, const attnc_self_attention_args *s, idx_t width)
+/* 1 when the Q, K and V weights (and biases) are consecutive row blocks of
+ * one array (a fused (Dq+Dk+Dv, C) projection): one GEMM computes all three
+ * into the side-by-side buffer, with the same bits as three. */
+static int fused_projection(const attnc_self_attention_args *s, size_t elem)
 {
-    idx_t head_qk = s->dim[0] / s->H, head_v = s->dim[2] / s->H;
-    for (idx_t b = 0; b < s->B; b++)
-        for (idx_t h = 0; h < s->H; h++) {
-            idx_t item = b * s->H + h, row0 = b * s->T * width;
-            o.q[item] = row0 + h * head_qk;
-            o.k[item] = row0 + s->dim[0] + h * head_qk;
-            o.v[item] = row0 + s->dim[0] + s->dim[1] + h * head_v;
-            o.out[item] = b * s->T * s->dim[2] + h * head_v;
-        }
+    const char *w = s->w[ATTNC_Q], *b = s->bias[ATTNC_Q];
+    int weights = (const char *)s->w[ATTNC_K] == w + (size_t)(s->dim[ATTNC_Q] * s->C) * elem &&
+                  (const char *)s->w[ATTNC_V] == w + (size_t)((s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * s->C) * elem;
+    int biases = b ? (const char *)s->bias[ATTNC_K] == b + (size_t)s->dim[ATTNC_Q] * elem &&
+                         (const char *)s->bias[ATTNC_V] == b + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * elem
+                   : !s->bias[ATTNC_K] && !s->bias[ATTNC_V];
+    return weights && biases;
 }
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *s)
 {
+    const attnc_kernels *kernels = attnc_kernels_for(s->dtype);
     size_t elem = s->dtype == ATTNC_F32 ? sizeof(float) : sizeof(double);
-    idx_t rows, width = s->dim[0] + s->dim[1] + s->dim[2], n_items, qkv_size, merged_size;
-    if (!attnc_mul_ok(s->B, s->T, &rows) || !attnc_mul_ok(rows, width, &qkv_size) ||
-        !attnc_mul_ok(rows, s->dim[2], &merged_size) || !attnc_mul_ok(s->B, s->H, &n_items) ||
-        (size_t)qkv_size > SIZE_MAX / elem || (size_t)merged_size > SIZE_MAX / elem ||
-        (size_t)n_items > SIZE_MAX / (4 * sizeof(idx_t)))
+    int nd = s->batch.ndim; /* leading dims of x, then heads */
+    idx_t H = s->batch.shape[nd - 1], B = 1;
+    for (int d = 0; d < nd - 1; d++) B *= s->batch.shape[d]; /* x holds them: no overflow */
+    idx_t rows = B * s->T, width = s->dim[ATTNC_Q] + s->dim[ATTNC_K] + s->dim[ATTNC_V], qkv_size, merged_size;
+    if (!attnc_mul_ok(rows, width, &qkv_size) || !attnc_mul_ok(rows, s->dim[ATTNC_V], &merged_size) ||
+        (size_t)qkv_size > SIZE_MAX / elem || (size_t)merged_size > SIZE_MAX / elem)
         return ATTNC_EOVERFLOW;
 
     attnc_status status = ATTNC_ENOMEM;
     char *qkv = attnc_malloc((size_t)qkv_size * elem);
-    idx_t *offsets = attnc_malloc((size_t)n_items * 4 * sizeof(idx_t));
     char *merged = s->w_out ? attnc_malloc((size_t)merged_size * elem) : s->out;
-    if (!qkv || !offsets || !merged) goto done;
+    if (!qkv || !merged) goto done;
 
-    /* pass 1: Q, K, V projections side by side in one buffer */
-    for (int p = 0; p < 3; p++) {
-        idx_t first_column = p == 0 ? 0 : (p == 1 ? s->dim[0] : s->dim[0] + s->dim[1]);
-        status = attnc_gemm(s->dtype, rows, s->dim[p], s->C, s->x, s->C, 1, s->w[p], s->C, 1,
-                            s->bias[p], qkv + (size_t)first_column * elem, width);
-        if (status != ATTNC_OK) goto done;
+    /* pass 1: Q, K, V projections side by side in one (rows, width) buffer */
+    for (int p = 0, first_column = 0; p < 3; first_column += s->dim[p], p++) {
+        int fused = p == ATTNC_Q && fused_projection(s, elem);
+        attnc_gemm_args g = {rows, fused ? width : s->dim[p], s->C, s->x, s->C, 1, s->w[p], s->C, 1, s->bias[p],
+                             qkv + (size_t)first_column * elem, width};
+        if ((status = kernels->gemm(&g)) != ATTNC_OK) goto done;
+        if (fused) break;
     }
 
-    /* pass 2: attention per (batch element, head), merged heads written in place */
-    item_offsets o = {offsets, offsets + n_items, offsets + 2 * n_items, offsets + 3 * n_items};
-    fill_offsets(o, s, width);
+    /* pass 2: attention per item (leading dims..., head); the heads are
+     * column blocks of the buffer, merged in place in the output rows */
+    idx_t head_qk = s->dim[ATTNC_Q] / H, head_v = s->dim[ATTNC_V] / H;
     attnc_attention_args a = {
-        .dtype = s->dtype, .n_items = n_items, .L = s->T, .S = s->T,
-        .E = s->dim[0] / s->H, .Ev = s->dim[2] / s->H,
-        .q = qkv, .q_off = o.q, .q_rs = width,
-        .k = qkv, .k_off = o.k, .k_rs = width,
-        .v = qkv, .v_off = o.v, .v_rs = width,
-        .mask = s->mask, .mask_off = s->mask_off, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
-        .is_causal = 0, .scale = s->scale, .dropout_p = s->dropout_p, .seed = s->seed,
-        .out = merged, .out_off = o.out, .out_rs = s->dim[2], .weights = s->weights,
+        .batch = s->batch, .L = s->T, .S = s->T, .E = head_qk, .Ev = head_v,
+        .q = {qkv, {0}, width},
+        .k = {qkv + (size_t)s->dim[ATTNC_Q] * elem, {0}, width},
+        .v = {qkv + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * elem, {0}, width},
+        .mask = s->mask, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
+        .scale = s->scale, .dropout_p = s->dropout_p, .seed = s->seed,
+        .out = {merged, {0}, s->dim[ATTNC_V]}, .weights = s->weights,
     };
-    status = attnc_attention(&a);
-    if (status != ATTNC_OK || !s->w_out) goto done;
+    /* strides of the leading dims (C order over the flattened rows) and heads */
+    idx_t inner_rows = s->T;
+    for (int d = nd - 2; d >= 0; d--) {
+        a.q.batch_strides[d] = a.k.batch_strides[d] = a.v.batch_strides[d] = inner_rows * width;
+        a.out.batch_strides[d] = inner_rows * s->dim[ATTNC_V];
+        inner_rows *= s->batch.shape[d];
+    }
+    a.q.batch_strides[nd - 1] = a.k.batch_strides[nd - 1] = head_qk;
+    a.v.batch_strides[nd - 1] = a.out.batch_strides[nd - 1] = head_v;
+    for (int d = 0; d < nd; d++) a.mask_batch_strides[d] = s->mask_batch_strides[d];
+    if ((status = kernels->attention(&a)) != ATTNC_OK || !s->w_out) goto done;
 
     /* pass 3: output projection */
-    status = attnc_gemm(s->dtype, rows, s->n_out, s->dim[2], merged, s->dim[2], 1, s->w_out,
-                        s->dim[2], 1, s->bias_out, s->out, s->n_out);
+    attnc_gemm_args g = {rows, s->n_out, s->dim[ATTNC_V], merged, s->dim[ATTNC_V], 1, s->w_out, s->dim[ATTNC_V],
+                         1, s->bias_out, s->out, s->n_out};
+    status = kernels->gemm(&g);
 done:
     attnc_free(qkv);
-    attnc_free(offsets);
     if (s->w_out) attnc_free(merged);
     return status;
 }

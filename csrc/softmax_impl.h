@@ -1,6 +1,5 @@
-/* The softmax kernel body (dtype and ISA template; see dtype.h; needs vexp.h). */
-#include <stdatomic.h>
-
+/* The softmax kernel (dtype and ISA template; see dtype.h; needs vexp.h):
+ * torch.softmax's semantics (a row of -inf gives NaN, as there). */
 
 /* Rows per task: enough work per task to pay for handing it out. */
 #define SOFTMAX_ELEMENTS_PER_TASK 65536
@@ -36,7 +35,7 @@ static void FN(softmax_task)(void *ctx, idx_t task)
 
 /* out (outer, n, inner) <- softmax of in (outer, n, inner) along n;
  * both C-contiguous. outer * n * inner was checked by the caller. */
-attnc_status FN(softmax)(real *out, const real *in, idx_t outer, idx_t n, idx_t inner)
+attnc_status FN(softmax)(void *out, const void *in, idx_t outer, idx_t n, idx_t inner)
 {
     if (n == 0 || outer == 0 || inner == 0) return ATTNC_OK;
     if ((size_t)n > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
@@ -45,7 +44,8 @@ attnc_status FN(softmax)(real *out, const real *in, idx_t outer, idx_t n, idx_t 
     FN(softmax_job) job = {out, in, n, inner, n_rows, rows_per_task, 0};
     idx_t n_tasks = (n_rows + rows_per_task - 1) / rows_per_task;
     attnc_parallel_for(n_tasks, 20.0 * (double)n_rows * (double)n, FN(softmax_task), &job);
-    return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;
+    if (atomic_load(&job.failed)) return ATTNC_ENOMEM;
+    return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }
 
 #undef SOFTMAX_ELEMENTS_PER_TASK

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "attnc.h"
+#include "interrupt.h"
 
 /* Below this much work, waking a sleeping thread (~10-50 us) costs more
  * than it saves; the documents' (3, 2, 4) examples stay on one thread. */
@@ -29,23 +30,33 @@ typedef struct {
     void *ctx;
     idx_t n_tasks;
     atomic_llong next_task;
+    attnc_call *call;  /* the call the job belongs to (interrupt.c) */
+    int wanted_workers; /* what resize_pool was last asked for */
 } pool_state;
 
 static pool_state pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0};
+                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, 0};
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* who owns the pool */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
 static _Thread_local int inside_task = 0;
 
-static int available_cpus(void)
+/* The CPUs this process may run on, asked of the system (a syscall) once,
+ * and again at each set_num_threads and after fork; 0: not asked yet. */
+static atomic_int cpu_count = 0;
+
+static int count_cpus(void)
 {
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-    return 1;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    atomic_store(&cpu_count, n > 0 ? n : 1);
+    return n > 0 ? n : 1;
+}
+
+static int available_cpus(void)
+{
+    int n = atomic_load(&cpu_count);
+    return n > 0 ? n : count_cpus();
 }
 
 int attnc_get_num_threads(void)
@@ -54,15 +65,28 @@ int attnc_get_num_threads(void)
     return n > 0 ? n : available_cpus();
 }
 
-void attnc_set_num_threads(int n) { atomic_store(&requested_threads, n > 0 ? n : 1); }
+void attnc_set_num_threads(int n)
+{
+    count_cpus();
+    atomic_store(&requested_threads, n > 0 ? n : 1);
+}
 
+/* Threads that compute at once: more than the CPUs only take turns. */
+static int running_threads(void)
+{
+    int requested = attnc_get_num_threads(), cpus = available_cpus();
+    return requested < cpus ? requested : cpus;
+}
+
+/* The current job's tasks, taken one by one until none is left or the call
+ * is interrupted. */
 static void run_tasks(void)
 {
     int was_inside = inside_task;
     inside_task = 1;
     for (;;) {
         idx_t t = (idx_t)atomic_fetch_add(&pool.next_task, 1);
-        if (t >= pool.n_tasks) break;
+        if (t >= pool.n_tasks || attnc_interrupted()) break;
         pool.fn(pool.ctx, t);
     }
     inside_task = was_inside;
@@ -80,7 +104,9 @@ static void *worker_main(void *start_generation)
         if (pool.shutting_down) break;
         seen = pool.generation;
         pthread_mutex_unlock(&pool.lock);
+        attnc_join_call(pool.call);
         run_tasks();
+        attnc_join_call(NULL);
         pthread_mutex_lock(&pool.lock);
         if (--pool.workers_running == 0) pthread_cond_signal(&pool.work_done);
     }
@@ -113,16 +139,21 @@ static void reset_after_fork(void)
     pool.n_workers = 0;
     pool.shutting_down = 0;
     pool.workers_running = 0;
+    pool.wanted_workers = 0;
+    atomic_store(&cpu_count, 0);
 }
 
 static void register_atfork(void) { pthread_atfork(NULL, NULL, reset_after_fork); }
 
 /* Called with job_lock held: make the pool have n_workers threads.
- * Returns the number it managed to start (0 if threads are unavailable). */
+ * Returns the number it has (0 if threads are unavailable). When the
+ * system starts fewer (a thread or memory limit), the pool keeps those and
+ * does not try again until a different count is wanted. */
 static int resize_pool(int n_workers)
 {
-    if (pool.n_workers == n_workers) return n_workers;
+    if (pool.wanted_workers == n_workers) return pool.n_workers;
     stop_workers();
+    pool.wanted_workers = n_workers;
     pool.threads = malloc(sizeof(pthread_t) * (size_t)n_workers);
     if (!pool.threads) return 0;
     for (int i = 0; i < n_workers; i++) {
@@ -136,14 +167,14 @@ static void run_inline(idx_t n_tasks, attnc_task_fn fn, void *ctx)
 {
     int was_inside = inside_task;
     inside_task = 1;
-    for (idx_t t = 0; t < n_tasks; t++) fn(ctx, t);
+    for (idx_t t = 0; t < n_tasks && !attnc_interrupted(); t++) fn(ctx, t);
     inside_task = was_inside;
 }
 
 void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx)
 {
     if (n_tasks <= 0) return;
-    int n_threads = attnc_get_num_threads();
+    int n_threads = running_threads();
     if (n_tasks == 1 || n_threads == 1 || inside_task || work_flops < MIN_PARALLEL_FLOPS) {
         run_inline(n_tasks, fn, ctx);
         return;
@@ -162,6 +193,7 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
+    pool.call = attnc_current_call();
     atomic_store(&pool.next_task, 0);
     pool.workers_running = pool.n_workers;
     pool.generation++;

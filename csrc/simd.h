@@ -1,0 +1,99 @@
+/* The SIMD vocabulary the kernel bodies are written against, once for
+ * every ISA level (dtype and ISA template: include after dtype.h, in a
+ * translation unit whose ISA macro, ATTNC_ISA_AVX2 or ATTNC_ISA_AVX512, is
+ * set by kernel_bundle.h's includer; neither means portable C).
+ *
+ *   vreal              a vector of VLANES reals
+ *   vzero(), vset1(x)  all zeros, x in every lane
+ *   vload(p)           from p aligned to the vector's size
+ *   vloadu(p)          from any p;  vstoreu(p, v) to any p
+ *   vadd(a, b)         a + b
+ *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
+ *   sfma(a, b, c)      the scalar twin of vfma: the same rounding, so a
+ *                      scalar loop gets the micro-kernel's bits
+ *   GEMM_MR            rows of the GEMM micro-kernel (its columns are
+ *                      GEMM_NR = 2 vectors): as many accumulators as the
+ *                      registers hold
+ * Vectors are GCC/Clang vector extensions of the ISA's width (16 bytes at
+ * the portable level: SSE2 on x86-64, NEON elsewhere), so every operation
+ * but the fused multiply-add is written once. The exp and the row
+ * reductions are scalar code the compiler vectorises (vexp.h). */
+#include <math.h>
+#include <string.h>
+
+#ifndef ATTNC_SIMD_NAMES
+#define ATTNC_SIMD_NAMES
+#define vreal FN(vreal)
+#define vzero FN(vzero)
+#define vset1 FN(vset1)
+#define vload FN(vload)
+#define vloadu FN(vloadu)
+#define vstoreu FN(vstoreu)
+#define vadd FN(vadd)
+#define vfma FN(vfma)
+#define sfma FN(sfma)
+#define VLANES ((int)(sizeof(vreal) / sizeof(real)))
+#define GEMM_NR (2 * VLANES)
+#endif
+
+#if defined(ATTNC_ISA_AVX512) || defined(ATTNC_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+/* Per ISA: the vector's width, the micro-kernel's rows, and the two
+ * operations the vector extensions do not spell well: a multiply-add that is
+ * fused at every optimisation level (the compiler's contraction of a * b + c
+ * is not, and sfma must match it bit for bit), and a broadcast (GCC turns
+ * (vreal){0} + x into an add and a shuffle). */
+#undef SIMD_BYTES
+#undef GEMM_MR
+#undef FUSED_MULTIPLY_ADD
+#undef BROADCAST
+#if defined(ATTNC_ISA_AVX512)
+/* 12 rows x 2 zmm = 24 accumulators of the 32 registers, + 2 for B and 1
+ * for the broadcast A element. On Zen 5 (full-width zmm FMAs) 12 x 32
+ * floats reach 240 GFLOP/s per core in cache against 219 for 12 x 16. */
+#  define SIMD_BYTES 64
+#  define GEMM_MR 12
+#  define FUSED_MULTIPLY_ADD(sfx) _mm512_fmadd_##sfx
+#  define BROADCAST(sfx) _mm512_set1_##sfx
+#elif defined(ATTNC_ISA_AVX2)
+/* 6 rows x 2 ymm = 12 accumulators, + 2 for B and 1 for the broadcast A
+ * element: 15 of the 16 registers. */
+#  define SIMD_BYTES 32
+#  define GEMM_MR 6
+#  define FUSED_MULTIPLY_ADD(sfx) _mm256_fmadd_##sfx
+#  define BROADCAST(sfx) _mm256_set1_##sfx
+#else
+/* 4 rows x 2 vectors of 16 bytes: 8 accumulators of the 16 SSE2 registers */
+#  define SIMD_BYTES 16
+#  define GEMM_MR 4
+#endif
+
+/* the same type as the ISA's __m128/__m256/__m512 (or their double forms) */
+typedef real vreal __attribute__((vector_size(SIMD_BYTES)));
+
+static inline vreal vzero(void) { return (vreal){0}; }
+static inline vreal vload(const real *p) { return *(const vreal *)p; }
+static inline vreal vloadu(const real *p)
+{
+    vreal v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vstoreu(real *p, vreal v) { memcpy(p, &v, sizeof v); }
+static inline vreal vadd(vreal a, vreal b) { return a + b; }
+
+#if defined(FUSED_MULTIPLY_ADD) && defined(ATTNC_REAL_F32)
+static inline vreal vset1(real x) { return BROADCAST(ps)(x); }
+static inline vreal vfma(vreal a, vreal b, vreal c) { return FUSED_MULTIPLY_ADD(ps)(a, b, c); }
+static inline real sfma(real a, real b, real c) { return fmaf(a, b, c); }
+#elif defined(FUSED_MULTIPLY_ADD)
+static inline vreal vset1(real x) { return BROADCAST(pd)(x); }
+static inline vreal vfma(vreal a, vreal b, vreal c) { return FUSED_MULTIPLY_ADD(pd)(a, b, c); }
+static inline real sfma(real a, real b, real c) { return fma(a, b, c); }
+#else /* no FMA instruction at the baseline: both round the product */
+static inline vreal vset1(real x) { return (vreal){0} + x; }
+static inline vreal vfma(vreal a, vreal b, vreal c) { return a * b + c; }
+static inline real sfma(real a, real b, real c) { return a * b + c; }
+#endif
