@@ -2,8 +2,15 @@
 # Memory leaks of attnc._C under valgrind: a loop calls every entry point
 # (successes, rejected calls and injected allocation failures) many times;
 # the script sums the "definitely lost" bytes whose allocation stack passes
-# through attnc's extension (_C*.so) and fails unless that sum is 0.
+# through attnc's extension and fails unless that sum is 0. A stack passes
+# through the extension when a frame names a file under csrc/ (valgrind
+# prints full source paths here, --fullpath-after=) or, for a frame without
+# debug information, the _C*.so itself.
 # (Python's own "possibly lost" and still-reachable memory is ignored.)
+#
+# valgrind cannot execute AVX-512 instructions, so the loop caps the kernels
+# at AVX2 (attnc._C.set_simd_level("avx2"), on a CPU that has it) in even
+# rounds and runs the portable kernels in odd rounds (every round without AVX2).
 #
 #   .ci/leaks.sh            # ROUNDS=30 by default; ROUNDS=200 .ci/leaks.sh for more
 #
@@ -44,6 +51,11 @@ import attnc
 from attnc import functional as F
 
 ROUNDS = int(sys.argv[1])
+# valgrind cannot run AVX-512: the kernels are capped at AVX2, and the portable ones run too
+if hasattr(attnc._C, "simd_levels"):
+    LEVELS = [lv for lv in ("avx2", "portable") if lv in attnc._C.simd_levels()]
+else:  # builds before simd_levels() cap a level the CPU lacks
+    LEVELS = ["avx2", "portable"]
 attnc.set_num_threads(2)
 rng = np.random.default_rng(0)
 x = rng.standard_normal((2, 70, 16)).astype(np.float32)
@@ -81,7 +93,10 @@ rejected = [
     lambda: F.scaled_dot_product_attention(huge, x, x), lambda: modules[0][0](huge[None]),
     lambda: F.softmax(x, axis=7),
 ]
-for _ in range(ROUNDS):
+levels_run = set()
+for r in range(ROUNDS):
+    attnc._C.set_simd_level(LEVELS[r % len(LEVELS)])
+    levels_run.add(attnc._C.simd_level())
     for call in calls:
         call()
     for call in rejected:
@@ -91,8 +106,9 @@ for _ in range(ROUNDS):
             pass
         else:
             raise AssertionError("no error")
-# every allocation of some forwards fails once
-for call in calls:
+# every allocation of every call fails once, at each level
+for level, call in [(level, call) for level in LEVELS for call in calls]:
+    attnc._C.set_simd_level(level)
     for n in range(400):
         attnc._C.fail_alloc_after(n)
         try:
@@ -102,14 +118,16 @@ for call in calls:
         finally:
             attnc._C.fail_alloc_after(-1)
         break
-print("loop done:", ROUNDS, "rounds of", len(calls), "calls and", len(rejected), "rejected calls")
+assert "avx512" not in levels_run, levels_run
+print("loop done:", ROUNDS, "rounds of", len(calls), "calls and", len(rejected), "rejected calls; kernel levels",
+      sorted(levels_run))
 PY
 
 echo "leaks.sh: valgrind on $rounds rounds (a few minutes)"
 cd "$work"
 start=$SECONDS
 PYTHONMALLOC=malloc PYTHONPATH="$work" valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite \
-    --num-callers=60 --log-file="$work/valgrind.log" "$venv_py" loop.py "$rounds"
+    --num-callers=60 --fullpath-after= --log-file="$work/valgrind.log" "$venv_py" loop.py "$rounds"
 echo "leaks.sh: valgrind run took $((SECONDS - start)) s"
 grep -E "definitely lost:|indirectly lost:|ERROR SUMMARY" "$work/valgrind.log" | sed 's/^==[0-9]*== /  all of python: /'
 
@@ -119,11 +137,14 @@ import re
 import sys
 
 text = open(sys.argv[1]).read()
+# a frame of attnc's extension: a source file in a csrc/ directory (valgrind prints source paths,
+# --fullpath-after=), or the extension's shared object for a frame without debug information
+OURS = re.compile(r"\((?:[^():]*/)?csrc/[^:()/]+:\d+\)|\(in [^)]*/attnc/_C[.]cpython[^)]*\)")
 records = re.split(r"\n==\d+== \n", text)
 attnc_bytes = attnc_records = attnc_errors = 0
 for record in records:
     head = re.search(r"([\d,]+) (?:\(([\d,]+) direct, ([\d,]+) indirect\) )?bytes in [\d,]+ blocks are definitely lost", record)
-    ours = "_C.cpython" in record or "/csrc/" in record
+    ours = bool(OURS.search(record))
     if not head:
         if ours and re.search(r"Invalid (read|write|free)|uninitialised|Conditional jump|Mismatched free", record):
             attnc_errors += 1
@@ -133,7 +154,7 @@ for record in records:
         attnc_records += 1
         attnc_bytes += int(head.group(1).replace(",", ""))
         print(record)
-print(f"leaks.sh: definitely lost in attnc (_C*.so): {attnc_bytes} bytes in {attnc_records} records")
+print(f"leaks.sh: definitely lost in attnc (csrc/, _C*.so): {attnc_bytes} bytes in {attnc_records} records")
 print(f"leaks.sh: memcheck errors (invalid access, uninitialised value) in attnc: {attnc_errors}")
 sys.exit(1 if attnc_bytes or attnc_errors else 0)
 PY

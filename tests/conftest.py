@@ -1,3 +1,4 @@
+"""pytest fixtures only; everything else the tests share is in toolkit.py."""
 import os
 import sys
 
@@ -5,24 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))  # helpers, doc_models
+sys.path.insert(0, os.path.dirname(__file__))  # toolkit, doc_models
 
 import attnc  # noqa: E402
+from toolkit import SIMD_LEVELS  # noqa: E402
 
 torch.set_num_threads(2)
-
-
-def available_simd_levels():
-    """The kernel ISA levels this CPU can run, best last."""
-    levels = ["portable"]
-    if attnc._C.cpu_has_avx2_fma():
-        levels.append("avx2")
-        if attnc._C.cpu_has_avx512():
-            levels.append("avx512")
-    return levels
-
-
-SIMD_LEVELS = available_simd_levels()
 
 
 @pytest.fixture(params=SIMD_LEVELS[::-1])

@@ -10,7 +10,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from test_bad_inputs import MODULE_NAMES, MODULES, assert_matches, make_module, ref_attend, ref_linear, ref_softmax
+from toolkit import MODEL, MODEL_IDS, assert_close, make_module, ref_attend, ref_linear, ref_module, ref_softmax
 
 MAX_ALLOCATIONS = 5000  # far above any forward below; reaching it fails the test
 INJECTED = {"sweeps": 0, "failed_calls": 0}  # printed by the last test, for the README table
@@ -44,8 +44,8 @@ def _sweep(call, check):
         attnc._C.fail_alloc_after(-1)
 
 
-@pytest.mark.parametrize("name,masked", [(name, masked) for name in MODULE_NAMES for masked in (False, True)
-                                         if MODULES[name][1] or not masked])
+@pytest.mark.parametrize("name,masked", [(name, masked) for name in MODEL_IDS for masked in (False, True)
+                                         if MODEL[name].masked or not masked])
 @pytest.mark.parametrize("weights", [False, True], ids=["out", "out+weights"])
 def test_module_forward_under_allocation_failures(name, weights, masked, restore_threads):
     attnc.set_num_threads(2)
@@ -54,17 +54,16 @@ def test_module_forward_under_allocation_failures(name, weights, masked, restore
     x = np.random.default_rng(0).standard_normal((3, 80, dim))
     mask = None
     if masked:
-        mask = np.random.default_rng(1).integers(0, 2, (3, 1, 80, 80) if MODULES[name][2] else (3, 80, 80))
+        mask = np.random.default_rng(1).integers(0, 2, (3, 1, 80, 80) if MODEL[name].heads is not None else (3, 80, 80))
     args = (x, mask) if masked else (x,)
-    from test_bad_inputs import ref_module
     ref_out, ref_w = ref_module(m, x, mask)
 
     def check(result):
         if weights:
-            assert_matches(result[0], ref_out, np.float64, "out")
-            assert_matches(result[1], ref_w, np.float64, "weights")
+            assert_close(result[0], ref_out, np.float64, "out")
+            assert_close(result[1], ref_w, np.float64, "weights")
         else:
-            assert_matches(result, ref_out, np.float64, "out")
+            assert_close(result, ref_out, np.float64, "out")
 
     failures, allocations = _sweep(lambda: m(*args, return_weights=weights), check)
     assert failures == allocations >= 2, (failures, allocations)
@@ -81,10 +80,10 @@ def test_sdpa_under_allocation_failures(weights, causal, restore_threads):
 
     def check(result):
         if weights:
-            assert_matches(result[0], ref_out, np.float64, "out")
-            assert_matches(result[1], ref_w, np.float64, "weights")
+            assert_close(result[0], ref_out, np.float64, "out")
+            assert_close(result[1], ref_w, np.float64, "weights")
         else:
-            assert_matches(result, ref_out, np.float64, "out")
+            assert_close(result, ref_out, np.float64, "out")
 
     failures, allocations = _sweep(lambda: F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=causal, return_weights=weights), check)
@@ -98,17 +97,18 @@ def test_linear_and_softmax_under_allocation_failures(shape, restore_threads):
     x = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal((150, shape[-1])).astype(np.float32)
     b = rng.standard_normal(150).astype(np.float32)
-    _sweep(lambda: F.linear(x, w, b), lambda r: assert_matches(r, ref_linear(x, w, b), np.float32, "linear"))
-    _sweep(lambda: attnc.Linear(shape[-1], 150)(x), lambda r: None)
-    _sweep(lambda: F.softmax(x, axis=0), lambda r: assert_matches(r, ref_softmax(x, 0), np.float32, "softmax"))
-    _sweep(lambda: attnc.Dropout(0.5).eval()(x), lambda r: assert_matches(r, x, np.float32, "dropout"))
+    _sweep(lambda: F.linear(x, w, b), lambda r: assert_close(r, ref_linear(x, w, b), np.float32, "linear"))
+    lin = attnc.Linear(shape[-1], 150, rng=np.random.default_rng(4))
+    _sweep(lambda: lin(x), lambda r: assert_close(r, ref_linear(x, lin.weight, lin.bias), np.float32, "Linear"))
+    _sweep(lambda: F.softmax(x, axis=0), lambda r: assert_close(r, ref_softmax(x, 0), np.float32, "softmax"))
+    _sweep(lambda: attnc.Dropout(0.5).eval()(x), lambda r: assert_close(r, x, np.float32, "dropout"))
 
 
 def test_failure_hook_is_reset_by_minus_one():
     x = np.ones((64, 64))
     attnc._C.fail_alloc_after(0)
     attnc._C.fail_alloc_after(-1)
-    assert_matches(F.linear(x, x), ref_linear(x, x), np.float64)
+    assert_close(F.linear(x, x), ref_linear(x, x), np.float64)
 
 
 def test_injection_counts_report(capsys):

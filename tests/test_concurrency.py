@@ -9,7 +9,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from test_bad_inputs import MODULE_NAMES, MODULES, make_module
+from toolkit import MODEL, MODEL_IDS, assert_close, make_module, ref_attend
 
 N_THREADS = 8
 ROUNDS = 6
@@ -42,9 +42,9 @@ def _workload(seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((2, 96, 48)).astype(np.float32)
     calls = []
-    for name in MODULE_NAMES:
+    for name in MODEL_IDS:
         m = make_module(name, 48, seed=hash(name) % 1000)
-        mask = rng.integers(0, 2, (2, 1, 96, 96) if MODULES[name][2] else (2, 96, 96)) if MODULES[name][1] else None
+        mask = rng.integers(0, 2, (2, 1, 96, 96) if MODEL[name].heads is not None else (2, 96, 96)) if MODEL[name].masked else None
         args = (x, mask) if mask is not None else (x,)
         calls.append((name, lambda m=m, args=args: m(*args, return_weights=True)))
     q, k, v = (rng.standard_normal((3, 80, 32)) for _ in range(3))
@@ -166,7 +166,7 @@ def test_train_eval_switch_while_other_threads_compute(name, restore_threads):
     _same(m(x), expected, "after the switching")
 
 
-@pytest.mark.parametrize("name", MODULE_NAMES)
+@pytest.mark.parametrize("name", MODEL_IDS)
 def test_load_state_dict_while_other_threads_compute(name, restore_threads):
     """Loading parameters during forwards: each forward sees some mix of the
     two parameter sets (no guarantee is made), but never crashes; once the
@@ -217,10 +217,6 @@ def test_many_query_tiles_thread_count_never_changes_a_bit(causal, restore_threa
         results.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal))
     for n, result in zip((2, 3, 4), results[1:]):
         np.testing.assert_array_equal(result, results[0], err_msg=f"1 vs {n} threads")
-    scores = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 2, 1) / np.sqrt(40)
-    scores = np.where(mask, scores, -1e20)
-    if causal:
-        scores = np.where(np.tril(np.ones((1000, 1000), dtype=bool)), scores, -np.inf)
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    expected = (weights / weights.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+    expected, _ = ref_attend(q, k, v, 1 / np.sqrt(40), mask, causal)
     np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-5)
+    assert_close(results[0], expected, np.float32)

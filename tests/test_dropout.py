@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnc
-from helpers import DROPOUT_CASES, DROPOUT_IDS, assert_close, make_pair, np_reference, np_sd
+from toolkit import DROPOUT_MODELS, DROPOUT_IDS, assert_close, make_pair, ref_forward, np_sd
 
 
 def _x(shape, seed=0, dtype=np.float32):
@@ -132,14 +132,14 @@ def test_dropout_does_not_modify_input_and_returns_fresh():
 # attention dropout inside the modules
 
 
-@pytest.mark.parametrize("case", DROPOUT_CASES, ids=DROPOUT_IDS)
+@pytest.mark.parametrize("case", DROPOUT_MODELS, ids=DROPOUT_IDS)
 def test_module_dropout_train_vs_eval(case):
     dim = 8
     tm, am = make_pair(case, dim, np.float64, seed=10)
     x = np.random.default_rng(10).standard_normal((3, 6, dim))
     am.eval()
     ev = am(x)
-    ref, _ = np_reference(case.kind, np_sd(tm), x, None, case.n_heads(dim))
+    ref, _ = ref_forward(case.kind, np_sd(tm), x, None, case.n_heads(dim))
     assert_close(ev, ref, np.float64)
     am.train()
     tr1, tr2 = am(x), am(x)
@@ -150,7 +150,7 @@ def test_module_dropout_train_vs_eval(case):
     np.testing.assert_array_equal(w_train, w_eval)
 
 
-@pytest.mark.parametrize("case", DROPOUT_CASES, ids=DROPOUT_IDS)
+@pytest.mark.parametrize("case", DROPOUT_MODELS, ids=DROPOUT_IDS)
 def test_module_dropout_rate_zero_train_equals_eval(case):
     dim = 8
     am = case.make(dim, rng=np.random.default_rng(11))
@@ -163,7 +163,7 @@ def test_module_dropout_rate_zero_train_equals_eval(case):
     np.testing.assert_array_equal(am2(x), am2.eval()(x))
 
 
-@pytest.mark.parametrize("case", DROPOUT_CASES, ids=DROPOUT_IDS)
+@pytest.mark.parametrize("case", DROPOUT_MODELS, ids=DROPOUT_IDS)
 def test_module_dropout_reproducible(case, restore_threads):
     dim = 8
     x = np.random.default_rng(12).standard_normal((2, 7, dim)).astype(np.float32)
@@ -280,3 +280,217 @@ def test_module_rng_is_independent_of_global_seed():
     attnc.manual_seed(4)
     e = attnc.SelfAttentionV4(8, 0.5)
     np.testing.assert_array_equal(e(x), c1)
+
+
+# ----------------------------------------------------------------------------
+# attention dropout, large samples: the mask itself, exposed exactly
+#
+# With query = 0 every weight is 1/S (uniform), and with value = the S x S
+# identity (Ev = S) the output is the dropped-out weights themselves:
+# out[..., i, j] = dropout(weights)[..., i, j], kept = (1/S) / (1 - p),
+# dropped = 0. The mask of every (batch element, head, query, key) is then
+# read off the output, and tested as independent Bernoulli(p) draws.
+
+def _uniform_attention_inputs(batch, L, S, E=3, dtype=np.float64):
+    q = np.zeros(batch + (L, E), dtype)
+    k = np.random.default_rng(20).standard_normal(batch + (S, E)).astype(dtype)   # any keys
+    v = np.broadcast_to(np.eye(S, dtype=dtype), batch + (S, S))
+    return q, k, v
+
+
+def _sdpa_mask(p, seed, batch=(6, 4), L=100, S=200, weights=True, dtype=np.float64):
+    """The dropout mask of one SDPA call (True = dropped), shape batch + (L, S), after
+    checking the kept values and the returned (pre-dropout) weights."""
+    q, k, v = _uniform_attention_inputs(batch, L, S, dtype=dtype)
+    result = attnc.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, rng=np.random.default_rng(seed),
+                                                           return_weights=weights)
+    out = result[0] if weights else result
+    if weights:
+        np.testing.assert_array_equal(result[1], np.full(batch + (L, S), 1 / S, dtype))   # before dropout
+    return _mask_of(out, p, S)
+
+
+def _mask_of(out, p, S):
+    """Dropped (True) where out == 0; every kept entry must be (1/S) / (1 - p), the scaling exact
+    up to the last bit or two (float64) or a few ulp (float32)."""
+    dropped = out == 0
+    kept = out[~dropped].astype(np.float64)
+    expected = (1 / S) / (1 - p)
+    rtol = 4e-16 if out.dtype == np.float64 else 4e-7
+    if kept.size:
+        assert np.max(np.abs(kept - expected)) <= rtol * expected, \
+            f"kept values {kept.min()!r}..{kept.max()!r}, expected (1/S)/(1-p) = {expected!r}"
+    return dropped
+
+
+def _check_rate(dropped, p, what, sigmas=5.0):
+    n = dropped.size
+    rate = float(dropped.mean())
+    se = math.sqrt(p * (1 - p) / n)
+    assert abs(rate - p) <= sigmas * se, f"{what}: drop rate {rate:.5f} for p = {p} ({(rate - p) / se:+.1f} s.e.)"
+
+
+def _check_agreement(a, b, p, what, sigmas=6.0):
+    """Two masks of independent draws agree (both dropped or both kept) with probability
+    p^2 + (1 - p)^2; identical or shifted-copy masks agree far more often."""
+    expected = p * p + (1 - p) * (1 - p)
+    n = a.size
+    agree = float(np.mean(a == b))
+    se = math.sqrt(expected * (1 - expected) / n)
+    assert abs(agree - expected) <= sigmas * se, \
+        f"{what}: agreement {agree:.4f}, independent draws give {expected:.4f} ({(agree - expected) / se:+.1f} s.e.)"
+
+
+def _pairs(m, axis, shift=1):
+    """Disjoint pairs of neighbours along `axis`: (0, shift), (2 shift, 3 shift), ... so that
+    no entry is in two pairs and the pairs' agreements are independent draws."""
+    n = m.shape[axis] // (2 * shift) * (2 * shift)
+    idx = np.arange(n).reshape(-1, 2, shift)
+    return np.take(m, idx[:, 0].ravel(), axis=axis), np.take(m, idx[:, 1].ravel(), axis=axis)
+
+
+def _check_independent(dropped, p, item_axes):
+    """dropped: (*items, L, S) with item_axes named (e.g. ("batch element", "head")). Every
+    item's mask is Bernoulli(p) on its own, and independent of its neighbours along every
+    axis: neighbouring items (batch elements, heads; and items half an axis apart),
+    neighbouring queries (also with one key shifted either way: no row is a shifted copy
+    of the next) and neighbouring keys. Each agreement is counted over disjoint pairs."""
+    for index in np.ndindex(dropped.shape[:-2]):
+        _check_rate(dropped[index], p, f"item {index}", sigmas=6.0)
+    for axis, name in enumerate(item_axes):
+        size = dropped.shape[axis]
+        if size > 1:
+            _check_agreement(*_pairs(dropped, axis), p, f"neighbouring {name}s")
+        if size > 3:
+            _check_agreement(*_pairs(dropped, axis, size // 2), p, f"{name}s {size // 2} apart")
+    rows_a, rows_b = _pairs(dropped, dropped.ndim - 2)
+    _check_agreement(rows_a, rows_b, p, "neighbouring queries")
+    _check_agreement(rows_a[..., 1:], rows_b[..., :-1], p, "query i+1 shifted by one key (-1)")
+    _check_agreement(rows_a[..., :-1], rows_b[..., 1:], p, "query i+1 shifted by one key (+1)")
+    _check_agreement(*_pairs(dropped, dropped.ndim - 1), p, "neighbouring keys")
+    flat = dropped.reshape(-1, dropped.shape[-2] * dropped.shape[-1])
+    if flat.shape[0] > 1:   # no item's mask is a (shifted) continuation of the previous item's
+        a, b = _pairs(flat, 0)
+        _check_agreement(a[:, 1:], b[:, :-1], p, "item b+1 shifted by one element")
+
+
+@pytest.mark.parametrize("weights", [True, False], ids=["weights", "flash"])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_sdpa_dropout_rate_and_scale_large_sample(p, weights):
+    """480,000 weights: the drop rate within 5 standard errors of p (0.9 p would be off
+    by >= 20), each kept weight scaled by exactly 1 / (1 - p)."""
+    dropped = _sdpa_mask(p, seed=21, weights=weights)
+    assert dropped.shape == (6, 4, 100, 200)
+    _check_rate(dropped, p, "all")
+
+
+@pytest.mark.parametrize("p", [0.25, 0.5])
+def test_sdpa_dropout_rate_and_scale_float32(p):
+    """The same in float32 (kept values within a few ulp of (1/S) / (1 - p))."""
+    dropped = _sdpa_mask(p, seed=22, batch=(3, 4), dtype=np.float32)
+    _check_rate(dropped, p, "all")
+
+
+@pytest.mark.parametrize("weights", [True, False], ids=["weights", "flash"])
+@pytest.mark.parametrize("p", [0.3, 0.5])
+def test_sdpa_dropout_masks_independent(p, weights):
+    """Independent across batch elements, heads, queries and keys (no mask shared by
+    items, no row a shifted copy of the next, no correlation between neighbours);
+    several query tiles (100 > 96) and key tiles (200 > 192)."""
+    _check_independent(_sdpa_mask(p, seed=23, weights=weights), p, ("batch element", "head"))
+
+
+def test_sdpa_dropout_mask_follows_the_seed():
+    """The same seed gives the same mask, another seed (or the next draw of one
+    generator) an independent one."""
+    p = 0.5
+    a, b = _sdpa_mask(p, seed=24, batch=(2, 2)), _sdpa_mask(p, seed=24, batch=(2, 2))
+    np.testing.assert_array_equal(a, b)
+    _check_agreement(a, _sdpa_mask(p, seed=25, batch=(2, 2)), p, "seeds 24 and 25")
+    q, k, v = _uniform_attention_inputs((2, 2), 100, 200)
+    g = np.random.default_rng(24)
+    first = attnc.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, rng=g) == 0
+    second = attnc.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, rng=g) == 0
+    np.testing.assert_array_equal(first, a)
+    _check_agreement(first, second, p, "two draws of one generator")
+
+
+def _exposing_module(kind, S, heads, p, seed):
+    """A float64 module in training mode whose output, for x = the identity, is the
+    dropped-out uniform weights of every head: query projection 0 (weights 1/S), value
+    projection giving V = I_S in every head, output projection (if any) the identity."""
+    rng = np.random.default_rng(seed)
+    if kind == "SelfAttentionV3":
+        m = attnc.SelfAttentionV3(S, p, dtype=np.float64, rng=rng)
+        sd = m.state_dict()
+        sd["proj.weight"][:S] = 0
+        sd["proj.bias"][:S] = 0
+        sd["proj.weight"][2 * S:] = np.eye(S)
+        sd["proj.bias"][2 * S:] = 0
+        sd["output_proj.weight"], sd["output_proj.bias"] = np.eye(S), np.zeros(S)
+    elif kind == "SelfAttentionV4":
+        m = attnc.SelfAttentionV4(S, p, dtype=np.float64, rng=rng)
+        sd = m.state_dict()
+        sd["query.weight"], sd["query.bias"] = np.zeros((S, S)), np.zeros(S)
+        sd["value.weight"], sd["value.bias"] = np.eye(S), np.zeros(S)
+    else:   # MultiHeadAttention, head_dim = S: x = [I_S, 0], V of every head = I_S
+        d = heads * S
+        m = attnc.MultiHeadAttention(d, heads, p, dtype=np.float64, rng=rng)
+        sd = m.state_dict()
+        sd["query_linear.weight"], sd["query_linear.bias"] = np.zeros((d, d)), np.zeros(d)
+        sd["value_linear.weight"] = np.zeros((d, d))
+        for h in range(heads):
+            sd["value_linear.weight"][h * S:(h + 1) * S, :S] = np.eye(S)
+        sd["value_linear.bias"] = np.zeros(d)
+        sd["output_linear.weight"], sd["output_linear.bias"] = np.eye(d), np.zeros(d)
+    m.load_state_dict(sd)
+    assert m.training
+    return m
+
+
+def _module_mask(kind, p, seed, B=24, S=128, heads=2):
+    """The dropout mask (True = dropped) of one training-mode forward: (B, S, S), or
+    (B, heads, S, S) for MultiHeadAttention."""
+    m = _exposing_module(kind, S, heads, p, seed)
+    d = heads * S if kind == "MultiHeadAttention" else S
+    x = np.zeros((B, S, d))
+    x[:, :, :S] = np.eye(S)
+    out = m(x)
+    _, w = m(x, return_weights=True)
+    np.testing.assert_allclose(w, 1 / S, rtol=1e-15)        # the weights before dropout are uniform
+    dropped = _mask_of(out, p, S)
+    if kind == "MultiHeadAttention":
+        dropped = dropped.reshape(B, S, heads, S).transpose(0, 2, 1, 3)
+    return dropped
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("kind", ["SelfAttentionV3", "SelfAttentionV4", "MultiHeadAttention"])
+def test_module_attention_dropout_large_sample(kind, p):
+    """393,216 (V3, V4) or 786,432 (MHA) weights: drop rate within 5 standard errors,
+    kept weights scaled by exactly 1 / (1 - p), masks independent across batch
+    elements, heads, queries and keys (S = 128: two query tiles)."""
+    dropped = _module_mask(kind, p, seed=26)
+    _check_rate(dropped, p, "all")
+    axes = ("batch element", "head") if kind == "MultiHeadAttention" else ("batch element",)
+    _check_independent(dropped, p, axes)
+
+
+@pytest.mark.parametrize("kind", ["SelfAttentionV3", "SelfAttentionV4", "MultiHeadAttention"])
+def test_module_attention_dropout_follows_the_seed(kind):
+    """Two modules made with the same seed draw the same masks, call after call; the
+    next call and another seed draw independent ones."""
+    p = 0.5
+    B, S = 4, 64
+    a = _exposing_module(kind, S, 2, p, seed=27)
+    b = _exposing_module(kind, S, 2, p, seed=27)
+    c = _exposing_module(kind, S, 2, p, seed=28)
+    d = 2 * S if kind == "MultiHeadAttention" else S
+    x = np.zeros((B, S, d))
+    x[:, :, :S] = np.eye(S)
+    a1, b1, c1 = a(x) == 0, b(x) == 0, c(x) == 0
+    np.testing.assert_array_equal(a1, b1)
+    a2, b2 = a(x) == 0, b(x) == 0
+    np.testing.assert_array_equal(a2, b2)
+    _check_agreement(a1, a2, p, "two calls of one module")
+    _check_agreement(a1, c1, p, "seeds 27 and 28")

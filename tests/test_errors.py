@@ -5,7 +5,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from helpers import CASE_IDS, CASES, MASKED_CASES, MASKED_IDS
+from toolkit import MODEL_IDS, MODELS, MASKED_MODELS, MASKED_IDS
 
 DIM = 13
 
@@ -41,7 +41,7 @@ BAD_INPUTS = [
 BAD_IDS = ["c8", "c16", "object", "str", "bytes"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 @pytest.mark.parametrize("x", BAD_INPUTS, ids=BAD_IDS)
 def test_bad_input_dtype(case, x):
     m = case.make(DIM)
@@ -80,7 +80,7 @@ def test_object_array_of_numbers_is_rejected():
 # shapes
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_ndim_below_two(case):
     m = case.make(DIM)
     for x in (np.ones(DIM, np.float32), np.float32(1.0), np.ones((), np.float32)):
@@ -88,7 +88,7 @@ def test_ndim_below_two(case):
             m(x)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_wrong_last_dim_names_sizes(case):
     m = case.make(DIM)
     for shape in ((2, 3, 17), (3, 17)):
@@ -98,7 +98,7 @@ def test_wrong_last_dim_names_sizes(case):
         assert "13" in msg and "17" in msg, msg
 
 
-@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+@pytest.mark.parametrize("case", MASKED_MODELS, ids=MASKED_IDS)
 def test_mask_does_not_broadcast(case):
     dim = 4
     m = case.make(dim)
@@ -122,7 +122,7 @@ def test_mask_does_not_broadcast(case):
         assert m(x, np.ones(shape, bool)).shape[:-1] == (3, 5)
 
 
-@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+@pytest.mark.parametrize("case", MASKED_MODELS, ids=MASKED_IDS)
 @pytest.mark.parametrize("mask_dtype", [np.complex64, object, "U1", "S1"], ids=str)
 def test_mask_bad_dtype(case, mask_dtype):
     m = case.make(4)
@@ -246,7 +246,7 @@ def _unchanged(m, snap):
         np.testing.assert_array_equal(sd[k], snap[k])
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_load_state_dict_missing_and_unexpected(case):
     m = case.make(4, rng=np.random.default_rng(0))
     snap = _snapshot(m)
@@ -280,7 +280,7 @@ def test_load_state_dict_missing_and_unexpected(case):
         np.testing.assert_array_equal(sd[k], 0.25)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 @pytest.mark.parametrize("strict", [True, False])
 def test_load_state_dict_wrong_shape(case, strict):
     m = case.make(4, rng=np.random.default_rng(1))

@@ -12,7 +12,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from test_bad_inputs import assert_matches, make_module, ref_module
+from toolkit import assert_close, make_module, ref_module
 
 TIMEOUT = 60
 
@@ -56,12 +56,12 @@ def test_child_of_a_parent_that_used_the_pool(child_threads, restore_threads):
     attnc.set_num_threads(2)
     m, x, expected = _problem()
     parent = m(x)  # the pool's workers exist in the parent now
-    assert_matches(parent, expected, np.float64)
+    assert_close(parent, expected, np.float64)
 
     def child():
         attnc.set_num_threads(child_threads)
         out = m(x)
-        assert_matches(out, expected, np.float64)
+        assert_close(out, expected, np.float64)
         return np.array_equal(out, parent) and np.array_equal(F.linear(x, x[0]), F.linear(x, x[0]))
 
     _fork_and_check(child)

@@ -8,7 +8,7 @@ import torch.nn.functional as TF
 
 import attnc
 from attnc import functional as F
-from helpers import assert_close, np_softmax
+from toolkit import assert_close, ref_attend, ref_softmax
 
 
 def _r(rng, shape, dtype):
@@ -62,7 +62,7 @@ def test_softmax_vs_torch(shape, axis, dtype, simd_mode):
     out = F.softmax(x, axis=axis)
     assert out.dtype == dtype and out.flags.c_contiguous and out.shape == shape
     assert_close(out, torch.softmax(torch.from_numpy(x), dim=axis), dtype)
-    assert_close(out, np_softmax(x, axis), dtype)
+    assert_close(out, ref_softmax(x, axis), dtype)
 
 
 def test_softmax_default_axis_is_last():
@@ -80,7 +80,7 @@ def test_softmax_is_stable(dtype, magnitude, simd_mode):
     assert_close(out.sum(-1), np.ones(3), dtype)
     # shift invariance
     shifted = F.softmax((x.astype(np.float64) + 1e4).astype(dtype)) if magnitude < 1e20 else out
-    assert_close(shifted, np_softmax(x.astype(np.float64) + 1e4), dtype)
+    assert_close(shifted, ref_softmax(x.astype(np.float64) + 1e4), dtype)
 
 
 def test_softmax_minus_inf_and_nan():
@@ -173,7 +173,7 @@ def test_sdpa_causal_weights(L, S, dtype):
     allowed = np.tril(np.ones((L, S), dtype=bool))
     np.testing.assert_array_equal(w[..., ~allowed], 0)   # excluded keys: exactly 0
     scores = np.where(allowed, q.astype(np.float64) @ np.swapaxes(k, -1, -2) / 2.0, -np.inf)
-    ew = np_softmax(scores)
+    ew = ref_softmax(scores)
     assert_close(w, ew, dtype)
     assert_close(out, ew @ v.astype(np.float64), dtype)
 
@@ -192,7 +192,7 @@ def test_sdpa_causal_with_mask():
     allowed = np.tril(np.ones((L, S), bool))
     scores = np.where(keep == 0, -1e20, scores)
     scores = np.where(allowed, scores, -np.inf)
-    ew = np_softmax(scores)
+    ew = ref_softmax(scores)
     np.testing.assert_allclose(w[2], [1 / 3, 1 / 3, 1 / 3, 0], rtol=1e-12)
     np.testing.assert_array_equal(w[0], [1, 0, 0, 0])
     assert_close(w, ew, np.float64)
@@ -278,7 +278,7 @@ def test_softmax_result_dtype(in_dtype, expected):
     x = np.array([[0, 1, 2], [1, 1, 0]]).astype(in_dtype)
     out = F.softmax(x)
     assert out.dtype == expected
-    assert_close(out, np_softmax(x.astype(np.float64)), expected)
+    assert_close(out, ref_softmax(x.astype(np.float64)), expected)
 
 
 # ----------------------------------------------------------------------------
@@ -329,13 +329,18 @@ def test_sdpa_dropout_p0_and_p1(dtype):
 
 
 # ----------------------------------------------------------------------------
-# long rows (several key tiles), large head sizes
+# long rows (several key tiles), many queries (several query tiles), large head sizes
+#
+# The kernel's tiles (csrc/attention_tiles.h): BLOCK_Q = 96 queries, BLOCK_K = 192 keys.
+# S = 613 > 3 x 192 keys and L = 211 > 2 x 96 queries reach several tiles of each, on the
+# flash path (no weights) and on the weights path; L = 613 makes causal rows of up to 613
+# keys (the causal flash path stops each query tile's key loop at its diagonal).
 
 
-@pytest.mark.parametrize("S,E,Ev", [(600, 8, 5), (130, 300, 257), (1, 1, 1), (257, 33, 65)])
-def test_sdpa_long_rows_vs_numpy(S, E, Ev, dtype, simd_mode):
-    rng = np.random.default_rng(S + E)
-    L = 7
+@pytest.mark.parametrize("L", [7, 211, 613])
+@pytest.mark.parametrize("S,E,Ev", [(613, 8, 5), (130, 300, 257), (1, 1, 1), (257, 33, 65)])
+def test_sdpa_long_rows_vs_numpy(L, S, E, Ev, dtype, simd_mode):
+    rng = np.random.default_rng(S + E + L)
     q, k, v = _r(rng, (2, L, E), dtype), _r(rng, (2, S, E), dtype), _r(rng, (2, S, Ev), dtype)
     keep = np.zeros((L, S), bool)
     keep[0] = True                  # everything
@@ -345,16 +350,23 @@ def test_sdpa_long_rows_vs_numpy(S, E, Ev, dtype, simd_mode):
     # row 4: fully masked -> uniform, output = mean of V
     keep[5:] = rng.random((L - 5, S)) < 0.5
     keep[5:, 0] = True
+    keep[-1, :] = False             # the last query row (last query tile) fully masked too
+    scale = 1 / math.sqrt(E)
+    ref_out, ref_w = ref_attend(q, k, v, scale, keep)
     out, w = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
-    qd, kd, vd = (a.astype(np.float64) for a in (q, k, v))
-    scores = np.where(keep, qd @ np.swapaxes(kd, -1, -2) / math.sqrt(E), -1e20)
-    ew = np_softmax(scores)
-    assert_close(w, ew, dtype)
-    assert_close(out, ew @ vd, dtype)
-    assert_close(out[:, 4], vd.mean(1), dtype)
-    out_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    causal_scores = np.where(np.tril(np.ones((L, S), bool)), qd @ np.swapaxes(kd, -1, -2) / math.sqrt(E), -np.inf)
-    assert_close(out_causal, np_softmax(causal_scores) @ vd, dtype)
+    assert_close(w, ref_w, dtype, "weights")
+    assert_close(out, ref_out, dtype, "out (weights path)")
+    out_flash = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert_close(out_flash, ref_out, dtype, "out (flash path)")
+    vmean = v.astype(np.float64).mean(1)
+    for got in (out, out_flash):
+        assert_close(got[:, 4], vmean, dtype, "fully masked row")
+        assert_close(got[:, -1], vmean, dtype, "fully masked last row")
+    ref_causal, ref_causal_w = ref_attend(q, k, v, scale, causal=True)
+    assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), ref_causal, dtype, "causal (flash)")
+    out_c, w_c = F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    assert_close(w_c, ref_causal_w, dtype, "causal weights")
+    assert_close(out_c, ref_causal, dtype, "causal (weights path)")
 
 
 def test_softmax_inf_like_torch():

@@ -1,5 +1,6 @@
 """Property-based fuzzing (hypothesis) of every entry point against the
-float64 NumPy oracle of test_bad_inputs.py: shapes (zero sizes included),
+toolkit's float64 NumPy oracle: shapes (zero sizes included, and sometimes
+lengths across one or more attention tiles: up to 250 queries and 450 keys),
 input dtypes (float32/float64/int/bool/float16), memory layouts (slices,
 transposes, negative steps, broadcast views), masks (bool/int/float, any
 broadcast shape, or not broadcastable), scale, is_causal and head counts.
@@ -14,12 +15,12 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import attnc
 from attnc import functional as F
-from test_bad_inputs import MODULES, ref_attend, ref_linear, ref_module, ref_softmax
+from toolkit import MODEL, MODELS, assert_close, ref_attend, ref_linear, ref_module, ref_softmax, result_dtype
 
 EXAMPLES = int(os.environ.get("ATTNC_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize="ATTNC_FUZZ_EXAMPLES" not in os.environ,
@@ -32,17 +33,6 @@ COUNTS = {}  # test name -> examples run (printed by the last test, for the READ
 
 def _count(name):
     COUNTS[name] = COUNTS.get(name, 0) + 1
-
-
-def result_dtype(*dtypes):
-    return np.float64 if any(np.dtype(d).kind == "f" and np.dtype(d).itemsize == 8 for d in dtypes) \
-        else np.float32
-
-
-def tol(dtype, *in_dtypes):
-    if any(np.dtype(d) == np.float16 for d in in_dtypes):
-        pass  # float16 inputs are exact in float32/float64
-    return 5e-5 if np.dtype(dtype) == np.float32 else 1e-10
 
 
 @st.composite
@@ -110,16 +100,17 @@ def masks(draw, scores_shape):
     return mask, mask, fits
 
 
-def _close(actual, expected, dtype, what):
-    actual = np.asarray(actual)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
-    if expected.size == 0:
-        return
-    assert np.all(np.isfinite(actual)), what
-    scale = max(1.0, float(np.max(np.abs(expected))))
-    err = float(np.max(np.abs(actual.astype(np.float64) - expected)))
-    assert err <= tol(dtype) * scale, f"{what}: max abs err {err:.3e} (scale {scale:.3g})"
+# The attention kernel works in tiles of BLOCK_Q = 96 queries and BLOCK_K = 192
+# keys (csrc/attention_tiles.h). Most examples are small (fast, and where the
+# edge cases are); some cross one or more tile boundaries, at them or anywhere.
+QUERY_TILE, KEY_TILE = 96, 192
+
+
+def lengths(tile, most):
+    """0..9 mostly; else a length at a tile boundary (+-1) or anywhere up to `most`."""
+    edges = sorted({n for t in (tile, 2 * tile) for n in (t - 1, t, t + 1) if n <= most})
+    return st.one_of(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.sampled_from(edges),
+                     st.integers(10, most))
 
 
 @st.composite
@@ -135,7 +126,8 @@ def batch_shapes(draw, max_dims=2):
 def test_fuzz_sdpa(data):
     draw = data.draw
     batch = draw(batch_shapes())
-    L, S, E, Ev = (draw(st.integers(0, 9)) for _ in range(4))
+    L, S = draw(lengths(QUERY_TILE, 250)), draw(lengths(KEY_TILE, 450))
+    E, Ev = (draw(st.integers(0, 9)) for _ in range(2))
 
     def sub(b):  # a batch shape that broadcasts with `batch`
         return tuple(1 if draw(st.booleans()) else s for s in b[len(b) - draw(st.integers(0, len(b))):])
@@ -149,6 +141,8 @@ def test_fuzz_sdpa(data):
     scale = draw(st.sampled_from([None, 0.0, 0.3, -1.0, 2.0, 1e-3]))
     weights = draw(st.booleans())
     _count("sdpa")
+    if L > QUERY_TILE and S > KEY_TILE:
+        _count("sdpa across query and key tiles")
     if not fits:
         with pytest.raises(ValueError, match="attn_mask"):
             F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
@@ -160,44 +154,33 @@ def test_fuzz_sdpa(data):
     ref_out, ref_w = ref_attend(q64, k64, v64, s, mask, causal)
     dtype = result_dtype(q.dtype, k.dtype, v.dtype)
     if weights:
-        _close(result[0], ref_out, dtype, "out")
-        _close(result[1], ref_w, dtype, "weights")
+        assert_close(result[0], ref_out, dtype, "out")
+        assert_close(result[1], ref_w, dtype, "weights")
     else:
-        _close(result, ref_out, dtype, "out")
-
-
-MODULE_BUILDERS = {
-    "V1": lambda d, h, r: attnc.SelfAttentionV1(d, **r),
-    "V2": lambda d, h, r: attnc.SelfAttentionV2(d, **r),
-    "V3": lambda d, h, r: attnc.SelfAttentionV3(d, 0.3, **r),
-    "V4": lambda d, h, r: attnc.SelfAttentionV4(d, 0.3, **r),
-    "MHA": lambda d, h, r: attnc.MultiHeadAttention(d * h, h, 0.3, **r),
-    "SA": lambda d, h, r: attnc.SelfAttention(d, d + h, 2 * h + 1, bias=bool(h % 2), **r),
-    "MHSA": lambda d, h, r: attnc.MultiHeadSelfAttention(d, 2 * h, 3 * h, h, bias=bool(h % 2), **r),
-}
+        assert_close(result, ref_out, dtype, "out")
 
 
 @FUZZ
 @given(data=st.data())
 def test_fuzz_modules(data):
     draw = data.draw
-    kind = draw(st.sampled_from(list(MODULE_BUILDERS)))
-    dim, heads = draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    model = draw(st.sampled_from(MODELS))
+    kind = model.name
+    d, heads = draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    dim = d * heads if model.kind == "MultiHeadAttention" else d   # MHA: heads split the model dim
     dtype = draw(st.sampled_from([np.float32, np.float64]))
-    m = MODULE_BUILDERS[kind](dim, heads, dict(dtype=dtype, rng=np.random.default_rng(draw(st.integers(0, 99)))))
+    m = model.make(dim, heads=heads, dtype=dtype, rng=np.random.default_rng(draw(st.integers(0, 99))))
     m.eval()
-    in_dim = m.Q_proj.in_features if kind == "V1" else (
-        m.hidden_dim if kind == "MHA" else getattr(m, "dim", getattr(m, "dim_in", None)))
     batch = draw(batch_shapes())
-    seq = draw(st.integers(0, 8))
-    x, x64 = draw(arrays(batch + (seq, in_dim)))
-    masked = kind not in ("V1", "V2")
-    multi = kind in ("MHA", "MHSA")
-    scores = batch + ((m.head_num if kind == "MHA" else m.num_heads),) if multi else batch
-    mask, _, fits = draw(masks(scores + (seq, seq))) if masked else (None, None, True)
+    seq = draw(lengths(QUERY_TILE, 300))
+    x, x64 = draw(arrays(batch + (seq, dim)))
+    scores = batch + ((heads,) if model.heads is not None else ())
+    mask, _, fits = draw(masks(scores + (seq, seq))) if model.masked else (None, None, True)
     weights = draw(st.booleans())
     _count("modules")
-    args = (x, mask) if masked else (x,)
+    if seq > KEY_TILE:
+        _count("modules across query and key tiles")
+    args = (x, mask) if model.masked else (x,)
     if not fits:
         with pytest.raises(ValueError, match="attention_mask"):
             m(*args, return_weights=weights)
@@ -205,10 +188,10 @@ def test_fuzz_modules(data):
     result = m(*args, return_weights=weights)
     ref_out, ref_w = ref_module(m, x64, mask)
     if weights:
-        _close(result[0], ref_out, dtype, f"{kind} out")
-        _close(result[1], ref_w, dtype, f"{kind} weights")
+        assert_close(result[0], ref_out, dtype, f"{kind} out")
+        assert_close(result[1], ref_w, dtype, f"{kind} weights")
     else:
-        _close(result, ref_out, dtype, f"{kind} out")
+        assert_close(result, ref_out, dtype, f"{kind} out")
 
 
 @FUZZ
@@ -216,8 +199,8 @@ def test_fuzz_modules(data):
 def test_fuzz_module_wrong_inputs(data):
     """Wrong last dim, too few dims, bad dtypes: the named exception, never a crash."""
     draw = data.draw
-    kind = draw(st.sampled_from(list(MODULES)))
-    m = MODULES[kind][0](4, rng=np.random.default_rng(0))
+    kind = draw(st.sampled_from(list(MODEL)))
+    m = MODEL[kind].make(4, rng=np.random.default_rng(0))
     bad = draw(st.sampled_from(["ndim", "last", "complex", "object", "str"]))
     _count("module-errors")
     shape = tuple(draw(st.lists(st.integers(0, 3), min_size=0, max_size=1))) if bad == "ndim" else \
@@ -244,7 +227,7 @@ def test_fuzz_linear(data):
     b, b64 = draw(arrays((n_out,))) if use_bias else (None, None)
     _count("linear")
     out = F.linear(x, w, b)
-    _close(out, ref_linear(x64, w64, b64), result_dtype(x.dtype, w.dtype, *([b.dtype] if use_bias else [])),
+    assert_close(out, ref_linear(x64, w64, b64), result_dtype(x.dtype, w.dtype, *([b.dtype] if use_bias else [])),
            "linear")
 
 
@@ -257,7 +240,7 @@ def test_fuzz_softmax_and_dropout(data):
     axis = draw(st.integers(-max(1, len(shape)), max(1, len(shape)) - 1))
     _count("softmax")
     out = F.softmax(x, axis=axis)
-    _close(out, ref_softmax(x64, axis=axis if shape else -1), result_dtype(x.dtype), "softmax")
+    assert_close(out, ref_softmax(x64, axis=axis if shape else -1), result_dtype(x.dtype), "softmax")
     p = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0]))
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     d = attnc.Dropout(p, dtype=dtype, rng=np.random.default_rng(draw(st.integers(0, 99))))
@@ -268,10 +251,15 @@ def test_fuzz_softmax_and_dropout(data):
     np.testing.assert_allclose(y[kept], expected[kept], rtol=1e-6 if dtype == np.float32 else 1e-12)
     if p == 0:
         np.testing.assert_allclose(y, x64, rtol=1e-6)
-    _close(d.eval()(x), x64, dtype, "dropout eval") if np.all(np.isfinite(x64)) else None
+    assert_close(d.eval()(x), x64, dtype, "dropout eval") if np.all(np.isfinite(x64)) else None
 
 
 def test_fuzz_counts_report(capsys):
-    """Runs last in this file: prints the number of examples run per test (for docs)."""
+    """Runs last in this file: prints the number of examples run per test (for docs), and
+    checks that a full (default or longer) run reached lengths across several tiles."""
     with capsys.disabled():
         print(f"\n[fuzz] examples run: {COUNTS} (max_examples={EXAMPLES})")
+    if COUNTS.get("sdpa", 0) >= 100:
+        assert COUNTS.get("sdpa across query and key tiles", 0) > 0, COUNTS
+    if COUNTS.get("modules", 0) >= 100:
+        assert COUNTS.get("modules across query and key tiles", 0) > 0, COUNTS

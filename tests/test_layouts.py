@@ -6,7 +6,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from helpers import CASE_IDS, CASES, scores_shape
+from toolkit import MODEL, MODEL_IDS, MODELS, assert_close, ref_attend, ref_module, scores_shape
 
 
 def _strided(a):
@@ -88,7 +88,7 @@ def _check_same(fn, plain_args, layout):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_module_layouts(case, layout):
     dim = 6
     m = case.make(dim, rng=np.random.default_rng(0)).eval()
@@ -105,7 +105,7 @@ def test_module_layouts(case, layout):
         _check_same(lambda a, k: m(a, k), [x, mask.astype(np.float64)], layout)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_module_broadcast_input_and_mask(case):
     dim = 4
     m = case.make(dim, rng=np.random.default_rng(2)).eval()
@@ -142,9 +142,44 @@ def test_functional_layouts(layout):
                 [q, k, v], layout)
 
 
+# The attention kernel's tiles: BLOCK_Q = 96 queries, BLOCK_K = 192 keys (csrc/attention_tiles.h).
+# 200 queries and 400 keys cross two query tiles and two key tiles (a partial third of each).
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sdpa_layouts_across_tiles(layout):
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 200, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 400, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 400, 5)).astype(np.float32)
+    mask = rng.random((200, 400)) < 0.7
+    _check_same(lambda *a: F.scaled_dot_product_attention(*a), [q, k, v], layout)
+    _check_same(lambda *a: F.scaled_dot_product_attention(a[0], a[1], a[2], attn_mask=a[3]),
+                [q, k, v, mask.astype(np.int16)], layout)
+    _check_same(lambda *a: F.scaled_dot_product_attention(a[0], a[1], a[2], attn_mask=a[3], return_weights=True),
+                [q, k, v, mask], layout)
+    _check_same(lambda *a: F.scaled_dot_product_attention(*a, is_causal=True), [q, k, v], layout)
+    ref_out, _ = ref_attend(q, k, v, 1 / np.sqrt(8), mask)
+    assert_close(F.scaled_dot_product_attention(*(LAYOUTS[layout](a) for a in (q, k, v)), attn_mask=mask),
+                 ref_out, np.float32, layout)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["V4", "MHA"])
+def test_module_layouts_across_tiles(name, layout):
+    dim = 8
+    m = MODEL[name].make(dim, rng=np.random.default_rng(12)).eval()
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 400, dim)).astype(np.float32)
+    mask = (rng.random(scores_shape(MODEL[name], dim, x.shape)) < 0.7).astype(np.int32)
+    _check_same(lambda a: m(a), [x], layout)
+    _check_same(lambda a, k: m(a, k, return_weights=True), [x, mask], layout)
+    assert_close(m(LAYOUTS[layout](x), mask), ref_module(m, x, mask)[0], np.float32, layout)
+
+
 @pytest.mark.parametrize("in_dtype", [np.int8, np.int32, np.int64, np.uint16, bool, np.float16, ">i8", ">f2"],
                          ids=str)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_integer_bool_float16_inputs(case, in_dtype):
     dim = 4
     m = case.make(dim, rng=np.random.default_rng(6)).eval()
@@ -157,7 +192,7 @@ def test_integer_bool_float16_inputs(case, in_dtype):
     np.testing.assert_array_equal(m(x), m(x.astype(np.float64)))
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_outputs_are_fresh(case):
     dim = 4
     m = case.make(dim, rng=np.random.default_rng(7)).eval()
@@ -192,7 +227,7 @@ def test_functional_outputs_are_fresh():
     assert not np.shares_memory(F.linear(x1, x1), x1)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 @pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3), (2, 0), (0, 0, 3)], ids=str)
 def test_empty_inputs(case, shape):
     dim = 4

@@ -12,7 +12,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from helpers import CASE_IDS, CASES
+from toolkit import MODEL_IDS, MODELS
 
 N_CALLS = 10_000
 S, D = 16, 16
@@ -55,7 +55,7 @@ def _run_no_leak(call, objs):
     assert grown_rss < 4 * 1024 * 1024, f"RSS grew {grown_rss} bytes"
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_module_forward_no_leak(case):
     m = case.make(D, rng=np.random.default_rng(0))
     x = np.random.default_rng(0).standard_normal((1, S, D)).astype(np.float32)
@@ -142,4 +142,6 @@ def test_error_paths_no_leak():
             F.scaled_dot_product_attention(x, x, x, scale=float("nan"))
         except ValueError:
             pass
+        else:
+            raise AssertionError("scale=nan: no error")
     _run_no_leak(call, [m, x, bad_x, bad_mask])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attnc
-from helpers import (MASKED_CASES, MASKED_IDS, assert_close, make_pair, np_linear, np_reference, np_sd, np_values,
+from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, ref_linear, ref_forward, np_sd, ref_values,
                      random_keep_mask, torch_forward)
 
 B, S = 3, 5
@@ -19,8 +19,8 @@ SINGLE_HEAD_MASK_SHAPES = [(S, S), (B, 1, S), (B, S, S), (S,), (1, S), (B, S, 1)
 MULTI_HEAD_MASK_SHAPES = [(B, 1, 1, S), (B, 1, S, S), (S, S), (1, S), (B, 2, S, S), (2, 1, S), (1, 1, 1, 1)]
 
 
-@pytest.mark.parametrize("case", [c for c in MASKED_CASES if c.heads is None],
-                         ids=[c.name for c in MASKED_CASES if c.heads is None])
+@pytest.mark.parametrize("case", [c for c in MASKED_MODELS if c.heads is None],
+                         ids=[c.name for c in MASKED_MODELS if c.heads is None])
 @pytest.mark.parametrize("mask_shape", SINGLE_HEAD_MASK_SHAPES, ids=str)
 def test_single_head_mask_broadcast(case, mask_shape, dtype):
     dim = 4
@@ -30,14 +30,14 @@ def test_single_head_mask_broadcast(case, mask_shape, dtype):
     out, w = am(x, mask, return_weights=True)
     assert w.shape == (B, S, S)
     assert_close(out, torch_forward(case, tm, x, np.broadcast_to(mask, (B, S, S))), dtype)
-    ref, ref_w = np_reference(case.kind, np_sd(tm), x, mask)
+    ref, ref_w = ref_forward(case.kind, np_sd(tm), x, mask)
     assert_close(out, ref, dtype)
     assert_close(w, ref_w, dtype)
     np.testing.assert_array_equal(w[np.broadcast_to(mask, (B, S, S)) == 0], 0)
 
 
-@pytest.mark.parametrize("case", [c for c in MASKED_CASES if c.heads is not None],
-                         ids=[c.name for c in MASKED_CASES if c.heads is not None])
+@pytest.mark.parametrize("case", [c for c in MASKED_MODELS if c.heads is not None],
+                         ids=[c.name for c in MASKED_MODELS if c.heads is not None])
 @pytest.mark.parametrize("mask_shape", MULTI_HEAD_MASK_SHAPES, ids=str)
 def test_multi_head_mask_broadcast(case, mask_shape, dtype):
     dim = 4 if case.kind == "MultiHeadAttention" else 5   # MHA: 2 heads; MHSA: 3 heads
@@ -53,13 +53,13 @@ def test_multi_head_mask_broadcast(case, mask_shape, dtype):
     out, w = am(x, mask, return_weights=True)
     assert w.shape == (B, h, S, S)
     assert_close(out, torch_forward(case, tm, x, full), dtype)
-    ref, ref_w = np_reference(case.kind, np_sd(tm), x, mask, h)
+    ref, ref_w = ref_forward(case.kind, np_sd(tm), x, mask, h)
     assert_close(out, ref, dtype)
     assert_close(w, ref_w, dtype)
     np.testing.assert_array_equal(w[~full], 0)
 
 
-@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+@pytest.mark.parametrize("case", MASKED_MODELS, ids=MASKED_IDS)
 def test_mask_leading_dims(case):
     """x (2, 3, S, dim): the mask broadcasts to the scores' shape over all leading dims."""
     dim = 6
@@ -69,7 +69,7 @@ def test_mask_leading_dims(case):
     mask_shape = (3, 1, S) if h is None else (2, 1, 1, 1, S)   # to (2,3,S,S) / (2,3,h,S,S)
     mask = random_keep_mask(np.random.default_rng(3), mask_shape)
     out = am(x, mask)
-    ref, _ = np_reference(case.kind, np_sd(tm), x, mask, h)
+    ref, _ = ref_forward(case.kind, np_sd(tm), x, mask, h)
     assert_close(out, ref, np.float64)
     full = np.broadcast_to(mask, (2, 3) + ((h,) if h else ()) + (S, S))
     assert_close(out, torch_forward(case, tm, x, full), np.float64)
@@ -80,7 +80,7 @@ MASK_DTYPES = [bool, np.int8, np.uint8, np.int32, np.int64, np.uint64, np.float1
 
 
 @pytest.mark.parametrize("mask_dtype", MASK_DTYPES, ids=str)
-@pytest.mark.parametrize("case", MASKED_CASES[:3], ids=MASKED_IDS[:3])
+@pytest.mark.parametrize("case", MASKED_MODELS[:3], ids=MASKED_IDS[:3])
 def test_mask_dtypes_nonzero_keeps(case, mask_dtype):
     dim = 4
     _, am = make_pair(case, dim, np.float32, seed=4)
@@ -131,7 +131,7 @@ def test_float_mask_is_not_additive_vs_torch_sdpa():
 # fully masked rows
 
 
-@pytest.mark.parametrize("case", MASKED_CASES, ids=MASKED_IDS)
+@pytest.mark.parametrize("case", MASKED_MODELS, ids=MASKED_IDS)
 def test_fully_masked_rows_uniform(case, dtype):
     dim = 4
     tm, am = make_pair(case, dim, dtype, seed=6)
@@ -148,14 +148,14 @@ def test_fully_masked_rows_uniform(case, dtype):
     np.testing.assert_allclose(w[0], 1.0 / S, rtol=1e-6)
     np.testing.assert_allclose(w[1][..., 2, :], 1.0 / S, rtol=1e-6)
     # output = mean of the V rows (then the output projection, if any)
-    mean_v = np_values(case.kind, sd, x).mean(axis=-2)   # (B, dim_v)
+    mean_v = ref_values(case.kind, sd, x).mean(axis=-2)   # (B, dim_v)
     if case.kind == "SelfAttentionV3":
-        mean_v = np_linear(mean_v, sd["output_proj.weight"], sd["output_proj.bias"])
+        mean_v = ref_linear(mean_v, sd["output_proj.weight"], sd["output_proj.bias"])
     if case.kind == "MultiHeadAttention":
-        mean_v = np_linear(mean_v, sd["output_linear.weight"], sd["output_linear.bias"])
+        mean_v = ref_linear(mean_v, sd["output_linear.weight"], sd["output_linear.bias"])
     assert_close(out[0], np.broadcast_to(mean_v[0], out[0].shape), dtype)
     assert_close(out[1, 2], mean_v[1], dtype)
-    ref, _ = np_reference(case.kind, sd, x, mask, h)
+    ref, _ = ref_forward(case.kind, sd, x, mask, h)
     assert_close(out, ref, dtype)
 
 
@@ -183,8 +183,8 @@ def test_v3_doc_mask_train_mode_rows_are_dropped_or_kept():
     sd = am.state_dict()
     x = np.random.default_rng(7).standard_normal((3, 4, 2))
     mask = np.repeat(np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])[:, None, :], 4, axis=1)
-    v0 = np_linear(x[2, 0], sd["proj.weight"], sd["proj.bias"])[4:]
-    kept = np_linear(v0 / (1 - p), sd["output_proj.weight"], sd["output_proj.bias"])
+    v0 = ref_linear(x[2, 0], sd["proj.weight"], sd["proj.bias"])[4:]
+    kept = ref_linear(v0 / (1 - p), sd["output_proj.weight"], sd["output_proj.bias"])
     dropped = sd["output_proj.bias"]
     seen = set()
     for _ in range(10):

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import attnc
-from helpers import CASE_IDS, CASES, assert_close
+from toolkit import MODEL_IDS, MODELS, SIMD_LEVELS, assert_close
 
 
 DIM = 6
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_training_flag_train_eval(case):
     m = case.make(DIM)
     assert m.training is True
@@ -26,7 +26,7 @@ def test_training_flag_train_eval(case):
     assert m.train(True) is m and m.training is True
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_named_parameters_and_state_dict_match_torch(case):
     m = case.make(DIM)
     tm = case.make_torch(DIM)
@@ -41,7 +41,7 @@ def test_named_parameters_and_state_dict_match_torch(case):
         assert p is q or np.shares_memory(p, q)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_state_dict_values_are_copies(case):
     m = case.make(DIM)
     sd = m.state_dict()
@@ -75,7 +75,7 @@ def test_load_state_dict_accepts_lists_and_tensors_and_returns_keys():
     assert m.state_dict()["V_proj.weight"].dtype == np.float32
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_to_float64_in_place(case):
     m = case.make(DIM, rng=np.random.default_rng(1))
     assert m.dtype == np.float32 and isinstance(m.dtype, np.dtype)
@@ -103,7 +103,7 @@ def test_dtype_argument_forms(spec, expected):
         assert all(p.dtype == expected for _, p in m.named_parameters())
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_repr_matches_torch(case):
     m = case.make(DIM)
     tm = case.make_torch(DIM)
@@ -152,7 +152,7 @@ def test_linear_init_uniform_like_torch(fan_in, fan_out):
     assert len(np.unique(lin.weight)) > 0.99 * lin.weight.size
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_module_init_bounds(case):
     m = case.make(40, rng=np.random.default_rng(4))
     sd = m.state_dict()
@@ -163,7 +163,7 @@ def test_module_init_bounds(case):
             assert p.max() > 0.5 * bound and p.min() < -0.5 * bound, name
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_init_reproducible(case):
     attnc.manual_seed(11)
     a = case.make(DIM).state_dict()
@@ -241,12 +241,16 @@ def test_import_needs_no_torch():
 
 
 def test_simd_switch():
-    cpu_flags = open("/proc/cpuinfo").read()
-    has_avx2 = " avx2" in cpu_flags and " fma" in cpu_flags
+    """The portable level can always be chosen; the best level is AVX2 or above exactly when
+    the CPU has AVX2 and FMA."""
+    cpu_flags = open("/proc/cpuinfo").read().split()
+    has_avx2 = "avx2" in cpu_flags and "fma" in cpu_flags
+    best = SIMD_LEVELS[-1]
     try:
-        attnc._C.set_simd(False)
-        assert attnc._C.simd_active() is False or attnc._C.simd_active() == 0
-        attnc._C.set_simd(True)
-        assert bool(attnc._C.simd_active()) == has_avx2
+        attnc._C.set_simd_level("portable")
+        assert attnc._C.simd_level() == "portable"
+        attnc._C.set_simd_level(best)
+        assert attnc._C.simd_level() == best
+        assert (best != "portable") == has_avx2
     finally:
-        attnc._C.set_simd(True)
+        attnc._C.set_simd_level(best)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attnc
-import doc_models as dm
-from helpers import (CASE_IDS, CASES, assert_close, make_pair, np_reference, np_sd, random_keep_mask,
+from toolkit import (MODEL_IDS, MODELS, assert_close, make_pair, np_sd, random_keep_mask, ref_forward,
                      scores_shape, torch_dtype, torch_forward)
+from toolkit import doc_models as dm
 
 
 def _x(rng, shape, dtype):
@@ -31,7 +31,7 @@ def _check(am, tm, kind, x, mask, dtype, heads=None, case=None):
     out = am(x) if mask is None else am(x, mask)
     assert out.dtype == dtype
     assert_close(out, expected, dtype, "vs torch")
-    ref_out, ref_w = np_reference(kind, np_sd(tm), x, mask, heads)
+    ref_out, ref_w = ref_forward(kind, np_sd(tm), x, mask, heads)
     out2, w = am(x, return_weights=True) if mask is None else am(x, mask, return_weights=True)
     assert_close(out2, ref_out, dtype, "vs numpy")
     assert_close(w, ref_w, dtype, "weights vs numpy")
@@ -188,7 +188,7 @@ def test_default_dims_are_728():
 ODD_SHAPES = [(2, 1, 5), (3, 7, 13), (2, 3, 5, 6), (5, 6), (1, 1, 3), (2, 2, 1, 4)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_odd_shapes_vs_torch(case, shape, dtype):
     dim = shape[-1]
@@ -201,14 +201,14 @@ def test_odd_shapes_vs_torch(case, shape, dtype):
     out = am(x) if mask is None else am(x, mask)
     assert out.dtype == dtype and out.flags.c_contiguous
     assert_close(out, torch_forward(case, tm, x, mask), dtype, "vs torch")
-    ref, ref_w = np_reference(case.kind, np_sd(tm), x, mask, case.n_heads(dim))
+    ref, ref_w = ref_forward(case.kind, np_sd(tm), x, mask, case.n_heads(dim))
     assert_close(out, ref, dtype, "vs numpy")
     out2, w = am(x, return_weights=True) if mask is None else am(x, mask, return_weights=True)
     assert_close(out2, out, dtype, "return_weights=True vs False")
     assert_close(w, ref_w, dtype, "weights")
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_portable_kernels_vs_torch(case, simd_mode):
     dim = 16 if case.kind == "MultiHeadAttention" else 13
     shape = (2, 9, dim)
@@ -221,7 +221,7 @@ def test_portable_kernels_vs_torch(case, simd_mode):
         assert_close(out, torch_forward(case, tm, x, mask), dtype, f"simd={simd_mode}")
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_state_dict_into_torch(case, dtype):
     """The other direction: attnc's own init loaded into the torch class."""
     dim = 6
@@ -236,7 +236,7 @@ def test_state_dict_into_torch(case, dtype):
     assert_close(out, torch_forward(case, tm, x, mask), dtype)
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_load_from_numpy_float64_into_float32(case):
     dim = 5
     torch.manual_seed(14)

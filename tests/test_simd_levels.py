@@ -1,19 +1,16 @@
 """Every kernel ISA level this CPU has (portable, AVX2, AVX-512) against float64 NumPy.
 
-The simd_mode fixture (conftest.py) runs each test once per level. Odd sizes
+The simd_mode fixture runs each test once per level. Odd sizes
 exercise the edge tiles of every micro-kernel shape (MR in 4, 6, 12; NR in
 8, 16), transposed operands the strided packing, and the attention sizes
 partial query and key tiles.
 """
-import math
-
 import numpy as np
 import pytest
 
 import attnc
 from attnc import functional as F
-from conftest import SIMD_LEVELS
-from helpers import assert_close, np_softmax
+from toolkit import SIMD_LEVELS, assert_close, ref_attend
 
 
 def _r(rng, shape, dtype):
@@ -34,17 +31,6 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
 
 
-def _np_sdpa(q, k, v, keep, is_causal):
-    qd, kd, vd = (a.astype(np.float64) for a in (q, k, v))
-    scores = qd @ np.swapaxes(kd, -1, -2) / math.sqrt(q.shape[-1])
-    if keep is not None:
-        scores = np.where(keep, scores, -1e20)
-    if is_causal:
-        L, S = scores.shape[-2:]
-        scores = np.where(np.tril(np.ones((L, S), bool)), scores, -np.inf)
-    return np_softmax(scores) @ vd
-
-
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
@@ -57,7 +43,7 @@ def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
         keep = rng.random((L, S)) < 0.6
         keep[:, 0] = True
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
-    assert_close(out, _np_sdpa(q, k, v, keep, is_causal), dtype, f"{simd_mode} L={L} S={S} E={E} Ev={Ev}")
+    assert_close(out, ref_attend(q, k, v, 1 / np.sqrt(E), keep, is_causal)[0], dtype, f"{simd_mode} L={L} S={S} E={E} Ev={Ev}")
     if not is_causal:  # the materialised path (weights returned) too
         out_w, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
         assert_close(out_w, out, dtype)
@@ -66,19 +52,31 @@ def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
 
 def test_levels_reported_and_capped():
     best = SIMD_LEVELS[-1]
+    assert SIMD_LEVELS[0] == "portable"
+    assert list(SIMD_LEVELS) == [lv for lv in ("portable", "avx2", "avx512") if lv in SIMD_LEVELS]
     try:
         assert attnc._C.simd_level() == best
-        assert bool(attnc._C.simd_active()) == (best != "portable")
-        attnc._C.set_simd_level("avx2")
-        assert attnc._C.simd_level() == ("avx2" if "avx2" in SIMD_LEVELS else "portable")
-        attnc._C.set_simd_level("avx512")  # a cap above what the CPU has is harmless
-        assert attnc._C.simd_level() == best
-        attnc._C.set_simd(False)
-        assert attnc._C.simd_level() == "portable" and not attnc._C.simd_active()
-        attnc._C.set_simd(True)
-        assert attnc._C.simd_level() == best
-        for bad in ("sse", "AVX2", "", 2, None):
+        for level in SIMD_LEVELS:
+            attnc._C.set_simd_level(level)
+            assert attnc._C.simd_level() == level
+        for level in ("avx2", "avx512"):
+            if level in SIMD_LEVELS:
+                continue
+            attnc._C.set_simd_level("portable")
+            if hasattr(attnc._C, "simd_levels"):   # a level this CPU does not run is refused, nothing changes
+                with pytest.raises(ValueError, match="level"):
+                    attnc._C.set_simd_level(level)
+                assert attnc._C.simd_level() == "portable"
+            else:                                   # (builds before simd_levels: capped at the best level)
+                attnc._C.set_simd_level(level)
+                assert attnc._C.simd_level() == best
+        attnc._C.set_simd_level(best)
+        for bad in ("sse", "AVX2", ""):
             with pytest.raises(ValueError, match="level"):
+                attnc._C.set_simd_level(bad)
+        # not a string: TypeError (builds before simd_levels: ValueError)
+        for bad in (2, None):
+            with pytest.raises(TypeError if hasattr(attnc._C, "simd_levels") else ValueError, match="level"):
                 attnc._C.set_simd_level(bad)
         assert attnc._C.simd_level() == best
     finally:
@@ -87,6 +85,20 @@ def test_levels_reported_and_capped():
 
 def test_avx512_available_where_the_cpu_has_it():
     flags = open("/proc/cpuinfo").read().split()
+    has_avx2 = all(f in flags for f in ("avx2", "fma"))
     has_avx512 = all(f in flags for f in ("avx512f", "avx512vl", "avx512dq", "avx2", "fma"))
-    assert attnc._C.cpu_has_avx512() == has_avx512
+    assert ("avx2" in SIMD_LEVELS) == has_avx2
     assert ("avx512" in SIMD_LEVELS) == has_avx512
+    if hasattr(attnc._C, "simd_levels"):  # the hook agrees with what setting and reading back finds
+        found = []
+        try:
+            for name in ("portable", "avx2", "avx512"):
+                try:
+                    attnc._C.set_simd_level(name)
+                except ValueError:
+                    continue
+                if attnc._C.simd_level() == name:
+                    found.append(name)
+        finally:
+            attnc._C.set_simd_level(SIMD_LEVELS[-1])
+        assert tuple(attnc._C.simd_levels()) == tuple(found)

@@ -9,7 +9,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from helpers import CASE_IDS, CASES, assert_close, np_reference, scores_shape
+from toolkit import MODEL_IDS, MODELS, assert_close, ref_forward, scores_shape
 
 THREADS = (1, 2, 3, 4)
 
@@ -32,7 +32,7 @@ def _all_equal(outs):
             np.testing.assert_array_equal(o, outs[0])
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
 def test_modules_same_bits_any_thread_count(case, restore_threads, simd_mode):
     dim = 48
     m = case.make(dim, rng=np.random.default_rng(0))
@@ -44,7 +44,7 @@ def test_modules_same_bits_any_thread_count(case, restore_threads, simd_mode):
     outs = _over_threads(lambda: m(*args, return_weights=True))
     _all_equal(outs)
     _all_equal(_over_threads(lambda: m(*args)))
-    ref, _ = np_reference(case.kind, m.state_dict(), x, mask, case.n_heads(dim))
+    ref, _ = ref_forward(case.kind, m.state_dict(), x, mask, case.n_heads(dim))
     assert_close(outs[0][0], ref, np.float32)
     if case.kind in ("SelfAttentionV3", "SelfAttentionV4", "MultiHeadAttention"):
         def train_call():

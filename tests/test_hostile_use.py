@@ -1,0 +1,559 @@
+"""A hostile user's parameters: regression tests for findings 1, 2 and 6 of
+issue 9.
+
+Every parameter of every class (from named_parameters()) is replaced or
+changed in place in every odd way we know: 0-d, 1-d, 3-d, empty, resized,
+`.shape` set, wrong dtype, read-only, unaligned, Fortran order, strided,
+byte-swapped, None. Each call either works, and then matches the float64
+oracle, or raises TypeError/ValueError whose message starts with the
+parameter's name; it never crashes. load_state_dict changes nothing unless
+it can change everything, whatever the current parameters are; a pickle
+round trip with out-of-band buffers (read-only or unaligned) gives a module
+that works; informational attributes (head_dim, ...) cannot break a
+forward; a bad dropout probability set after construction is named.
+"""
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import functional as F
+from toolkit import DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, ref_module
+
+DIM = 4
+
+
+def _x(dtype=np.float32, shape=(2, 3, DIM)):
+    return np.random.default_rng(1).standard_normal(shape).astype(dtype)
+
+
+def _owner(module, key):
+    """(submodule, attribute) holding the parameter named `key`."""
+    *path, leaf = key.split(".")
+    for name in path:
+        module = getattr(module, name)
+    return module, leaf
+
+
+def _snapshot(module):
+    """Every parameter bit for bit: key -> (dtype, shape, bytes)."""
+    return {k: (v.dtype, v.shape, v.tobytes()) for k, v in module.named_parameters()}
+
+
+def _assert_works(module, x, mask=None):
+    """The forward (with and without weights) matches the float64 oracle."""
+    args = (x,) if mask is None else (x, mask)
+    out, weights = module(*args, return_weights=True)
+    ref_out, ref_weights = ref_module(module, x, mask)
+    assert_close(out, ref_out, module.dtype, "out")
+    assert_close(weights, ref_weights, module.dtype, "weights")
+    assert_close(module(*args), ref_out, module.dtype, "out without weights")
+
+
+def _is_clean(array, dtype):
+    flags = array.flags
+    return (type(array) is np.ndarray and array.dtype == dtype and flags.c_contiguous and flags.aligned
+            and flags.writeable)
+
+
+# ============================================================================
+# odd arrays
+
+
+def _unaligned(a, writeable=True):
+    """A copy of `a` whose data starts one byte past an aligned address."""
+    raw = bytearray(a.nbytes + 1)
+    out = np.frombuffer(raw, a.dtype, count=a.size, offset=1).reshape(a.shape)
+    out[...] = a
+    if not writeable:
+        out = np.frombuffer(bytes(raw), a.dtype, count=a.size, offset=1).reshape(a.shape)
+    assert not out.flags.aligned or a.size == 0
+    return out
+
+
+def _read_only(a):
+    out = a.copy()
+    out.flags.writeable = False
+    return out
+
+
+def _strided(a):
+    return np.repeat(a, 2, axis=-1)[..., ::2]
+
+
+def _transposed(shape):
+    return shape[::-1] if len(shape) == 2 else shape + (2,)
+
+
+def _resize(a, shape):
+    a.resize(shape, refcheck=False)
+
+
+def _set_shape(a):
+    a.shape = (a.size,) if a.ndim == 2 else (1, a.size)
+
+
+def _matrix(a):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        return np.asmatrix(a)
+
+
+def _assign(make):
+    """A mutation that assigns make(current) to the attribute (Module.__setattr__)."""
+    return lambda owner, leaf, current: setattr(owner, leaf, make(current))
+
+
+def _bypass(make):
+    """A mutation that puts make(current) in the instance dict, as unpickling
+    or object.__setattr__ would, so only the binding sees it."""
+    return lambda owner, leaf, current: owner.__dict__.__setitem__(leaf, make(current))
+
+
+def _in_place(change):
+    return lambda owner, leaf, current: change(current)
+
+
+WORKS, RAISES = "works", "raises"
+
+# name -> (mutation(owner, attribute, current value), outcome or outcome(current))
+MUTATIONS = {
+    "0d": (_assign(lambda a: np.ones((), a.dtype)), RAISES),
+    "1d": (_assign(lambda a: a.reshape(-1)), lambda a: RAISES if a.ndim == 2 else WORKS),
+    "1d-longer": (_assign(lambda a: np.ones(a.size + 1, a.dtype)), RAISES),
+    "3d": (_assign(lambda a: a[None]), RAISES),
+    "empty": (_assign(lambda a: np.empty((0,) * a.ndim, a.dtype)), RAISES),
+    "transposed": (_assign(lambda a: np.ones(_transposed(a.shape), a.dtype)),
+                   lambda a: RAISES if _transposed(a.shape) != a.shape else WORKS),
+    "resized-0d": (_in_place(lambda a: _resize(a, ())), RAISES),
+    "resized-larger": (_in_place(lambda a: _resize(a, (a.shape[0] + 1,) + a.shape[1:])), RAISES),
+    "resized-empty": (_in_place(lambda a: _resize(a, (0,) + a.shape[1:])), RAISES),
+    "shape-set": (_in_place(_set_shape), RAISES),
+    "none": (_assign(lambda a: None), lambda a: WORKS if a.ndim == 1 else RAISES),
+    "none-bypass": (_bypass(lambda a: None), lambda a: WORKS if a.ndim == 1 else RAISES),
+    "complex": (_assign(lambda a: a.astype(np.complex64)), RAISES),
+    "complex-bypass": (_bypass(lambda a: a.astype(np.complex64)), RAISES),
+    "object": (_assign(lambda a: a.astype(object)), RAISES),
+    "str": (_assign(lambda a: "weights"), RAISES),
+    "str-bypass": (_bypass(lambda a: "weights"), RAISES),
+    "float64": (_assign(lambda a: a.astype(np.float64)), WORKS),
+    "float64-bypass": (_bypass(lambda a: a.astype(np.float64)), WORKS),
+    "int": (_assign(lambda a: np.round(a * 4).astype(np.int64)), WORKS),
+    "bool": (_assign(lambda a: a > 0), WORKS),
+    "list": (_assign(lambda a: a.tolist()), WORKS),
+    "read-only": (_assign(_read_only), WORKS),
+    "read-only-in-place": (_in_place(lambda a: a.flags.__setattr__("writeable", False)), WORKS),
+    "read-only-bypass": (_bypass(_read_only), WORKS),
+    "unaligned": (_assign(_unaligned), WORKS),
+    "unaligned-bypass": (_bypass(_unaligned), WORKS),
+    "unaligned-read-only-bypass": (_bypass(lambda a: _unaligned(a, writeable=False)), WORKS),
+    "fortran": (_assign(np.asfortranarray), WORKS),
+    "fortran-bypass": (_bypass(np.asfortranarray), WORKS),
+    "strided-bypass": (_bypass(_strided), WORKS),
+    "reversed-bypass": (_bypass(lambda a: a[::-1].copy()[::-1]), WORKS),
+    "byteswapped": (_assign(lambda a: a.astype(a.dtype.newbyteorder())), WORKS),
+    "byteswapped-bypass": (_bypass(lambda a: a.astype(a.dtype.newbyteorder())), WORKS),
+    "matrix-subclass": (_assign(lambda a: _matrix(a) if a.ndim == 2 else a), WORKS),
+}
+
+
+def _parameters():
+    for model in MODELS:
+        for key, _ in make_module(model.name, DIM).named_parameters():
+            yield pytest.param(model.name, key, id=f"{model.name}-{key}")
+
+
+PARAMETERS = list(_parameters())
+
+
+def test_every_parameter_is_covered():
+    """The registry reaches every parameter of every class (bias and no bias)."""
+    keys = {key for _, key in (p.values for p in PARAMETERS)}
+    assert {"proj.weight", "proj.bias", "output_proj.weight", "output_linear.bias", "linear_v.bias",
+            "Q_proj.weight", "value.bias"} <= keys
+    assert {type(make_module(m.name)) for m in MODELS} >= {
+        attnc.SelfAttentionV1, attnc.SelfAttentionV2, attnc.SelfAttentionV3, attnc.SelfAttentionV4,
+        attnc.MultiHeadAttention, attnc.SelfAttention, attnc.MultiHeadSelfAttention}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+@pytest.mark.parametrize("model_name, key", PARAMETERS)
+def test_parameter_mutation_works_or_names_the_parameter(model_name, key, mutation):
+    m = make_module(model_name, DIM)
+    x = _x()
+    owner, leaf = _owner(m, key)
+    current = getattr(owner, leaf)
+    original = current.copy()
+    change, outcome = MUTATIONS[mutation]
+    outcome = outcome(current) if callable(outcome) else outcome
+    if outcome == WORKS:
+        change(owner, leaf, current)
+        value = getattr(owner, leaf)
+        if mutation in ("read-only", "unaligned", "fortran", "byteswapped", "float64", "int", "bool", "list",
+                        "matrix-subclass"):
+            assert _is_clean(value, m.dtype), f"{key}: assignment did not convert {mutation}"
+        _assert_works(m, x)
+        return
+    try:
+        change(owner, leaf, current)
+    except (TypeError, ValueError) as error:  # rejected at assignment, by its attribute name
+        assert str(error).startswith(leaf + ":"), str(error)
+    else:
+        with pytest.raises((TypeError, ValueError)) as info:
+            m(x)
+        assert str(info.value).startswith(key + ":"), str(info.value)
+        with pytest.raises((TypeError, ValueError)) as info:
+            m(x, return_weights=True)
+        assert str(info.value).startswith(key + ":"), str(info.value)
+    setattr(owner, leaf, original)  # the module works again once repaired
+    _assert_works(m, x)
+
+
+def test_issue_examples_of_finding_1():
+    x = _x(shape=(2, 3, 64))
+    m = attnc.MultiHeadAttention(64, 8)
+    m.output_linear.weight.resize(())
+    with pytest.raises(ValueError, match=r"^output_linear\.weight: expected shape \(64, 64\), got \(\)"):
+        m(x)
+    m = attnc.SelfAttentionV3(64)
+    m.output_proj.weight.resize((), refcheck=False)
+    with pytest.raises(ValueError, match=r"^output_proj\.weight: expected shape \(64, 64\), got \(\)"):
+        m(x)
+    m = attnc.MultiHeadAttention(1, 1)
+    m.output_linear.weight.shape = ()
+    with pytest.raises(ValueError, match=r"^output_linear\.weight: "):
+        m(np.ones((2, 3, 1)))
+    lin = attnc.Linear(3, 2)
+    lin.weight.resize((), refcheck=False)
+    with pytest.raises(ValueError, match=r"^weight: "):
+        lin(np.ones((2, 3)))
+
+
+def test_fused_weight_checked_before_split():
+    """0-d, 1-d or wrongly sized fused proj.weight: named, never an IndexError."""
+    for value in (np.float32(2), np.ones(12, np.float32), np.ones((11, 4), np.float32), np.ones((12, 5))):
+        for cls in (attnc.SelfAttentionV2, attnc.SelfAttentionV3):
+            m = cls(DIM)
+            m.proj.weight = value
+            with pytest.raises(ValueError, match=r"^proj\.weight: expected shape \(12, 4\)"):
+                m(_x())
+
+
+@pytest.mark.parametrize("cls", [attnc.SelfAttentionV2, attnc.SelfAttentionV3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_fused_projection_without_bias(cls, dtype):
+    m = cls(DIM, dtype=dtype, rng=np.random.default_rng(2)).eval()
+    m.proj.bias = None
+    assert "proj.bias" not in m.state_dict()
+    mask = np.array([[1, 0, 1], [1, 1, 0], [0, 0, 1]], bool)
+    _assert_works(m, _x(dtype), mask if cls is attnc.SelfAttentionV3 else None)
+    with_bias = cls(DIM, dtype=dtype, rng=np.random.default_rng(2)).eval()
+    with_bias.proj.bias[...] = 0
+    np.testing.assert_array_equal(m(_x(dtype)), with_bias(_x(dtype)))
+
+
+# ============================================================================
+# attributes that only describe the module
+
+
+INFORMATIONAL = ["hidden_dim", "head_num", "head_dim", "dim", "dim_in", "dim_k", "dim_v", "num_heads",
+                 "_norm_fact"]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+@pytest.mark.parametrize("value", [0, -1, None, "8"], ids=str)
+def test_informational_attributes_cannot_break_a_forward(model, value):
+    """The scale is 1/sqrt(Q's columns per head), taken from the weights."""
+    m = make_module(model.name, DIM)
+    x = _x()
+    before = m(x, return_weights=True)
+    for name in INFORMATIONAL:
+        if hasattr(m, name):
+            setattr(m, name, value)
+    after = m(x, return_weights=True)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_head_dim_zero_is_harmless():
+    m = attnc.MultiHeadAttention(8, 2, rng=np.random.default_rng(3)).eval()
+    x = _x(shape=(2, 3, 8))
+    expected = ref_module(m, x)
+    m.head_dim = 0
+    out, weights = m(x, return_weights=True)
+    assert_close(out, expected[0], np.float32, "out")
+    assert_close(weights, expected[1], np.float32, "weights")
+
+
+# ============================================================================
+# dropout probabilities set after construction
+
+
+def _dropouts(module):
+    return [(name, child) for name, child in module._modules.items() if isinstance(child, attnc.Dropout)]
+
+
+@pytest.mark.parametrize("model", DROPOUT_MODELS, ids=DROPOUT_IDS)
+@pytest.mark.parametrize("bad, error", [("0.5", TypeError), (b"0.5", TypeError), ([0.5], TypeError),
+                                        (None, TypeError), (1.5, ValueError), (-0.1, ValueError),
+                                        (float("nan"), ValueError), (float("inf"), ValueError),
+                                        (10 ** 400, ValueError)],
+                         ids=["str", "bytes", "list", "None", "1.5", "-0.1", "nan", "inf", "huge-int"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_bad_dropout_p_after_construction_is_named(model, bad, error, training):
+    m = make_module(model.name, DIM).train(training)
+    [(name, dropout)] = _dropouts(m)
+    dropout.p = bad
+    with pytest.raises(error) as info:
+        m(_x())
+    assert str(info.value).startswith(f"{name}.p:"), str(info.value)
+    with pytest.raises(error) as info:
+        dropout(_x())
+    assert str(info.value).startswith("p:"), str(info.value)
+    dropout.p = 0.25  # and a good one works again
+    m(_x())
+
+
+@pytest.mark.parametrize("model", DROPOUT_MODELS, ids=DROPOUT_IDS)
+def test_eval_mode_draws_no_seed(model):
+    """Dropout draws from the generator only when it applies (p > 0, training)."""
+    rng = np.random.default_rng(4)
+    m = model.make(DIM, rng=rng)
+    state = rng.bit_generator.state
+    m.eval()(_x())
+    assert rng.bit_generator.state == state
+    _dropouts(m)[0][1].p = 0.0
+    m.train()(_x())
+    assert rng.bit_generator.state == state
+    _dropouts(m)[0][1].p = 0.5
+    m(_x())
+    assert rng.bit_generator.state != state
+
+
+# ============================================================================
+# inputs with as many dimensions as NumPy allows
+
+
+def test_64_dimensional_x():
+    lead = (1,) * 62
+    x = _x(shape=(2, DIM))
+    mha = attnc.MultiHeadAttention(DIM, 2, rng=np.random.default_rng(5)).eval()
+    with pytest.raises(ValueError, match=r"^x: "):  # weights (..., heads, seq, seq) would need 65
+        mha(x.reshape(lead + x.shape), return_weights=True)
+    out = mha(x.reshape(lead + x.shape))
+    np.testing.assert_array_equal(out, mha(x).reshape(lead + (2, DIM)))
+    mask = np.array([[1, 0], [1, 1]])
+    np.testing.assert_array_equal(mha(x.reshape(lead + x.shape), mask), mha(x, mask).reshape(lead + (2, DIM)))
+    v1 = attnc.SelfAttentionV1(DIM, rng=np.random.default_rng(5)).eval()
+    out, weights = v1(x.reshape(lead + x.shape), return_weights=True)  # weights: 64 dimensions, allowed
+    ref_out, ref_weights = v1(x, return_weights=True)
+    np.testing.assert_array_equal(out, ref_out.reshape(lead + ref_out.shape))
+    np.testing.assert_array_equal(weights, ref_weights.reshape(lead + ref_weights.shape))
+
+
+# ============================================================================
+# load_state_dict: all or nothing, whatever the current parameters are
+
+
+def _new_values(module, fill=0.375):
+    return {k: np.full_like(v, fill) for k, v in module.state_dict().items()}
+
+
+BAD_VALUES = {
+    "wrong-shape": (lambda v: np.ones(v.shape + (1,)), ValueError),
+    "one-row-more": (lambda v: np.ones((v.shape[0] + 1,) + v.shape[1:]), ValueError),
+    "0d": (lambda v: np.float64(1.0), ValueError),
+    "complex": (lambda v: v.astype(np.complex64), TypeError),
+    "str": (lambda v: "abc", TypeError),
+    "ragged": (lambda v: [[1.0], [1.0, 2.0]], ValueError),
+}
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+@pytest.mark.parametrize("bad", list(BAD_VALUES))
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("current", ["plain", "read-only", "unaligned"])
+def test_load_state_dict_is_atomic(model, bad, where, current):
+    m = make_module(model.name, DIM)
+    keys = [k for k, _ in m.named_parameters()]
+    for key in keys[:2]:  # make some current parameters odd (as after unpickling)
+        owner, leaf = _owner(m, key)
+        if current == "read-only":
+            getattr(owner, leaf).flags.writeable = False
+        elif current == "unaligned":
+            owner.__dict__[leaf] = _unaligned(getattr(owner, leaf))
+    snapshot = _snapshot(m)
+    new = _new_values(m)
+    bad_key = keys[0] if where == "first" else keys[-1]
+    make_bad, error = BAD_VALUES[bad]
+    new[bad_key] = make_bad(new[bad_key])
+    for strict in (True, False):
+        with pytest.raises(error) as info:
+            m.load_state_dict(dict(new, unexpected=np.ones(1)) if not strict else new, strict=strict)
+        assert str(info.value).startswith(bad_key + ":"), str(info.value)
+        assert _snapshot(m) == snapshot
+    new[bad_key] = np.full_like(m.state_dict()[bad_key], 0.375)
+    assert m.load_state_dict(new) == ([], [])
+    for key, value in m.named_parameters():
+        assert _is_clean(value, m.dtype), key
+        np.testing.assert_array_equal(value, 0.375)
+    _assert_works(m, _x())
+
+
+def test_load_state_dict_copies_into_writable_parameters():
+    """As torch's copy_: a reference to a parameter sees the loaded values;
+    a replaced read-only one never aliases the caller's arrays."""
+    m = attnc.SelfAttentionV4(DIM, rng=np.random.default_rng(6))
+    held = m.query.weight
+    m.key.weight.flags.writeable = False
+    new = _new_values(m, 0.5)
+    m.load_state_dict(new)
+    assert m.query.weight is held and np.all(held == 0.5)
+    assert m.key.weight.flags.writeable and not np.shares_memory(m.key.weight, new["key.weight"])
+    new["key.weight"][...] = 7
+    assert np.all(m.key.weight == 0.5)
+
+
+def test_load_state_dict_of_float64_values_into_float32():
+    m = attnc.MultiHeadSelfAttention(DIM, 4, 6, 2, bias=True, rng=np.random.default_rng(7))
+    new = {k: np.asarray(v, np.float64)[::-1].copy()[::-1] for k, v in _new_values(m, 0.25).items()}
+    m.load_state_dict(new)
+    for key, value in m.named_parameters():
+        assert _is_clean(value, np.float32), key
+
+
+# ============================================================================
+# pickling with out-of-band buffers
+
+
+def _buffers(kind, buffers):
+    if kind == "bytes":        # read-only memory
+        return [bytes(b.raw()) for b in buffers]
+    if kind == "unaligned":    # memory one byte off alignment
+        out = []
+        for b in buffers:
+            raw = bytearray(len(b.raw()) + 1)
+            view = memoryview(raw)[1:]
+            view[:] = b.raw()
+            out.append(view)
+        return out
+    return [bytearray(b.raw()) for b in buffers]  # writable copies
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+@pytest.mark.parametrize("kind", ["bytes", "unaligned", "bytearray"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_pickle_protocol_5_out_of_band(model, kind, dtype):
+    m = make_module(model.name, DIM, dtype=dtype)
+    x = _x(dtype)
+    expected = m(x, return_weights=True)
+    buffers = []
+    data = pickle.dumps(m, protocol=5, buffer_callback=buffers.append)
+    assert buffers, "no out-of-band buffers: the test would not test them"
+    loaded = pickle.loads(data, buffers=_buffers(kind, buffers))
+    for key, value in loaded.named_parameters():
+        assert _is_clean(value, np.dtype(dtype)), key
+    got = loaded(x, return_weights=True)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    loaded.load_state_dict(_new_values(loaded))
+    _assert_works(loaded, x)
+    np.testing.assert_array_equal(m(x), expected[0])  # the original is untouched
+
+
+def test_pickle_round_trip_in_band():
+    m = attnc.SelfAttentionV3(DIM, rng=np.random.default_rng(8)).eval()
+    loaded = pickle.loads(pickle.dumps(m, protocol=5))
+    np.testing.assert_array_equal(loaded(_x()), m(_x()))
+
+
+# ============================================================================
+# the functional layer and the package functions name their arguments too
+
+
+def test_functional_errors_start_with_the_argument():
+    q = np.ones((2, 3))
+    sdpa = F.scaled_dot_product_attention
+    cases = [
+        (lambda: F.softmax(q, axis=2 ** 70), ValueError, "axis"),
+        (lambda: F.softmax(q, axis=1.5), TypeError, "axis"),
+        (lambda: F.softmax([[1.0], [1.0, 2.0]]), ValueError, "x"),
+        (lambda: F.linear(q, [[1.0], [1.0, 2.0]]), ValueError, "weight"),
+        (lambda: sdpa(q, q, q, scale="big"), TypeError, "scale"),
+        (lambda: sdpa(q, q, q, scale=10 ** 400), ValueError, "scale"),
+        (lambda: sdpa(q, q, q, dropout_p="0.1"), TypeError, "dropout_p"),
+        (lambda: sdpa(q, q, q, dropout_p=0.1, rng=np.random.RandomState(0)), TypeError, "rng"),
+        (lambda: attnc.set_num_threads(0), ValueError, "n"),
+        (lambda: attnc.set_num_threads(2 ** 70), ValueError, "n"),
+        (lambda: attnc.set_num_threads(2.0), TypeError, "n"),
+        (lambda: attnc.Dropout("0.5"), TypeError, "p"),
+        (lambda: attnc.SelfAttentionV3(DIM, dropout_rate=[0.1]), TypeError, "dropout_rate"),
+        (lambda: attnc.SelfAttentionV1(DIM, rng=42), TypeError, "rng"),
+    ]
+    for call, error, name in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value).startswith(name + ":"), str(info.value)
+
+
+def test_thread_count_above_the_cpu_count(restore_threads):
+    attnc.set_num_threads(64)
+    assert attnc.get_num_threads() == 64
+    m = make_module("MHA", 8)
+    x = _x(shape=(4, 5, 8))
+    out = m(x)
+    attnc.set_num_threads(1)
+    np.testing.assert_array_equal(m(x), out)
+
+
+# ============================================================================
+# Ctrl-C during a long call (the binding's interrupt hook)
+
+_SIGINT_SCRIPT = """
+import os, signal, threading, time
+import numpy as np
+import attnc
+from attnc import functional as F
+
+rng = np.random.default_rng(0)
+q = rng.standard_normal((1, 8, 16384, 64), dtype=np.float32)
+x = rng.standard_normal((2, 8192, 512), dtype=np.float32)
+a = rng.standard_normal((4096, 4096), dtype=np.float32)
+mha = attnc.MultiHeadAttention(512, 8).eval()
+calls = {
+    "sdpa": lambda: F.scaled_dot_product_attention(q, q, q),
+    "module": lambda: mha(x),
+    "linear": lambda: F.linear(np.concatenate([a] * 2), a),
+}
+for name, call in calls.items():
+    sent = []
+    def interrupt():
+        time.sleep(1.0)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    start = time.perf_counter()
+    try:
+        call()
+        print(name, "FINISHED", time.perf_counter() - start)
+    except KeyboardInterrupt:
+        print(name, "INTERRUPTED", time.perf_counter() - sent[0])
+    assert F.scaled_dot_product_attention(q[..., :8, :], q[..., :8, :], q[..., :8, :]).shape == (1, 8, 8, 64)
+"""
+
+
+def test_ctrl_c_interrupts_long_calls():
+    """SIGINT 1 s into a call of several seconds: KeyboardInterrupt within
+    0.2 s, and the next call works (in a child: the signal is process-wide)."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _SIGINT_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")[:-1]
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        name, outcome, seconds = line.split()
+        assert outcome == "INTERRUPTED", f"{name}: finished in {seconds} s, before the signal: make it longer"
+        assert float(seconds) < 0.2, f"{name}: KeyboardInterrupt {seconds} s after SIGINT"

@@ -1,0 +1,250 @@
+"""Regression tests for what attacking the kernels found (issue 9, findings 3, 4, 5, 7, 8):
+rows whose scores are all -inf, Ctrl-C during a long call, memory out of proportion to the
+data, thread counts above the CPU count, and outputs that changed with return_weights or
+with the other items of the batch.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnc
+from attnc import functional as F
+from toolkit import MODEL_IDS, MODELS, assert_close, make_module, ref_attend, scores_shape
+
+UNDER_ASAN = os.environ.get("ATTNC_SANITIZER") == "asan"
+
+
+def _run_child(code, timeout=120):
+    """Runs `code` in a fresh interpreter (same environment); returns its stdout."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+# ============================================================================
+# finding 3: a row whose scores are all -inf gives 0, as PyTorch's math path
+
+
+def _torch_math_sdpa(q, k, v, is_causal=False):
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(
+            torch.from_numpy(q.astype(np.float64)), torch.from_numpy(k.astype(np.float64)),
+            torch.from_numpy(v.astype(np.float64)), is_causal=is_causal).numpy()
+
+
+def test_the_reported_row_gives_zero_like_torch():
+    q = np.array([[-1, .5]], np.float32)
+    k = np.array([[np.inf, 1], [np.inf, 2]], np.float32)
+    v = np.array([[1, 2], [3, 4]], np.float32)
+    out, weights = F.scaled_dot_product_attention(q, k, v, return_weights=True)
+    np.testing.assert_array_equal(out, _torch_math_sdpa(q, k, v))
+    np.testing.assert_array_equal(out, np.zeros((1, 2), np.float32))
+    np.testing.assert_array_equal(weights, np.zeros((1, 2), np.float32))
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v), out)
+
+
+@pytest.mark.parametrize("L,S", [(1, 3), (3, 7), (150, 230)], ids=["rows-1", "rows-3", "tiles"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_rows_of_minus_inf_scores_match_torch_math(L, S, is_causal, dtype, simd_mode):
+    """Keys with an infinite first feature: a query with a negative first feature scores
+    -inf against them (all -inf when every key has it), a positive one +inf (NaN, as torch)."""
+    rng = np.random.default_rng(L + S)
+    q = rng.standard_normal((2, L, 3)).astype(dtype)
+    k = rng.standard_normal((2, S, 3)).astype(dtype)
+    v = rng.standard_normal((2, S, 4)).astype(dtype)
+    q[..., 0] = np.where(rng.random((2, L)) < 0.7, -1.0, 1.0)
+    k[0, :, 0] = np.inf                      # item 0: every key infinite
+    k[1, rng.random(S) < 0.5, 0] = np.inf    # item 1: some keys infinite
+    expected = _torch_math_sdpa(q, k, v, is_causal)
+    for want_weights in (False, True):
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, return_weights=want_weights)
+        out = got[0] if want_weights else got
+        assert_close(out, expected, dtype, f"weights={want_weights}")
+    _, weights = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, return_weights=True)
+    _, expected_weights = ref_attend(q, k, v, 1 / np.sqrt(3), causal=is_causal)
+    assert_close(weights, expected_weights, dtype, "weights")
+
+
+def test_documents_masked_rows_stay_uniform():
+    """The documents' -1e20 fill is finite: a fully masked row attends uniformly."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((5, 4)).astype(np.float32) for _ in range(3))
+    mask = np.ones((5, 5), bool)
+    mask[2] = False
+    out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+    np.testing.assert_allclose(weights[2], np.full(5, 0.2), rtol=1e-6)
+    assert_close(out, ref_attend(q, k, v, 0.5, mask)[0], np.float32)
+
+
+# ============================================================================
+# finding 8: the output's bits do not depend on return_weights or on the batch
+
+
+SDPA_SHAPES = [(1, 1, 4), (3, 5, 4), (2, 7, 16), (97, 193, 33), (200, 300, 64)]
+
+
+@pytest.mark.parametrize("L,S,E", SDPA_SHAPES, ids=[f"{L}x{S}x{E}" for L, S, E in SDPA_SHAPES])
+@pytest.mark.parametrize("variant", ["plain", "mask", "causal", "dropout"])
+def test_sdpa_bits_do_not_depend_on_weights_or_batch(L, S, E, variant, dtype, simd_mode):
+    rng = np.random.default_rng(L * S + E)
+    q = rng.standard_normal((7, 2, L, E)).astype(dtype)
+    k = rng.standard_normal((7, 2, S, E)).astype(dtype)
+    v = rng.standard_normal((7, 2, S, E + 1)).astype(dtype)
+    kw = {}
+    if variant == "mask":
+        kw["attn_mask"] = rng.random((7, 1, L, S)) < 0.7
+    if variant == "causal":
+        kw["is_causal"] = True
+    if variant == "dropout":
+        kw["dropout_p"] = 0.3
+    call = lambda q, k, v, mask_items=slice(None), **extra: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, **{**kw, **({"attn_mask": kw["attn_mask"][mask_items]} if "attn_mask" in kw else {})},
+        rng=np.random.default_rng(5), **extra)
+    batch = call(q, k, v)
+    with_weights, _ = call(q, k, v, return_weights=True)
+    np.testing.assert_array_equal(batch, with_weights, err_msg="return_weights changed the output")
+    if variant != "dropout":  # dropout masks are keyed by the item's index in its batch
+        alone = call(q[3:4], k[3:4], v[3:4], mask_items=slice(3, 4))
+        np.testing.assert_array_equal(batch[3:4], alone, err_msg="an item alone differs from it in a batch of 7")
+        assert_close(batch, ref_attend(q, k, v, 1 / np.sqrt(E), kw.get("attn_mask"), variant == "causal")[0],
+                     dtype)
+
+
+@pytest.mark.parametrize("name", MODEL_IDS)
+@pytest.mark.parametrize("dim,seq", [(4, 2), (16, 37), (24, 130)])
+def test_module_bits_do_not_depend_on_weights_or_batch(name, dim, seq, dtype, simd_mode):
+    model = next(m for m in MODELS if m.name == name)
+    module = make_module(name, dim=dim, dtype=dtype)
+    x = np.random.default_rng(dim + seq).standard_normal((7, seq, dim)).astype(dtype)
+    batch = module(x)
+    np.testing.assert_array_equal(batch, module(x, return_weights=True)[0], err_msg="return_weights")
+    np.testing.assert_array_equal(batch[2:3], module(x[2:3]), err_msg="an item alone")
+    if model.masked:
+        mask = np.random.default_rng(3).random(scores_shape(model, dim, x.shape, heads=None)) < 0.8
+        masked = module(x, mask)
+        np.testing.assert_array_equal(masked, module(x, mask, return_weights=True)[0])
+        np.testing.assert_array_equal(masked[2:3], module(x[2:3], mask[2:3]))
+
+
+# ============================================================================
+# finding 4: Ctrl-C stops a long call within 0.2 s, frees everything, the next call works
+
+
+@pytest.mark.parametrize("call", ["sdpa", "sdpa_weights", "linear", "module", "softmax"])
+def test_sigint_interrupts_a_long_call(call):
+    out = _run_child(f"""
+        import os, signal, threading, time
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        attnc.set_num_threads(2)
+        rng = np.random.default_rng(0)
+        call = {call!r}
+        if call == "sdpa":
+            q = rng.standard_normal((1, 8, 32768, 64), dtype=np.float32)
+            run = lambda: F.scaled_dot_product_attention(q, q, q)
+        elif call == "sdpa_weights":
+            q = rng.standard_normal((1, 1, 16384, 64), dtype=np.float32)
+            run = lambda: F.scaled_dot_product_attention(q, q, q, return_weights=True)
+        elif call == "linear":
+            x = rng.standard_normal((8192, 4096), dtype=np.float32)
+            w = rng.standard_normal((8192, 4096), dtype=np.float32)
+            run = lambda: [F.linear(x, w) for _ in range(20)]
+        elif call == "module":
+            x = rng.standard_normal((1, 24576, 256), dtype=np.float32)
+            m = attnc.MultiHeadAttention(256, 4).eval()
+            run = lambda: m(x)
+        else:
+            x = rng.standard_normal((4096, 1 << 16), dtype=np.float32)
+            run = lambda: [F.softmax(x) for _ in range(50)]
+        sent = []
+        def interrupt():
+            time.sleep(1.0)
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupt, daemon=True).start()
+        start = time.perf_counter()
+        try:
+            run()
+        except KeyboardInterrupt:
+            caught = time.perf_counter()
+            assert sent, f"KeyboardInterrupt before the signal was sent ({{caught - start:.2f}} s)"
+            print("delay", caught - sent[0])
+        else:
+            raise SystemExit(f"the call ended after {{time.perf_counter() - start:.1f}} s without an interrupt")
+        q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+        s = q @ np.swapaxes(q, -1, -2) / 2
+        w = np.exp(s - s.max(-1, keepdims=True)); w /= w.sum(-1, keepdims=True)
+        np.testing.assert_allclose(F.scaled_dot_product_attention(q, q, q), w @ q, rtol=1e-5, atol=1e-6)
+        print("next call ok")
+    """, timeout=300)
+    delay = float(out.split("delay")[1].split()[0])
+    assert "next call ok" in out
+    assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
+
+
+# ============================================================================
+# finding 5: extra memory bounded by max(64 MiB, 2 x (inputs + outputs))
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+@pytest.mark.parametrize("case", ["huge_head", "broadcast_items", "huge_value_head", "long_keys"])
+def test_peak_memory_is_bounded_by_the_data(case):
+    out = _run_child(f"""
+        import resource
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        case = {case!r}
+        if case == "huge_head":          # q, k, v (2, 1, 2^22): 96 MiB (peaked at 5.4 GiB)
+            q = np.ones((2, 1, 1 << 22), np.float32); args = (q, q.copy(), q.copy())
+        elif case == "broadcast_items":  # (2^22, 1, 1) against one key: 16 MiB out
+            q = np.ones((1 << 22, 1, 1), np.float32); args = (q, q[:1], q[:1])
+        elif case == "huge_value_head":
+            args = (np.ones((8, 1, 4), np.float32), np.ones((8, 1, 4), np.float32), np.ones((8, 1, 1 << 21), np.float32))
+        else:
+            args = (np.ones((1, 1, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32))
+        data = sum(a.nbytes for a in args)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out = F.scaled_dot_product_attention(*args)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        data += out.nbytes
+        assert np.isfinite(out).all()
+        print("extra", peak - base - out.nbytes, "limit", max(64 << 20, 2 * data))
+    """)
+    extra, limit = (int(out.split(word)[1].split()[0]) for word in ("extra", "limit"))
+    assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the output, limit {limit / 2**20:.0f} MiB"
+
+
+# ============================================================================
+# finding 7: thread counts above the CPU count
+
+
+def test_thread_counts_above_the_cpus_start_no_more_threads(restore_threads):
+    out = _run_child("""
+        import os, time
+        import numpy as np
+        import attnc
+        m = attnc.MultiHeadAttention(64, 4).eval()
+        x = np.random.default_rng(0).standard_normal((4, 128, 64)).astype(np.float32)
+        attnc.set_num_threads(1)
+        serial = m(x)
+        attnc.set_num_threads(1024)
+        first = m(x)
+        threads = len(os.listdir("/proc/self/task"))
+        for _ in range(20):
+            assert np.array_equal(m(x), serial)
+        print("threads", threads, len(os.listdir("/proc/self/task")), "cpus", len(os.sched_getaffinity(0)))
+        assert np.array_equal(first, serial)
+    """)
+    before, after, cpus = (int(w) for w in (out.split()[1], out.split()[2], out.split()[4]))
+    assert attnc.get_num_threads() >= 1
+    assert before == after, "the pool was rebuilt between calls"
+    assert before <= cpus + 2, f"{before} threads for {cpus} CPUs"
