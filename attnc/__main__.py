@@ -1,6 +1,6 @@
 """python -m attnc: a tour of the documents' own examples, computed by attnc.
 
-Runs the example cells of ../shared/seeds (000's four levels, 001's
+Runs the example cells of the documents (000's four levels, 001's
 multi-head attention with its (3, 8, 2, 2) mask, 003's hand derivation) and
 prints shapes, weights and outputs the way the documents do. Needs only NumPy.
 """
