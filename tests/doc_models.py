@@ -1,6 +1,6 @@
 """The documents' PyTorch classes, the oracles of the attnc modules.
 
-Copied from /work/shared/seeds/ with only the Errata of API.md fixed:
+Copied from the five documents (the tutorials) with only the Errata of API.md fixed:
 - the debugging prints are removed (000 SelfAttentionv2/v3, SelfAttentionInterview, 001);
 - 004 SelfAttention / MultiHeadSelfAttention get a `bias` flag (003's layers have
   biases, 004's none) and the `attention_mask` argument the other documents have
