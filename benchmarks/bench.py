@@ -1,10 +1,16 @@
-"""attnc against PyTorch and plain NumPy: the benchmark of the performance issue.
+"""attnc against PyTorch, plain NumPy, ONNX Runtime and OpenVINO: the benchmark of the performance issues.
 
 Every implementation runs in this one process, interleaved round by round (the
 order rotates each round) so that machine noise hits all of them equally, on the
 same weights and inputs; outputs are checked against the NumPy implementation
 before any timing. Peak memory is measured one implementation at a time in a
 fresh subprocess. Writes results.json, results.md and plot.png to --out.
+
+Cases 7 and 8 sweep the small and medium sizes users run (MultiHeadAttention;
+SDPA, causal and decode-like shapes included) against torch, ONNX Runtime and
+OpenVINO; each output is checked against a float64 NumPy reference first, and
+each sample is a block of back-to-back calls. A peer that is not installed is
+skipped with a note.
 
 Run it as (see README.md: the two OpenBLAS variables slow a current NumPy down):
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench.py [--quick]
@@ -13,6 +19,8 @@ import argparse
 import dataclasses
 import functools
 import gc
+import importlib
+import importlib.metadata
 import json
 import math
 import os
@@ -45,18 +53,31 @@ TORCH_NN_MHA = "torch nn.MultiheadAttention"
 TORCH_SDPA = "torch SDPA"
 TORCH_LINEAR = "torch F.linear"
 NUMPY = "numpy"
+TORCH_FUSED = "torch F.linear + SDPA"  # one fused QKV F.linear, F.scaled_dot_product_attention, F.linear
+ORT = "onnxruntime"
+OPENVINO = "openvino"
 
 # Shapes: mha (B, T, C, heads); sdpa/long (B, H, L, E); tiny (B, T, C);
 # tiny_calls (batches, calls per batch); linear (rows, in, out); sweep: L values;
-# repeats: timed rounds per case (--repeats overrides), sweep_repeats: per sweep point.
+# repeats: timed rounds per case (--repeats overrides), sweep_repeats: per sweep point;
+# peer_block_s: the length of one timed block of back-to-back calls in cases 7 and 8.
 SIZES = {
     "full": dict(mha=(8, 512, 768, 12), sdpa=(8, 12, 1024, 64), long=(1, 8, 8192, 64), tiny=(3, 2, 4),
                  tiny_calls=(20, 1000), linear=(4096, 768, 2304), sweep=(256, 512, 1024, 2048), gemm=2048,
-                 repeats=5, sweep_repeats=3),
+                 repeats=5, sweep_repeats=3, peer_block_s=0.1),
     "quick": dict(mha=(2, 128, 128, 4), sdpa=(2, 4, 256, 32), long=(1, 2, 2048, 32), tiny=(3, 2, 4),
                   tiny_calls=(10, 200), linear=(256, 256, 768), sweep=(64, 128, 256, 512), gemm=512,
-                  repeats=3, sweep_repeats=2),
+                  repeats=3, sweep_repeats=2, peer_block_s=0.02),
 }
+# Cases 7 and 8, the sizes users run, the same in quick runs (which only time fewer and
+# shorter blocks): MultiHeadAttention (B, L, D, heads); SDPA (B, H, L, S, E, causal), where
+# L = 1 against S keys is a decoding step.
+PEER_MHA = ((1, 32, 256, 4), (2, 128, 256, 4), (8, 128, 512, 8), (1, 512, 768, 12), (4, 256, 1024, 16),
+            (8, 512, 768, 12))
+PEER_SDPA = ((1, 4, 64, 64, 64, False), (2, 4, 256, 256, 64, False), (1, 12, 512, 512, 64, False),
+             (4, 16, 256, 256, 128, False), (8, 12, 1024, 1024, 64, False), (8, 12, 1024, 1024, 64, True))
+PEER_DECODE = ((1, 12, 1, 1024, 64, False), (4, 32, 1, 2048, 128, False))
+MAX_CALLS_PER_BLOCK = 10000
 
 
 # ----------------------------------------------------------------------------
@@ -313,6 +334,194 @@ def numpy_linear(x, weight, bias):
     return lambda: x @ weight.T + bias
 
 
+def torch_fused_mha(x, weights, heads):
+    """torch's fastest plain formulation: one fused QKV F.linear, F.scaled_dot_product_attention, F.linear."""
+    F = _torch().nn.functional
+    (tx,) = _tensors(x)
+    w_qkv, b_qkv, w_out, b_out = _tensors(*stacked(weights, MHA_NAMES[:3]), weights["output_linear.weight"],
+                                          weights["output_linear.bias"])
+    B, T, C = x.shape
+
+    def forward():
+        q, k, v = F.linear(tx, w_qkv, b_qkv).view(B, T, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        return F.linear(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, C), w_out, b_out)
+
+    return forward
+
+
+# ----------------------------------------------------------------------------
+# ONNX Runtime and OpenVINO, the peers of cases 7 and 8: imported only there,
+# and optional (a peer whose package is missing is skipped with a note). Each
+# factory's callable carries `.ops`, the operators it runs, for the results.
+
+ONNX_OPSET, ONNX_IR_VERSION = 17, 10  # ai.onnx opset and IR version of the graphs built here
+OPENVINO_CONFIG = {  # f32 forced: on a CPU with AVX512_BF16 the plugin's default precision is bf16
+    "INFERENCE_NUM_THREADS": THREADS, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+PEER_SETTINGS = {}  # what the peers were run with, as they report it: written into the results
+
+
+@functools.cache
+def _optional(module):
+    """The module, or None, with a printed note, when it is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        print(f"note: {module} is not installed ({error}); the peer that needs it is skipped "
+              f"(pip install -e '.[bench]')", flush=True)
+        return None
+
+
+def peer_available(name):
+    if name == ORT:
+        return _optional("onnxruntime") is not None and _optional("onnx") is not None
+    if name == OPENVINO:
+        return _optional("openvino") is not None
+    return True
+
+
+def described(fn, ops):
+    fn.ops = ops
+    return fn
+
+
+def ort_runner(nodes, inputs, output_shape, initializers, name):
+    """An ONNX graph built in code (onnx.helper), run by a CPU InferenceSession on
+    THREADS intra-op threads, one inter-op thread, sequential, all graph optimisations."""
+    onnx, ort = _optional("onnx"), _optional("onnxruntime")
+    helper, f32 = onnx.helper, onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(key, f32, list(a.shape)) for key, a in inputs.items()],
+        [helper.make_tensor_value_info("out", f32, list(output_shape))],
+        [onnx.numpy_helper.from_array(np.ascontiguousarray(value), key) for key, value in initializers.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = ONNX_IR_VERSION
+    onnx.checker.check_model(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    PEER_SETTINGS.setdefault(ORT, {
+        "version": ort.__version__, "onnx": onnx.__version__, "providers": session.get_providers(),
+        "intra_op_num_threads": options.intra_op_num_threads, "inter_op_num_threads": options.inter_op_num_threads,
+        "execution_mode": str(options.execution_mode), "graph_optimization_level": str(options.graph_optimization_level),
+        "opset": ONNX_OPSET, "ir_version": ONNX_IR_VERSION})
+    return lambda: session.run(None, inputs)[0]  # the inputs are bound on every call
+
+
+def ort_mha(x, weights, heads):
+    """com.microsoft Attention: fused QKV weight (D, 3D), bias (3D), num_heads; then MatMul + Add."""
+    helper = _optional("onnx").helper
+    w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
+    nodes = [helper.make_node("Attention", ["x", "w_qkv", "b_qkv"], ["attention"], domain="com.microsoft",
+                              num_heads=heads),
+             helper.make_node("MatMul", ["attention", "w_out"], ["projected"]),
+             helper.make_node("Add", ["projected", "b_out"], ["out"])]
+    initializers = {"w_qkv": w_qkv.T, "b_qkv": b_qkv, "w_out": weights["output_linear.weight"].T,
+                    "b_out": weights["output_linear.bias"]}
+    return described(ort_runner(nodes, {"x": x}, x.shape, initializers, "mha"),
+                     "com.microsoft Attention (fused QKV, num_heads) + MatMul + Add")
+
+
+def ort_sdpa(q, k, v, causal):
+    """com.microsoft MultiHeadAttention with K and V in BNSH (B, H, S, E); its query must be
+    (B, L, H*E), so q is transposed and reshaped to it, and the output back, inside the graph.
+    If the contrib op refuses the shape: a plain MatMul/Softmax/MatMul graph."""
+    helper = _optional("onnx").helper
+    B, H, L, E = q.shape
+    inputs = {"q": q, "k": k, "v": v}
+    try:
+        nodes = [helper.make_node("Transpose", ["q"], ["q_bsnh"], perm=[0, 2, 1, 3]),
+                 helper.make_node("Reshape", ["q_bsnh", "bsd"], ["q_bsd"]),
+                 helper.make_node("MultiHeadAttention", ["q_bsd", "k", "v"], ["out_bsd"], domain="com.microsoft",
+                                  num_heads=H, unidirectional=int(causal)),
+                 helper.make_node("Reshape", ["out_bsd", "bsnh"], ["out_bsnh"]),
+                 helper.make_node("Transpose", ["out_bsnh"], ["out"], perm=[0, 2, 1, 3])]
+        shapes = {"bsd": np.array([B, L, H * E], np.int64), "bsnh": np.array([B, L, H, E], np.int64)}
+        run = ort_runner(nodes, inputs, q.shape, shapes, "sdpa")
+        run()  # a refused shape may only show when the kernel runs
+        return described(run, "com.microsoft MultiHeadAttention (K, V BNSH; q Transpose+Reshape to BSD and back"
+                              + (", unidirectional=1)" if causal else ")"))
+    except Exception as error:  # noqa: BLE001 (any refusal falls back to the plain graph)
+        refusal = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+        print(f"  onnxruntime MultiHeadAttention refused {q.shape} against {k.shape}: {refusal}; "
+              f"plain MatMul/Softmax/MatMul graph instead", flush=True)
+    nodes = [helper.make_node("Transpose", ["k"], ["k_t"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "k_t"], ["scores"]),
+             helper.make_node("Mul", ["scores", "scale"], ["scaled"])]
+    constants = {"scale": np.array(1 / math.sqrt(E), np.float32)}
+    if causal:
+        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"]))
+        constants["mask"] = np.where(np.triu(np.ones((L, k.shape[2]), dtype=bool), k=1), -np.inf, 0).astype(np.float32)
+    nodes += [helper.make_node("Softmax", ["masked" if causal else "scaled"], ["weights"], axis=-1),
+              helper.make_node("MatMul", ["weights", "v"], ["out"])]
+    return described(ort_runner(nodes, inputs, q.shape, constants, "sdpa_plain"),
+                     f"plain Transpose/MatMul/Mul/{'Add/' if causal else ''}Softmax/MatMul "
+                     f"(MultiHeadAttention refused: {refusal})")
+
+
+def ov_runner(parameters, output, name):
+    """An OpenVINO model compiled for CPU with OPENVINO_CONFIG, called through one reused infer
+    request; each call sets the inputs (share_inputs: the tensors wrap the arrays, no copy),
+    runs, and returns a copy of the output (share_outputs=False), so each call gives a fresh array."""
+    ov = _optional("openvino")
+    compiled = ov.Core().compile_model(ov.Model([output], [p for p, _ in parameters], name), "CPU", OPENVINO_CONFIG)
+    settings = {key: compiled.get_property(key) for key in (*OPENVINO_CONFIG, "NUM_STREAMS")}
+    settings = {key: value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+                for key, value in settings.items()}  # the precision is an ov.Type
+    if settings["INFERENCE_PRECISION_HINT"] != "f32":
+        raise RuntimeError(f"OpenVINO kept inference precision {settings['INFERENCE_PRECISION_HINT']}, not f32")
+    PEER_SETTINGS.setdefault(OPENVINO, {"version": ov.__version__, "device": "CPU", **settings})
+    layers = sorted({op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ordered_ops()}
+                    - {"Input", "Output", "Const"})
+    request = compiled.create_infer_request()
+    feeds = {index: array for index, (_, array) in enumerate(parameters)}
+
+    def forward():
+        return request.infer(feeds, share_inputs=True, share_outputs=False)[0]
+
+    forward.layers = layers
+    return forward
+
+
+def ov_constant(values):
+    return _optional("openvino").opset13.constant(np.asarray(values))
+
+
+def ov_mha(x, weights, heads):
+    """MatMul (fused QKV weight) + Add, Reshape, Transpose, Split, Squeeze into (B, H, L, E),
+    opset13 ScaledDotProductAttention, Transpose, Reshape, MatMul + Add."""
+    ops = _optional("openvino").opset13
+    B, T, C = x.shape
+    w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
+    data = ops.parameter([B, T, C], np.float32, name="x")
+    qkv = ops.add(ops.matmul(data, ov_constant(w_qkv), False, True), ov_constant(b_qkv))
+    qkv = ops.transpose(ops.reshape(qkv, ov_constant(np.array([B, T, 3, heads, C // heads], np.int64)), False),
+                        ov_constant(np.array([2, 0, 3, 1, 4], np.int64)))
+    q, k, v = (ops.squeeze(part, ov_constant(np.array([0], np.int64)))
+               for part in ops.split(qkv, ov_constant(np.int64(0)), 3).outputs())
+    out = ops.transpose(ops.scaled_dot_product_attention(q, k, v, causal=False), ov_constant(np.array([0, 2, 1, 3], np.int64)))
+    out = ops.reshape(out, ov_constant(np.array([B, T, C], np.int64)), False)
+    out = ops.add(ops.matmul(out, ov_constant(weights["output_linear.weight"]), False, True),
+                  ov_constant(weights["output_linear.bias"]))
+    run = ov_runner([(data, x)], out, "mha")
+    return described(run, "MatMul(fused QKV)+Add, Reshape, Transpose, Split, Squeeze, opset13 "
+                          "ScaledDotProductAttention, Transpose, Reshape, MatMul+Add; CPU runtime layers: "
+                          + ", ".join(run.layers))
+
+
+def ov_sdpa(q, k, v, causal):
+    """opset13 ScaledDotProductAttention on (B, H, L, E) q and (B, H, S, E) k, v."""
+    ops = _optional("openvino").opset13
+    parameters = [(ops.parameter(list(a.shape), np.float32, name=name), a) for name, a in zip("qkv", (q, k, v))]
+    out = ops.scaled_dot_product_attention(*(p for p, _ in parameters), causal=causal)
+    run = ov_runner(parameters, out, "sdpa")
+    return described(run, f"opset13 ScaledDotProductAttention{'(causal)' if causal else ''}; CPU runtime layers: "
+                          + ", ".join(run.layers))
+
+
 # ----------------------------------------------------------------------------
 # The cases. Each builds its inputs and the requested implementations.
 
@@ -368,6 +577,66 @@ def case_linear(size, dtype, names):
     factories = {ATTNC: attnc_linear, TORCH_LINEAR: torch_linear, NUMPY: numpy_linear}
     return Bench(f"x ({rows}, {in_features}) -> {out_features}", 2 * rows * in_features * out_features,
                  x.nbytes + weight.nbytes + bias.nbytes, {name: factories[name](x, weight, bias) for name in names})
+
+
+@dataclasses.dataclass
+class PeerBench:
+    shape: str
+    flops: float
+    reference: np.ndarray  # float64: what every output is checked against
+    impls: dict  # name -> zero-argument callable, for those that could be built
+    skipped: dict  # name -> why it does not run (not installed, could not be built)
+
+
+def build_impls(factories, names, inputs):
+    impls, skipped = {}, {}
+    for name in names:
+        if not peer_available(name):
+            skipped[name] = "not installed"
+            continue
+        try:
+            impls[name] = factories[name](*inputs)
+        except Exception as error:  # noqa: BLE001 (a peer that cannot run this shape is reported, not fatal)
+            skipped[name] = f"could not run: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+            print(f"  {name}: {skipped[name]}", flush=True)
+    return impls, skipped
+
+
+def as_float64(*arrays):
+    return [np.asarray(a, dtype=np.float64) for a in arrays]
+
+
+def case_peer_mha(size, names):
+    """Case 7: MultiHeadAttention(D, heads) on x (B, L, D) against torch, ONNX Runtime and OpenVINO."""
+    B, T, C, heads = size
+    rng = np.random.default_rng(7)
+    x = random_array(rng, (B, T, C), np.float32)
+    module = load_attnc_module(attnc.MultiHeadAttention(C, heads, dtype=np.float32),
+                               linear_weights(rng, MHA_NAMES, C, C, np.float32))
+    weights = {key: np.ascontiguousarray(value) for key, value in module.state_dict().items()}  # every peer's
+    w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
+    reference = numpy_self_attention(*as_float64(x, w_qkv, b_qkv), heads,
+                                     as_float64(weights["output_linear.weight"], weights["output_linear.bias"]))
+    factories = {ATTNC: attnc_mha, TORCH_NN_MHA: torch_nn_mha, TORCH_FUSED: torch_fused_mha, ORT: ort_mha,
+                 OPENVINO: ov_mha}
+    impls, skipped = build_impls(factories, names, (x, weights, heads))
+    flops = 4 * 2 * B * T * C * C + 2 * 2 * B * T * T * C
+    return PeerBench(f"x ({B}, {T}, {C}), {heads} heads", flops, reference, impls, skipped)
+
+
+def case_peer_sdpa(size, names):
+    """Case 8: attention core, q (B, H, L, E) against k, v (B, H, S, E); L = 1 is a decoding step."""
+    B, H, L, S, E, causal = size
+    rng = np.random.default_rng(8)
+    q = random_array(rng, (B, H, L, E), np.float32)
+    k, v = (random_array(rng, (B, H, S, E), np.float32) for _ in range(2))
+    exclude = np.triu(np.ones((L, S), dtype=bool), k=1) if causal else None
+    reference = numpy_core(*as_float64(q, k, v), 1 / math.sqrt(E), exclude)
+    factories = {ATTNC: attnc_sdpa, TORCH_SDPA: torch_sdpa, ORT: ort_sdpa, OPENVINO: ov_sdpa}
+    impls, skipped = build_impls(factories, names, (q, k, v, causal))
+    pairs = L * (L + 1) // 2 if causal else L * S
+    shape = f"q ({B}, {H}, {L}, {E})" + (f", k, v ({B}, {H}, {S}, {E})" if S != L else ", k, v alike")
+    return PeerBench(shape + (", causal" if causal else ""), 2 * 2 * B * H * pairs * E, reference, impls, skipped)
 
 
 # ----------------------------------------------------------------------------
@@ -428,6 +697,27 @@ def rows(sizes):
     ]
 
 
+@dataclasses.dataclass
+class PeerRow:
+    """A row of cases 7 and 8: attnc and its peers, timed, with no target."""
+    key: str
+    case: int
+    title: str
+    names: tuple
+    build: object  # names -> PeerBench
+
+
+def peer_rows():
+    mha_names = (ATTNC, TORCH_NN_MHA, TORCH_FUSED, ORT, OPENVINO)
+    core_names = (ATTNC, TORCH_SDPA, ORT, OPENVINO)
+    result = [PeerRow(f"7-{i}", 7, "MultiHeadAttention sweep", mha_names, functools.partial(case_peer_mha, size))
+              for i, size in enumerate(PEER_MHA, 1)]
+    for i, size in enumerate(PEER_SDPA + PEER_DECODE, 1):
+        title = "SDPA decode step" if size[2] == 1 else "SDPA sweep" + (", causal" if size[5] else "")
+        result.append(PeerRow(f"8-{i}", 8, title, core_names, functools.partial(case_peer_sdpa, size)))
+    return result
+
+
 # ----------------------------------------------------------------------------
 # Measuring: interleaved timing, output agreement, peak memory.
 
@@ -445,7 +735,8 @@ SETTLE_S = 0.25
 def time_interleaved(impls, rounds, calls=1):
     """Seconds per call of each implementation, one sample per round; every
     round calls all implementations, in an order rotated by one each round,
-    each after SETTLE_S of idle time and one untimed call."""
+    each after SETTLE_S of idle time and one untimed call. A sample is a block
+    of `calls` back-to-back calls: one number, or a dict with one per implementation."""
     names = list(impls)
     samples = {name: [] for name in names}
     gc.disable()
@@ -456,10 +747,11 @@ def time_interleaved(impls, rounds, calls=1):
                 fn = impls[name]
                 time.sleep(SETTLE_S)
                 fn()
+                count = calls[name] if isinstance(calls, dict) else calls
                 start = time.perf_counter()
-                for _ in range(calls):
+                for _ in range(count):
                     fn()
-                samples[name].append((time.perf_counter() - start) / calls)
+                samples[name].append((time.perf_counter() - start) / count)
     finally:
         gc.enable()
     return samples
@@ -592,6 +884,54 @@ def run_sweep(sizes):
     return sweep
 
 
+def calls_per_block(fn, block_s):
+    """How many back-to-back calls of fn fill block_s: from the fastest of the untimed
+    calls made in about half a block, after the same pause and wake-up call as a timed block."""
+    time.sleep(SETTLE_S)
+    fn()
+    samples = [timed(fn)]
+    while (sum(samples) < block_s / 2 or len(samples) < 3 and min(samples) < block_s) and len(samples) < 1000:
+        samples.append(timed(fn))  # at least 3 calls unless one fills a block: a stray slow call is common
+    return max(1, min(MAX_CALLS_PER_BLOCK, round(block_s / min(samples))))
+
+
+def run_peer_row(row, sizes, args):
+    """Checks every implementation's output against the float64 reference (its
+    warm-up call): one that fails is reported and not timed. Then interleaved
+    rounds of blocks, as time_interleaved does, each block about peer_block_s long."""
+    bench = row.build(row.names)
+    tolerance = TOLERANCE[np.dtype(np.float32)] * max(1.0, float(np.abs(bench.reference).max()))
+    impls, timed_impls = {}, {}
+    for name, fn in bench.impls.items():
+        output = np.asarray(fn())
+        fits = output.shape == bench.reference.shape and output.dtype == np.float32
+        diff = float(np.abs(output.astype(np.float64) - bench.reference).max()) if fits else None
+        passed = fits and diff <= tolerance  # a NaN fails
+        impls[name] = {"check": "pass" if passed else "FAIL", "max_abs_diff": diff, "ops": getattr(fn, "ops", None),
+                       "median_s": None, "samples_s": [], "calls_per_sample": None, "gflops": None}
+        if passed:
+            timed_impls[name] = fn
+        else:
+            print(f"  {name} FAILS its check, not timed: " + (f"max abs diff {diff:.3g} > {tolerance:.3g}" if fits
+                  else f"output {output.shape} {output.dtype}, expected {bench.reference.shape} float32"), flush=True)
+    calls = {name: calls_per_block(fn, sizes["peer_block_s"]) for name, fn in timed_impls.items()}
+    samples = time_interleaved(timed_impls, args.repeats, calls)
+    for name in timed_impls:
+        median = statistics.median(samples[name])
+        impls[name].update(median_s=median, samples_s=samples[name], calls_per_sample=calls[name],
+                           gflops=bench.flops / median / 1e9)
+    times = {name: impls[name]["median_s"] for name in timed_impls}
+    torch_times = {name: t for name, t in times.items() if name.startswith("torch")}
+    peer_times = {name: t for name, t in times.items() if name != ATTNC}
+    fastest = min(peer_times, key=peer_times.get) if peer_times else None
+    return {
+        "key": row.key, "case": row.case, "title": row.title, "dtype": "float32", "shape": bench.shape,
+        "flops": bench.flops, "tolerance": tolerance, "impls": impls, "skipped": bench.skipped,
+        "torch_best": min(torch_times, key=torch_times.get) if torch_times else None, "fastest_peer": fastest,
+        "attnc_over_fastest_peer": times[ATTNC] / peer_times[fastest] if fastest and ATTNC in times else None,
+    }
+
+
 def reference_gemm(size, dtype, threads, repeats=3):
     """NumPy's GEMM GFLOP/s on a size^3 matmul, with OpenBLAS pinned to `threads`."""
     rng = np.random.default_rng(0)
@@ -632,7 +972,7 @@ def extension_built_time():
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.path.getmtime(attnc._C.__file__)))
 
 
-def environment(args):
+def environment(args, sizes):
     libraries = threadpoolctl.threadpool_info() if threadpoolctl is not None else []
     openblas = [lib for lib in libraries if lib.get("internal_api") == "openblas"]
     return {
@@ -652,7 +992,20 @@ def environment(args):
                   "of the same implementation",
         "memory": "peak RSS delta of one warm call (output included) in a fresh subprocess per implementation, "
                   "VmHWM reset via /proc/self/clear_refs" + ("; quick mode: case 3 only" if args.quick else ""),
+        "peer_versions": {package: package_version(package) for package in ("onnxruntime", "onnx", "openvino")},
+        "peer_settings": PEER_SETTINGS,
+        "peer_timing": "cases 7 and 8: median of interleaved rounds; each sample is a block of back-to-back calls "
+                       f"(about {sizes['peer_block_s']:g} s, at least one call) that follows a {SETTLE_S:g} s idle "
+                       "pause and one untimed call of the same implementation; outputs checked against a float64 "
+                       "NumPy reference before timing",
     }
+
+
+def package_version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def fmt_ms(seconds):
@@ -676,9 +1029,11 @@ def time_cell(row, name):
     return latency_cell(impl) if row["flops"] is None else f"{fmt_ms(impl['median_s'])} ms"
 
 
-def markdown(env, gemms, results):
+def markdown(env, gemms, results, peer_results=()):
+    libraries = "attnc, torch, NumPy's OpenBLAS, ONNX Runtime and OpenVINO" if peer_results else \
+        "attnc, torch and NumPy's OpenBLAS"
     lines = [f"# attnc benchmark ({env['mode']} run)", "",
-             f"{env['threads']} threads for attnc, torch and NumPy's OpenBLAS; float32 unless said; eval mode; "
+             f"{env['threads']} threads for {libraries}; float32 unless said; eval mode; "
              f"{env['timing']}. Peak for '% peak': {env['peak_source']}. "
              f"Load average (1 min) at the start: {env['load_average_1min']:.2f}, at the end: "
              f"{env['load_average_1min_end']:.2f} (busy processes on the {env['cpus']} CPUs disturb timings).",
@@ -688,7 +1043,15 @@ def markdown(env, gemms, results):
              f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}, OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}.", ""]
     if gemms:
         lines += ["Reference: " + "; ".join(f"{name}: {value:.1f} GFLOP/s" for name, value in gemms.items()) + ".", ""]
-    lines += ["| case | shape | attnc | torch best | numpy | attnc/torch-best | attnc/numpy | attnc GFLOP/s "
+    if results:
+        lines += markdown_cases(env, results)
+    if peer_results:
+        lines += markdown_peers(env, peer_results)
+    return "\n".join(lines)
+
+
+def markdown_cases(env, results):
+    lines = ["| case | shape | attnc | torch best | numpy | attnc/torch-best | attnc/numpy | attnc GFLOP/s "
               "| % peak | attnc peak RSS delta MiB | target | result |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in results:
@@ -713,7 +1076,69 @@ def markdown(env, gemms, results):
     lines += ["", "Sizes (MiB): " + "; ".join(
         f"case {row['key']}: inputs {fmt_mib(row['input_bytes'])}, output {fmt_mib(row['output_bytes'])}"
         for row in results), "", f"Memory: {env['memory']}.", ""]
-    return "\n".join(lines)
+    return lines
+
+
+PEER_COLUMNS = (("torch", lambda name: name.startswith("torch")), ("ONNX Runtime", lambda name: name == ORT),
+                ("OpenVINO", lambda name: name == OPENVINO))
+
+
+def peer_cell(row, matches):
+    """A library's time in a row of cases 7 and 8: its fastest variant that passed its check,
+    else why it has none."""
+    names = [name for name in (*row["impls"], *row["skipped"]) if matches(name)]
+    timed = [name for name in names if name in row["impls"] and row["impls"][name]["median_s"] is not None]
+    if timed:
+        best = min(timed, key=lambda name: row["impls"][name]["median_s"])
+        variant = f" ({best})" if len(names) > 1 else ""
+        return f"{fmt_ms(row['impls'][best]['median_s'])} ms{variant}"
+    if not names:
+        return "-"
+    name = names[0]
+    if name in row["skipped"]:
+        return row["skipped"][name]
+    return f"fails check (max abs diff {fmt_opt(row['impls'][name]['max_abs_diff'], '.2e')})"
+
+
+def markdown_peers(env, peer_results):
+    def settings(name):
+        used = env.get("peer_settings", {}).get(name)
+        return ", ".join(f"{key}={value}" for key, value in used.items() if key not in ("version", "onnx")) \
+            if used else "not run"
+
+    versions = env["peer_versions"]
+    lines = ["## attnc against torch, ONNX Runtime and OpenVINO (cases 7 and 8)", "",
+             f"{env['peer_timing']}; tolerance: 1e-4 x max(1, max|reference|). "
+             f"onnxruntime {versions['onnxruntime']} (onnx {versions['onnx']}): {settings(ORT)}. "
+             f"openvino {versions['openvino']}: {settings(OPENVINO)}.", "",
+             "| case | shape | attnc | " + " | ".join(title for title, _ in PEER_COLUMNS)
+             + " | fastest peer | attnc / fastest peer |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in PEER_COLUMNS) + " | --- | --- |"]
+    for row in peer_results:
+        ratio = row["attnc_over_fastest_peer"]
+        lines.append(f"| {row['key']} {row['title']} | {row['shape']}, {row['dtype']} "
+                     f"| {peer_cell(row, lambda name: name == ATTNC)} | "
+                     + " | ".join(peer_cell(row, matches) for _, matches in PEER_COLUMNS)
+                     + f" | {row['fastest_peer'] or '-'} | {fmt_opt(ratio, '.2f')} |")
+    lines += ["", "### Every implementation (cases 7 and 8)", "",
+              "| case | implementation | ms per call | calls per block | GFLOP/s | max abs diff vs float64 | check |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    operators = {}
+    for row in peer_results:
+        for name, impl in row["impls"].items():
+            median = impl["median_s"]
+            lines.append(f"| {row['key']} | {name} | {'-' if median is None else fmt_ms(median)} "
+                         f"| {impl['calls_per_sample'] or '-'} | {fmt_opt(impl['gflops'], '.1f')} "
+                         f"| {fmt_opt(impl['max_abs_diff'], '.2e')} | {impl['check']} |")
+            if impl["ops"]:
+                operators.setdefault((name, impl["ops"]), []).append(row["key"])
+        for name, why in row["skipped"].items():
+            lines.append(f"| {row['key']} | {name} | - | - | - | - | {why} |")
+    lines += ["", "Operators run:", ""]
+    lines += [f"- {name}, cases {', '.join(keys)}: {ops}" for (name, ops), keys in operators.items()]
+    return lines + [""]
+
+
 
 
 def plot(sweep, path):
@@ -744,12 +1169,25 @@ def print_row(row):
           flush=True)
 
 
+def print_peer_row(row):
+    cells = [f"{name} " + ("-" if impl["median_s"] is None else f"{fmt_ms(impl['median_s'])} ms")
+             for name, impl in row["impls"].items()]
+    diffs = ", ".join(f"{name} {fmt_opt(impl['max_abs_diff'], '.1e')} ({impl['check']})"
+                      for name, impl in row["impls"].items())
+    skipped = "".join(f"\n  {name}: {why}" for name, why in row["skipped"].items())
+    ratio = row["attnc_over_fastest_peer"]
+    print(f"  {row['shape']}: {', '.join(cells)}\n  max abs diff vs float64: {diffs}{skipped}\n"
+          f"  attnc / fastest peer ({row['fastest_peer']}): {fmt_opt(ratio, '.2f')}", flush=True)
+
+
 # ----------------------------------------------------------------------------
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (under a minute)")
-    parser.add_argument("--cases", default="1,2,3,4,5,6", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8",
+                        help="comma-separated case numbers (default: all); 7: MultiHeadAttention sweep and 8: SDPA "
+                             "sweep with decode steps, against torch, ONNX Runtime and OpenVINO")
     parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 5, quick: 3)")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
     parser.add_argument("--peak-gflops", type=float,
@@ -783,14 +1221,20 @@ def main(argv=None):
         results.append(run_row(row, sizes, args))
         print_row(results[-1])
     sweep = run_sweep(sizes) if 2 in args.cases else None
-    env = environment(args) | {"attnc_extension_built": built, "load_average_1min": load_at_start,
+    peer_results = []
+    for row in (row for row in peer_rows() if row.case in args.cases):
+        print(f"case {row.key}: {row.title}", flush=True)
+        peer_results.append(run_peer_row(row, sizes, args))
+        print_peer_row(peer_results[-1])
+    env = environment(args, sizes) | {"attnc_extension_built": built, "load_average_1min": load_at_start,
                                "load_average_1min_end": os.getloadavg()[0],
                                "wall_seconds": time.perf_counter() - started}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as out:
-        json.dump({"environment": env, "reference_gemm_gflops": gemms, "cases": results, "sweep": sweep}, out, indent=1)
+        json.dump({"environment": env, "reference_gemm_gflops": gemms, "cases": results, "sweep": sweep,
+                   "peer_cases": peer_results}, out, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as out:
-        out.write(markdown(env, gemms, results))
+        out.write(markdown(env, gemms, results, peer_results))
     if sweep:
         plot(sweep, os.path.join(args.out, "plot.png"))
     print(f"wrote {args.out}/results.json, results.md" + (", plot.png" if sweep else "")
