@@ -57,6 +57,9 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
  * than the CPUs this process may use. */
 void attnc_set_num_threads(int n);
 int attnc_get_num_threads(void);
+/* The threads a parallel_for would compute on: the count asked for, at most
+ * the CPUs; for kernels sizing their tasks (never their results) by it. */
+int attnc_running_threads(void);
 
 /* ------------------------------------------------------------------------ */
 /* interrupt.c: stopping a long call from its caller (Ctrl-C)                */
@@ -104,16 +107,26 @@ idx_t attnc_item_offset(const attnc_batch *batch, const idx_t *batch_strides, id
 
 /*
  * gemm: C (M, N) = A (M, K) . B (N, K)^T  [+ bias (N)]      ("NT", as linear)
- *   A(i, p) = a[i * a_rs + p * a_cs],  B(j, p) = b[j * b_rs + p * b_cs],
- *   C(i, j) = c[i * c_rs + j]; bias may be NULL; C is overwritten.
- * Each element of C is summed in one fixed order whatever M, N, the tiling
- * or the thread count: a row's result never depends on the other rows.
+ *   B and its bias are stacked from 1..ATTNC_GEMM_MAX_PARTS blocks of rows
+ *   (a module's Q, K and V weights: one product, A packed once): B's rows
+ *   [0, parts[0].rows) are parts[0]'s, the next parts[1].rows parts[1]'s...
+ *   A(i, p) = a[i * a_rs + p * a_cs],  part row (j, p) = b[j * b_rs + p * b_cs],
+ *   C(i, j) = c[i * c_rs + j]; a part's bias may be NULL (zeros); C is
+ *   overwritten.
+ * Each element of C is summed in one fixed order whatever M, N, the parts,
+ * the tiling or the thread count: a row's result never depends on the
+ * other rows.
  */
+#define ATTNC_GEMM_MAX_PARTS 3
 typedef struct {
-    idx_t M, N, K;
+    const void *b, *bias;
+    idx_t rows;
+} attnc_gemm_part;
+
+typedef struct {
+    idx_t M, K;
     const void *a; idx_t a_rs, a_cs;
-    const void *b; idx_t b_rs, b_cs;
-    const void *bias;
+    int n_parts; attnc_gemm_part parts[ATTNC_GEMM_MAX_PARTS]; idx_t b_rs, b_cs;
     void *c; idx_t c_rs;
 } attnc_gemm_args;
 

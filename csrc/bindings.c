@@ -516,10 +516,10 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!count_items(nd - 1, shape, &rows, "x") || !(result = new_array(nd, shape, dt))) goto done;
     if (PyArray_SIZE((PyArrayObject *)result) == 0) goto done;
     attnc_gemm_args g = {
-        .M = rows, .N = n_out, .K = n_in,
+        .M = rows, .K = n_in,
         .a = PyArray_DATA(x), .a_rs = n_in, .a_cs = 1,
-        .b = PyArray_DATA(w), .b_rs = elem_stride(w, 0), .b_cs = elem_stride(w, 1),
-        .bias = b ? PyArray_DATA(b) : NULL,
+        .n_parts = 1, .parts = {{PyArray_DATA(w), b ? PyArray_DATA(b) : NULL, n_out}},
+        .b_rs = elem_stride(w, 0), .b_cs = elem_stride(w, 1),
         .c = PyArray_DATA((PyArrayObject *)result), .c_rs = n_out,
     };
     attnc_status status;

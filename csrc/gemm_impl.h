@@ -30,7 +30,7 @@
  * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
  * double (twice that measured no faster). */
 #define GEMM_A_BLOCK_BYTES (144 * 1024)
-/* NC: columns of C per task. BLIS sizes NC (4080) to keep a B panel in L3;
+/* NC: columns of C per task at most. BLIS sizes NC (4080) to keep a B panel in L3;
  * here B is packed once per K block for all tasks, so a narrower task costs
  * only re-reading its A block from L3, and narrow tasks balance threads:
  * a (768, 2304) C is 6 x 5 tasks. */
@@ -88,11 +88,23 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
 /* ------------------------------------------------------------------------ */
 /* packing                                                                   */
 
-/* A strided operand of the product: element (r, p) at data[r * rs + p * cs]. */
+/* An operand of the product: rows stacked from up to ATTNC_GEMM_MAX_PARTS
+ * strided blocks; element (r, p) of part q is data[q][r * rs + p * cs]
+ * for r counted from the part's first row (ends[q - 1]). */
 typedef struct {
-    const real *data;
+    const real *data[ATTNC_GEMM_MAX_PARTS];
+    idx_t ends[ATTNC_GEMM_MAX_PARTS]; /* one past each part's last row */
+    int n_parts;
     idx_t rs, cs;
 } FN(gemm_operand);
+
+/* The first element of row r. */
+static inline const real *FN(operand_row)(const FN(gemm_operand) *x, idx_t r)
+{
+    int q = 0;
+    while (q < x->n_parts - 1 && r >= x->ends[q]) q++;
+    return x->data[q] + (r - (q ? x->ends[q - 1] : 0)) * x->rs;
+}
 
 /* Everything the tasks share; p0, kc name the K block being added. */
 typedef struct {
@@ -109,18 +121,33 @@ typedef struct {
 /* The init row of the first K block when there is no bias. */
 static const real FN(gemm_zeros)[64];
 
+#define GEMM_MAX_WIDTH (GEMM_NR > GEMM_MR ? GEMM_NR : GEMM_MR)
+
 /* dst (kc, width) <- x rows [r0, r0 + rows), steps [p0, p0 + kc); rows
  * past `rows` are zeros, so an edge tile computes like a full one. */
-static void FN(pack_sliver)(real *dst, FN(gemm_operand) x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
+static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
                             idx_t kc)
 {
-    const real *src = x.data + r0 * x.rs + p0 * x.cs;
+    const real *row[GEMM_MAX_WIDTH];
+    for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
+    idx_t p = 0, cs = x->cs;
+    if (rows == width && width % VLANES == 0 && cs == 1)
+        /* whole slivers of rows in place (the weights of a linear layer):
+         * VLANES steps of VLANES rows at a time, turned in registers (a
+         * fifth of the instructions of the loop below) */
+        for (; p + VLANES <= kc; p += VLANES)
+            for (idx_t r = 0; r < width; r += VLANES) {
+                vreal block[VLANES];
+                for (int l = 0; l < VLANES; l++) block[l] = vloadu(row[r + l] + p);
+                vtranspose(block);
+                for (int l = 0; l < VLANES; l++) vstoreu(dst + (p + l) * width + r, block[l]);
+            }
     if (rows < width)
         for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
-    /* one step p at a time: contiguous writes, and `width` rows read side by
-     * side, each sequentially when cs == 1 (about 5x faster than row by row) */
-    for (idx_t p = 0; p < kc; p++)
-        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = src[r * x.rs + p * x.cs];
+    /* the rest one step p at a time: contiguous writes, and `width` rows
+     * read side by side, each sequentially when cs == 1 */
+    for (; p < kc; p++)
+        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = row[r][p * cs];
 }
 
 /* Pass 1, task t: the slivers of row block t of A, or of column block
@@ -130,7 +157,7 @@ static void FN(pack_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
     int is_a = t < job->n_row_blocks;
-    FN(gemm_operand) x = is_a ? job->a : job->b;
+    const FN(gemm_operand) *x = is_a ? &job->a : &job->b;
     idx_t width = is_a ? GEMM_MR : GEMM_NR;
     idx_t block = is_a ? job->mc : job->nc;
     idx_t first = (is_a ? t : t - job->n_row_blocks) * block;
@@ -181,23 +208,36 @@ static void FN(multiply_task)(void *ctx, idx_t t)
 /* ------------------------------------------------------------------------ */
 /* the entry point                                                           */
 
+/* Element j of the stacked bias (0 where a part has none). */
+static real FN(bias_at)(const attnc_gemm_args *g, idx_t j)
+{
+    int q = 0;
+    while (q < g->n_parts - 1 && j >= g->parts[q].rows) j -= g->parts[q++].rows;
+    return g->parts[q].bias ? ((const real *)g->parts[q].bias)[j] : 0;
+}
+
 /* C = bias + A . B^T by plain loops, in the packed path's order of
  * operations: each K block summed from its init (the bias, then zeros) by
  * sfma, then added to C. For tiny sizes, and for K == 0 (C = bias). */
-static void FN(gemm_direct)(idx_t M, idx_t N, idx_t K, FN(gemm_operand) a, FN(gemm_operand) b,
-                            const real *bias, real *c, idx_t c_rs)
+static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_operand) *a,
+                            const FN(gemm_operand) *b)
 {
-    for (idx_t i = 0; i < M; i++)
-        for (idx_t j = 0; j < N; j++) {
-            real total = bias ? bias[j] : 0;
-            for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+    real *c = g->c;
+    for (idx_t j = 0; j < N; j++) {
+        const real *b_row = FN(operand_row)(b, j);
+        real bias = FN(bias_at)(g, j);
+        for (idx_t i = 0; i < g->M; i++) {
+            const real *a_row = FN(operand_row)(a, i);
+            real total = bias;
+            for (idx_t p0 = 0; p0 < g->K; p0 += GEMM_KC) {
                 real sum = p0 == 0 ? total : 0;
-                for (idx_t p = p0; p < attnc_min(K, p0 + GEMM_KC); p++)
-                    sum = sfma(a.data[i * a.rs + p * a.cs], b.data[j * b.rs + p * b.cs], sum);
+                for (idx_t p = p0; p < attnc_min(g->K, p0 + GEMM_KC); p++)
+                    sum = sfma(a_row[p * a->cs], b_row[p * b->cs], sum);
                 total = p0 == 0 ? sum : total + sum;
             }
-            c[i * c_rs + j] = total;
+            c[i * g->c_rs + j] = total;
         }
+    }
 }
 
 /* *bytes = size of `rows` rows packed in slivers of `width`, kc steps deep. */
@@ -213,27 +253,43 @@ static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)
 
 attnc_status FN(gemm)(const attnc_gemm_args *g)
 {
-    idx_t M = g->M, N = g->N, K = g->K;
-    FN(gemm_operand) a = {g->a, g->a_rs, g->a_cs}, b = {g->b, g->b_rs, g->b_cs};
+    idx_t M = g->M, N = 0, K = g->K;
+    FN(gemm_operand) a = {{g->a}, {M}, 1, g->a_rs, g->a_cs}, b = {{NULL}, {0}, g->n_parts, g->b_rs, g->b_cs};
+    int any_bias = 0;
+    for (int q = 0; q < g->n_parts; q++) {
+        b.data[q] = g->parts[q].b;
+        b.ends[q] = N += g->parts[q].rows; /* the caller's arrays: no overflow */
+        any_bias |= g->parts[q].bias != NULL;
+    }
     if (M <= 0 || N <= 0) return ATTNC_OK;
     if ((double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS) {
-        FN(gemm_direct)(M, N, K, a, b, g->bias, g->c, g->c_rs);
+        FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
+    idx_t n_row_blocks = attnc_ceil_div(M, mc);
+    /* Narrower column blocks when there are too few blocks of C to keep
+     * every thread busy (a few dozen rows: one row block): at least two
+     * tasks per thread, of whole B slivers. Bits do not depend on it. */
+    idx_t n_col_blocks = attnc_ceil_div(2 * attnc_running_threads(), n_row_blocks);
+    idx_t nc = attnc_min(GEMM_NC / GEMM_NR, attnc_ceil_div(attnc_ceil_div(N, GEMM_NR), n_col_blocks)) * GEMM_NR;
     FN(gemm_job) job = {
-        .M = M, .N = N, .a = a, .b = b, .bias = g->bias, .c = g->c, .c_rs = g->c_rs,
-        .mc = mc, .nc = GEMM_NC / GEMM_NR * GEMM_NR,
-        .n_row_blocks = attnc_ceil_div(M, mc), .n_col_blocks = attnc_ceil_div(N, GEMM_NC / GEMM_NR * GEMM_NR),
+        .M = M, .N = N, .a = a, .b = b, .c = g->c, .c_rs = g->c_rs,
+        .mc = mc, .nc = nc, .n_row_blocks = n_row_blocks, .n_col_blocks = attnc_ceil_div(N, nc),
     };
     size_t a_bytes, b_bytes;
     idx_t kc_max = attnc_min(K, GEMM_KC);
     if (!FN(packed_bytes)(M, GEMM_MR, kc_max, &a_bytes) || !FN(packed_bytes)(N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
+    /* one part's bias is read in place; several are stacked (N reals) */
+    int stack_bias = any_bias && g->n_parts > 1;
+    real *stacked_bias = stack_bias ? attnc_malloc((size_t)N * sizeof(real)) : NULL;
+    job.bias = stack_bias ? stacked_bias : g->parts[0].bias;
     job.packed_a = attnc_malloc(a_bytes);
     job.packed_b = attnc_malloc(b_bytes);
     attnc_status status = ATTNC_ENOMEM;
-    if (!job.packed_a || !job.packed_b) goto done;
+    if (!job.packed_a || !job.packed_b || (stack_bias && !stacked_bias)) goto done;
+    for (idx_t j = 0; stack_bias && j < N; j++) stacked_bias[j] = FN(bias_at)(g, j);
 
     double packed_elements = (double)(a_bytes + b_bytes) / sizeof(real);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
@@ -244,6 +300,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 done:
+    attnc_free(stacked_bias);
     attnc_free(job.packed_a);
     attnc_free(job.packed_b);
     return status;

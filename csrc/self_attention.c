@@ -1,21 +1,7 @@
-/* A whole attention module forward: projections, attention over heads
- * (as strides into the projection buffer), output projection; every step
- * through the kernel table. */
+/* A whole attention module forward: the Q, K, V projections as one
+ * product, attention over heads (as strides into the projection buffer),
+ * output projection; every step through the kernel table. */
 #include "attnc.h"
-
-/* 1 when the Q, K and V weights (and biases) are consecutive row blocks of
- * one array (a fused (Dq+Dk+Dv, C) projection): one GEMM computes all three
- * into the side-by-side buffer, with the same bits as three. */
-static int fused_projection(const attnc_self_attention_args *s, size_t elem)
-{
-    const char *w = s->w[ATTNC_Q], *b = s->bias[ATTNC_Q];
-    int weights = (const char *)s->w[ATTNC_K] == w + (size_t)(s->dim[ATTNC_Q] * s->C) * elem &&
-                  (const char *)s->w[ATTNC_V] == w + (size_t)((s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * s->C) * elem;
-    int biases = b ? (const char *)s->bias[ATTNC_K] == b + (size_t)s->dim[ATTNC_Q] * elem &&
-                         (const char *)s->bias[ATTNC_V] == b + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * elem
-                   : !s->bias[ATTNC_K] && !s->bias[ATTNC_V];
-    return weights && biases;
-}
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *s)
 {
@@ -34,14 +20,16 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     char *merged = s->w_out ? attnc_malloc((size_t)merged_size * elem) : s->out;
     if (!qkv || !merged) goto done;
 
-    /* pass 1: Q, K, V projections side by side in one (rows, width) buffer */
-    for (int p = 0, first_column = 0; p < 3; first_column += s->dim[p], p++) {
-        int fused = p == ATTNC_Q && fused_projection(s, elem);
-        attnc_gemm_args g = {rows, fused ? width : s->dim[p], s->C, s->x, s->C, 1, s->w[p], s->C, 1, s->bias[p],
-                             qkv + (size_t)first_column * elem, width};
-        if ((status = kernels->gemm(&g)) != ATTNC_OK) goto done;
-        if (fused) break;
-    }
+    /* pass 1: Q, K, V projections side by side in one (rows, width) buffer,
+     * one product of x with the three weights stacked */
+    attnc_gemm_args qkv_args = {
+        .M = rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
+        .parts = {{s->w[ATTNC_Q], s->bias[ATTNC_Q], s->dim[ATTNC_Q]},
+                  {s->w[ATTNC_K], s->bias[ATTNC_K], s->dim[ATTNC_K]},
+                  {s->w[ATTNC_V], s->bias[ATTNC_V], s->dim[ATTNC_V]}},
+        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = width,
+    };
+    if ((status = kernels->gemm(&qkv_args)) != ATTNC_OK) goto done;
 
     /* pass 2: attention per item (leading dims..., head); the heads are
      * column blocks of the buffer, merged in place in the output rows */
@@ -68,9 +56,12 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     if ((status = kernels->attention(&a)) != ATTNC_OK || !s->w_out) goto done;
 
     /* pass 3: output projection */
-    attnc_gemm_args g = {rows, s->n_out, s->dim[ATTNC_V], merged, s->dim[ATTNC_V], 1, s->w_out, s->dim[ATTNC_V],
-                         1, s->bias_out, s->out, s->n_out};
-    status = kernels->gemm(&g);
+    attnc_gemm_args out_args = {
+        .M = rows, .K = s->dim[ATTNC_V], .a = merged, .a_rs = s->dim[ATTNC_V], .a_cs = 1,
+        .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = s->dim[ATTNC_V], .b_cs = 1,
+        .c = s->out, .c_rs = s->n_out,
+    };
+    status = kernels->gemm(&out_args);
 done:
     attnc_free(qkv);
     if (s->w_out) attnc_free(merged);

@@ -11,6 +11,8 @@
  *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
  *   sfma(a, b, c)      the scalar twin of vfma: the same rounding, so a
  *                      scalar loop gets the micro-kernel's bits
+ *   vtranspose(rows)   rows[VLANES] <- its transpose (a VLANES x VLANES
+ *                      block, in registers)
  *   GEMM_MR            rows of the GEMM micro-kernel (its columns are
  *                      GEMM_NR = 2 vectors): as many accumulators as the
  *                      registers hold
@@ -19,6 +21,7 @@
  * but the fused multiply-add is written once. The exp and the row
  * reductions are scalar code the compiler vectorises (vexp.h). */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #ifndef ATTNC_SIMD_NAMES
@@ -32,6 +35,8 @@
 #define vadd FN(vadd)
 #define vfma FN(vfma)
 #define sfma FN(sfma)
+#define vlanes_mask FN(vlanes_mask)
+#define vtranspose FN(vtranspose)
 #define VLANES ((int)(sizeof(vreal) / sizeof(real)))
 #define GEMM_NR (2 * VLANES)
 #endif
@@ -46,6 +51,8 @@
  * is not, and sfma must match it bit for bit), and a broadcast (GCC turns
  * (vreal){0} + x into an add and a shuffle). */
 #undef SIMD_BYTES
+#undef SIMD_LANES
+#undef LANE_LIST
 #undef GEMM_MR
 #undef FUSED_MULTIPLY_ADD
 #undef BROADCAST
@@ -70,6 +77,25 @@
 #  define GEMM_MR 4
 #endif
 
+/* VLANES for the preprocessor, and F(lane, arg) for every lane, in order:
+ * the shuffle masks below must be constants */
+#if defined(ATTNC_REAL_F32)
+#  define SIMD_LANES (SIMD_BYTES / 4)
+#else
+#  define SIMD_LANES (SIMD_BYTES / 8)
+#endif
+#if SIMD_LANES == 2
+#  define LANE_LIST(F, d) F(0, d), F(1, d)
+#elif SIMD_LANES == 4
+#  define LANE_LIST(F, d) F(0, d), F(1, d), F(2, d), F(3, d)
+#elif SIMD_LANES == 8
+#  define LANE_LIST(F, d) F(0, d), F(1, d), F(2, d), F(3, d), F(4, d), F(5, d), F(6, d), F(7, d)
+#else
+#  define LANE_LIST(F, d)                                                                        \
+      F(0, d), F(1, d), F(2, d), F(3, d), F(4, d), F(5, d), F(6, d), F(7, d), F(8, d), F(9, d),  \
+      F(10, d), F(11, d), F(12, d), F(13, d), F(14, d), F(15, d)
+#endif
+
 /* the same type as the ISA's __m128/__m256/__m512 (or their double forms) */
 typedef real vreal __attribute__((vector_size(SIMD_BYTES)));
 
@@ -83,6 +109,43 @@ static inline vreal vloadu(const real *p)
 }
 static inline void vstoreu(real *p, vreal v) { memcpy(p, &v, sizeof v); }
 static inline vreal vadd(vreal a, vreal b) { return a + b; }
+
+/* Shuffle masks: lane indices below VLANES pick from the first vector,
+ * the others from the second. */
+#if defined(ATTNC_REAL_F32)
+typedef int32_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
+#else
+typedef int64_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
+#endif
+/* For rows i and i + d (bit d of i clear), the lanes with bit d set in row
+ * i trade places with the lanes with it clear in row i + d: */
+#define SWAP_LOW(l, d) (((l) & (d)) ? SIMD_LANES + (l) - (d) : (l))  /* new row i */
+#define SWAP_HIGH(l, d) (((l) & (d)) ? SIMD_LANES + (l) : (l) + (d)) /* new row i + d */
+#define TRANSPOSE_STAGE(d)                                                                         \
+    for (int i = 0; i < SIMD_LANES; i++)                                                           \
+        if (!(i & (d))) {                                                                          \
+            vreal low = rows[i], high = rows[i + (d)];                                             \
+            rows[i] = __builtin_shuffle(low, high, (vlanes_mask){LANE_LIST(SWAP_LOW, d)});       \
+            rows[i + (d)] = __builtin_shuffle(low, high, (vlanes_mask){LANE_LIST(SWAP_HIGH, d)}); \
+        }
+/* The block transpose by swapping off-diagonal blocks of halving sizes:
+ * log2(VLANES) stages of VLANES two-vector shuffles. */
+static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LANES])
+{
+#if SIMD_LANES > 8
+    TRANSPOSE_STAGE(8)
+#endif
+#if SIMD_LANES > 4
+    TRANSPOSE_STAGE(4)
+#endif
+#if SIMD_LANES > 2
+    TRANSPOSE_STAGE(2)
+#endif
+    TRANSPOSE_STAGE(1)
+}
+#undef TRANSPOSE_STAGE
+#undef SWAP_LOW
+#undef SWAP_HIGH
 
 #if defined(FUSED_MULTIPLY_ADD) && defined(ATTNC_REAL_F32)
 static inline vreal vset1(real x) { return BROADCAST(ps)(x); }

@@ -72,7 +72,7 @@ void attnc_set_num_threads(int n)
 }
 
 /* Threads that compute at once: more than the CPUs only take turns. */
-static int running_threads(void)
+int attnc_running_threads(void)
 {
     int requested = attnc_get_num_threads(), cpus = available_cpus();
     return requested < cpus ? requested : cpus;
@@ -174,7 +174,7 @@ static void run_inline(idx_t n_tasks, attnc_task_fn fn, void *ctx)
 void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx)
 {
     if (n_tasks <= 0) return;
-    int n_threads = running_threads();
+    int n_threads = attnc_running_threads();
     if (n_tasks == 1 || n_threads == 1 || inside_task || work_flops < MIN_PARALLEL_FLOPS) {
         run_inline(n_tasks, fn, ctx);
         return;
