@@ -136,7 +136,7 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
     idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(padded_queries)(nq);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
-            FN(gemm_tile)(E, k_pack + j0 * E, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
+            FN(gemm_tile)(E, k_pack + j0 * E, 1, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
                           FN(zero_row));
 }
 
@@ -148,7 +148,7 @@ static void FN(value_product)(real *acc, const real *scores_t, const real *v_pac
 {
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
-            FN(gemm_tile)(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded,
+            FN(gemm_tile)(nk, scores_t + i0, 1, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded,
                           NULL);
 }
 

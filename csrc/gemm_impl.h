@@ -48,13 +48,13 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
 /* ------------------------------------------------------------------------ */
 /* the micro-kernel                                                          */
 
-/* c (MR, NR) = init (NR) + a (kc, MR)^T . b (kc, NR), or c += a^T . b when
+/* c (MR, NR) = init (NR) + a (MR, kc) . b (kc, NR), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away). b is a packed
- * sliver: NR contiguous elements per step, aligned to the vector size. a
- * holds MR elements per step (only broadcast), steps a_step apart: MR for
- * a packed sliver, or the row length of a matrix read in place. Per step,
- * 2 vector loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
-static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_step,
+ * sliver: NR contiguous elements per step, aligned to the vector size. a's
+ * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
+ * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
+ * loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
+static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
                                                                 const real *init)
 {
@@ -70,7 +70,7 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
     for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
         vreal b0 = vload(b), b1 = vload(b + VLANES);
         _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
-            vreal ai = vset1(a[i]);
+            vreal ai = vset1(a[i * a_rs]);
             acc[i][0] = vfma(ai, b0, acc[i][0]);
             acc[i][1] = vfma(ai, b1, acc[i][1]);
         }
@@ -115,6 +115,7 @@ typedef struct {
     idx_t c_rs;
     idx_t mc, nc, n_row_blocks, n_col_blocks;
     real *packed_a, *packed_b; /* (M / MR, kc, MR), (N / NR, kc, NR), rounded up */
+    int a_in_place;            /* packed_a: only the sliver cut by C's bottom edge */
     idx_t p0, kc;
 } FN(gemm_job);
 
@@ -170,24 +171,30 @@ static void FN(pack_task)(void *ctx, idx_t t)
 /* ------------------------------------------------------------------------ */
 /* blocks of C                                                               */
 
-/* The C tile at (i, j) += its A sliver^T . B sliver, or, in the first K
+/* The C tile at (i, j) += its A sliver . B sliver, or, in the first K
  * block, = bias + that. A tile cut by the bottom or right edge of C is
  * computed in a buffer, so that only its valid elements are written. */
 static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
 {
-    const real *a = job->packed_a + i * job->kc;
+    idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
+    /* A's rows in place, but for a sliver cut by the bottom edge (packed) */
+    int in_place = job->a_in_place && m == GEMM_MR;
+    const real *a = in_place ? FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
+                             : job->packed_a + (job->a_in_place ? 0 : i * job->kc);
+    idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *b = job->packed_b + j * job->kc;
     real *c = job->c + i * job->c_rs + j;
-    idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
     int first = job->p0 == 0;
     if (m == GEMM_MR && n == GEMM_NR) {
-        if (first) FN(gemm_tile)(job->kc, a, GEMM_MR, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
-        else FN(gemm_tile)(job->kc, a, GEMM_MR, b, c, job->c_rs, NULL);
+        if (first)
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+        else
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL);
         return;
     }
     real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
     for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n && first && job->bias ? job->bias[j + s] : 0;
-    FN(gemm_tile)(job->kc, a, GEMM_MR, b, tile, GEMM_NR, init);
+    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, init);
     for (idx_t r = 0; r < m; r++) {
         real *c_row = c + r * job->c_rs, *tile_row = tile + r * GEMM_NR;
         for (idx_t s = 0; s < n; s++) c_row[s] = first ? tile_row[s] : c_row[s] + tile_row[s];
@@ -203,6 +210,15 @@ static void FN(multiply_task)(void *ctx, idx_t t)
     idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
     for (idx_t j = j0; j < j1; j += GEMM_NR)
         for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j);
+}
+
+/* Both passes as one task, when C has one row block and A is read in
+ * place: column block t packs its own B slivers, then multiplies. One
+ * wake-up of the threads per K block instead of two. */
+static void FN(pack_multiply_task)(void *ctx, idx_t t)
+{
+    FN(pack_task)(ctx, 1 + t);
+    FN(multiply_task)(ctx, t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -276,10 +292,13 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     FN(gemm_job) job = {
         .M = M, .N = N, .a = a, .b = b, .c = g->c, .c_rs = g->c_rs,
         .mc = mc, .nc = nc, .n_row_blocks = n_row_blocks, .n_col_blocks = attnc_ceil_div(N, nc),
+        /* A in one row block is read in place: packing it would cost as
+         * much as the slivers save (few B slivers pass over it) */
+        .a_in_place = n_row_blocks == 1,
     };
     size_t a_bytes, b_bytes;
     idx_t kc_max = attnc_min(K, GEMM_KC);
-    if (!FN(packed_bytes)(M, GEMM_MR, kc_max, &a_bytes) || !FN(packed_bytes)(N, GEMM_NR, kc_max, &b_bytes))
+    if (!FN(packed_bytes)(job.a_in_place ? attnc_min(M, GEMM_MR) : M, GEMM_MR, kc_max, &a_bytes) || !FN(packed_bytes)(N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     /* one part's bias is read in place; several are stacked (N reals) */
     int stack_bias = any_bias && g->n_parts > 1;
@@ -295,8 +314,15 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         job.p0 = p0;
         job.kc = attnc_min(GEMM_KC, K - p0);
-        attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task), &job);
-        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, 2.0 * M * N * job.kc, FN(multiply_task), &job);
+        double flops = 2.0 * M * N * job.kc;
+        if (job.a_in_place) {
+            idx_t edge_rows = M % GEMM_MR;
+            if (edge_rows) FN(pack_sliver)(job.packed_a, &job.a, M - edge_rows, edge_rows, GEMM_MR, p0, job.kc);
+            attnc_parallel_for(job.n_col_blocks, flops, FN(pack_multiply_task), &job);
+        } else {
+            attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task), &job);
+            attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
+        }
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 done:
