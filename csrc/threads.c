@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "attnc.h"
 #include "interrupt.h"
@@ -17,15 +18,21 @@
 /* Below this much work, waking a sleeping thread (~10-50 us) costs more
  * than it saves; the documents' (3, 2, 4) examples stay on one thread. */
 #define MIN_PARALLEL_FLOPS 2.0e5
+/* A thread about to sleep on a condition variable polls it this long
+ * first: a module's forward is several parallel steps back to back (the
+ * projections, the attention, the output projection), and a sleeping
+ * thread takes 5-50 us to wake for each. Short, so that the library that
+ * runs next on these cores barely notices. */
+#define SPIN_SECONDS 50e-6
 
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t work_ready, work_done;
     pthread_t *threads;
     int n_workers;
-    int shutting_down;
-    unsigned long generation; /* bumped for each job */
-    int workers_running;
+    atomic_int shutting_down;
+    atomic_ulong generation; /* bumped for each job */
+    atomic_int workers_running;
     attnc_task_fn fn;
     void *ctx;
     idx_t n_tasks;
@@ -92,16 +99,49 @@ static void run_tasks(void)
     inside_task = was_inside;
 }
 
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Polls until idle() is false or SPIN_SECONDS pass; the caller then
+ * sleeps on the condition variable if it must. */
+static void spin_while(int (*idle)(unsigned long), unsigned long arg)
+{
+    double until = seconds_now() + SPIN_SECONDS;
+    while (idle(arg) && seconds_now() < until) {
+#ifdef ATTNC_X86
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
+static int no_new_job(unsigned long seen)
+{
+    return atomic_load(&pool.generation) == seen && !atomic_load(&pool.shutting_down);
+}
+
+static int workers_busy(unsigned long unused)
+{
+    (void)unused;
+    return atomic_load(&pool.workers_running) > 0;
+}
+
 /* `start_generation` is the generation when the worker was created, so a
  * worker that starts late still takes part in the next job. */
 static void *worker_main(void *start_generation)
 {
     unsigned long seen = (unsigned long)(uintptr_t)start_generation;
-    pthread_mutex_lock(&pool.lock);
     for (;;) {
-        while (pool.generation == seen && !pool.shutting_down)
-            pthread_cond_wait(&pool.work_ready, &pool.lock);
-        if (pool.shutting_down) break;
+        spin_while(no_new_job, seen);
+        pthread_mutex_lock(&pool.lock);
+        while (no_new_job(seen)) pthread_cond_wait(&pool.work_ready, &pool.lock);
+        if (pool.shutting_down) {
+            pthread_mutex_unlock(&pool.lock);
+            return NULL;
+        }
         seen = pool.generation;
         pthread_mutex_unlock(&pool.lock);
         attnc_join_call(pool.call);
@@ -109,9 +149,8 @@ static void *worker_main(void *start_generation)
         attnc_join_call(NULL);
         pthread_mutex_lock(&pool.lock);
         if (--pool.workers_running == 0) pthread_cond_signal(&pool.work_done);
+        pthread_mutex_unlock(&pool.lock);
     }
-    pthread_mutex_unlock(&pool.lock);
-    return NULL;
 }
 
 static void stop_workers(void)
@@ -202,6 +241,7 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
 
     run_tasks();
 
+    spin_while(workers_busy, 0);
     pthread_mutex_lock(&pool.lock);
     while (pool.workers_running > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
