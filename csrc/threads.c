@@ -32,7 +32,8 @@ typedef struct {
     int n_workers;
     atomic_int shutting_down;
     atomic_ulong generation; /* bumped for each job */
-    atomic_int workers_running;
+    atomic_int job_open;        /* workers may still join the current job */
+    atomic_int workers_in_job;  /* workers that joined it and are not done */
     attnc_task_fn fn;
     void *ctx;
     idx_t n_tasks;
@@ -42,7 +43,7 @@ typedef struct {
 } pool_state;
 
 static pool_state pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, 0};
+                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, 0};
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* who owns the pool */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
@@ -118,19 +119,24 @@ static void spin_while(int (*idle)(unsigned long), unsigned long arg)
     }
 }
 
+/* Nothing for a worker that last joined job `seen` to do. */
 static int no_new_job(unsigned long seen)
 {
-    return atomic_load(&pool.generation) == seen && !atomic_load(&pool.shutting_down);
+    return (atomic_load(&pool.generation) == seen || !atomic_load(&pool.job_open)) &&
+           !atomic_load(&pool.shutting_down);
 }
 
 static int workers_busy(unsigned long unused)
 {
     (void)unused;
-    return atomic_load(&pool.workers_running) > 0;
+    return atomic_load(&pool.workers_in_job) > 0;
 }
 
-/* `start_generation` is the generation when the worker was created, so a
- * worker that starts late still takes part in the next job. */
+/* A worker joins each job it finds open. One that wakes after the caller
+ * closed the job (all its tasks taken) leaves it alone: the caller waits
+ * only for the workers that joined, never for a thread the system has not
+ * scheduled yet (on a busy machine that wait was milliseconds).
+ * `start_generation` is the generation when the worker was created. */
 static void *worker_main(void *start_generation)
 {
     unsigned long seen = (unsigned long)(uintptr_t)start_generation;
@@ -143,12 +149,13 @@ static void *worker_main(void *start_generation)
             return NULL;
         }
         seen = pool.generation;
+        pool.workers_in_job++;
         pthread_mutex_unlock(&pool.lock);
         attnc_join_call(pool.call);
         run_tasks();
         attnc_join_call(NULL);
         pthread_mutex_lock(&pool.lock);
-        if (--pool.workers_running == 0) pthread_cond_signal(&pool.work_done);
+        if (--pool.workers_in_job == 0 && !pool.job_open) pthread_cond_signal(&pool.work_done);
         pthread_mutex_unlock(&pool.lock);
     }
 }
@@ -177,7 +184,8 @@ static void reset_after_fork(void)
     pool.threads = NULL;
     pool.n_workers = 0;
     pool.shutting_down = 0;
-    pool.workers_running = 0;
+    pool.job_open = 0;
+    pool.workers_in_job = 0;
     pool.wanted_workers = 0;
     atomic_store(&cpu_count, 0);
 }
@@ -234,16 +242,19 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
     pool.n_tasks = n_tasks;
     pool.call = attnc_current_call();
     atomic_store(&pool.next_task, 0);
-    pool.workers_running = pool.n_workers;
+    pool.job_open = 1;
     pool.generation++;
     pthread_cond_broadcast(&pool.work_ready);
     pthread_mutex_unlock(&pool.lock);
 
-    run_tasks();
+    run_tasks(); /* returns when every task is taken */
 
+    pthread_mutex_lock(&pool.lock);
+    pool.job_open = 0;
+    pthread_mutex_unlock(&pool.lock);
     spin_while(workers_busy, 0);
     pthread_mutex_lock(&pool.lock);
-    while (pool.workers_running > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
+    while (pool.workers_in_job > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&job_lock);
 }
