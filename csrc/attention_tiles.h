@@ -137,7 +137,7 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
             FN(gemm_tile)(E, k_pack + j0 * E, 1, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
-                          FN(zero_row));
+                          FN(zero_row), 0);
 }
 
 /* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys): the micro-
@@ -149,7 +149,7 @@ static void FN(value_product)(real *acc, const real *scores_t, const real *v_pac
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
             FN(gemm_tile)(nk, scores_t + i0, 1, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded,
-                          NULL);
+                          NULL, 0);
 }
 
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped

@@ -48,20 +48,21 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
 /* ------------------------------------------------------------------------ */
 /* the micro-kernel                                                          */
 
-/* c (MR, NR) = init (NR) + a (MR, kc) . b (kc, NR), or c += a . b when
- * init is NULL (a constant NULL compiles the loads away). b is a packed
+/* c (MR, NR) = init (MR, NR) + a (MR, kc) . b (kc, NR), or c += a . b when
+ * init is NULL (a constant NULL compiles the loads away); init's rows are
+ * init_rs apart (0: one row for all). b is a packed
  * sliver: NR contiguous elements per step, aligned to the vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
  * loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
-                                                                const real *init)
+                                                                const real *init, idx_t init_rs)
 {
     vreal acc[GEMM_MR][2];
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
-        acc[i][0] = init ? vloadu(init) : vzero();
-        acc[i][1] = init ? vloadu(init + VLANES) : vzero();
+        acc[i][0] = init ? vloadu(init + i * init_rs) : vzero();
+        acc[i][1] = init ? vloadu(init + i * init_rs + VLANES) : vzero();
         /* start loading C's row (it may straddle cache lines) while the K
          * loop runs: waiting for it at the end cost a sixth of the time */
         __builtin_prefetch(c + i * c_rs);
@@ -106,16 +107,21 @@ static inline const real *FN(operand_row)(const FN(gemm_operand) *x, idx_t r)
     return x->data[q] + (r - (q ? x->ends[q - 1] : 0)) * x->rs;
 }
 
-/* Everything the tasks share; p0, kc name the K block being added. */
+/* Everything the tasks share; p0, kc name the K block being added.
+ * Transposed, the job computes C^T = B . A^T: its A is the caller's B (the
+ * weights, read in place), its B the caller's A, and it writes C^T's tile
+ * (r, s) to C (s, r); the bias then runs along the job's rows. */
 typedef struct {
     idx_t M, N;
     FN(gemm_operand) a, b;   /* A (M, K), B (N, K) */
-    const real *bias;        /* (N) or NULL */
-    real *c;                 /* C (M, N), rows c_rs apart */
+    const real *bias;        /* (N), or (M) when transposed, or NULL */
+    real *c;                 /* C (M, N), rows c_rs apart; (N, M) when transposed */
     idx_t c_rs;
     idx_t mc, nc, n_row_blocks, n_col_blocks;
     real *packed_a, *packed_b; /* (M / MR, kc, MR), (N / NR, kc, NR), rounded up */
-    int a_in_place;            /* packed_a: only the sliver cut by C's bottom edge */
+    int transposed;            /* A read in place but for its irregular slivers: */
+    int n_irregular;           /* those cut by the bottom edge or a part's end, */
+    idx_t irregular[ATTNC_GEMM_MAX_PARTS]; /* by first row, packed in packed_a */
     idx_t p0, kc;
 } FN(gemm_job);
 
@@ -172,33 +178,42 @@ static void FN(pack_task)(void *ctx, idx_t t)
 /* blocks of C                                                               */
 
 /* The C tile at (i, j) += its A sliver . B sliver, or, in the first K
- * block, = bias + that. A tile cut by the bottom or right edge of C is
- * computed in a buffer, so that only its valid elements are written. */
+ * block, = bias + that. A tile cut by the bottom or right edge of C, or
+ * written transposed, is computed in a buffer first. Either way each
+ * element gets the same operations in the same order (a * b == b * a). */
 static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
-    /* A's rows in place, but for a sliver cut by the bottom edge (packed) */
-    int in_place = job->a_in_place && m == GEMM_MR;
+    /* A's rows in place when transposed, but for an irregular sliver */
+    int slot = 0;
+    while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
+    int in_place = job->transposed && slot == job->n_irregular;
     const real *a = in_place ? FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
-                             : job->packed_a + (job->a_in_place ? 0 : i * job->kc);
+                             : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->kc;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *b = job->packed_b + j * job->kc;
-    real *c = job->c + i * job->c_rs + j;
+    const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
-    if (m == GEMM_MR && n == GEMM_NR) {
+    if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
+        real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, job->bias ? job->bias + j : FN(gemm_zeros));
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0);
         else
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL);
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0);
         return;
     }
-    real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
-    for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n && first && job->bias ? job->bias[j + s] : 0;
-    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, init);
-    for (idx_t r = 0; r < m; r++) {
-        real *c_row = c + r * job->c_rs, *tile_row = tile + r * GEMM_NR;
-        for (idx_t s = 0; s < n; s++) c_row[s] = first ? tile_row[s] : c_row[s] + tile_row[s];
-    }
+    real init[GEMM_MR * GEMM_NR], tile[GEMM_MR * GEMM_NR];
+    for (idx_t r = 0; r < GEMM_MR; r++)
+        for (idx_t s = 0; s < GEMM_NR; s++)
+            init[r * GEMM_NR + s] = !bias ? 0
+                                    : job->transposed ? (r < m ? bias[i + r] : 0)
+                                                      : (s < n ? bias[j + s] : 0);
+    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, init, GEMM_NR);
+    for (idx_t r = 0; r < m; r++)
+        for (idx_t s = 0; s < n; s++) {
+            real *c = job->transposed ? job->c + (j + s) * job->c_rs + i + r : job->c + (i + r) * job->c_rs + j + s;
+            *c = first ? tile[r * GEMM_NR + s] : *c + tile[r * GEMM_NR + s];
+        }
 }
 
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
@@ -210,15 +225,6 @@ static void FN(multiply_task)(void *ctx, idx_t t)
     idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
     for (idx_t j = j0; j < j1; j += GEMM_NR)
         for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j);
-}
-
-/* Both passes as one task, when C has one row block and A is read in
- * place: column block t packs its own B slivers, then multiplies. One
- * wake-up of the threads per K block instead of two. */
-static void FN(pack_multiply_task)(void *ctx, idx_t t)
-{
-    FN(pack_task)(ctx, 1 + t);
-    FN(multiply_task)(ctx, t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -282,23 +288,38 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
+    idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_running_threads();
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
-    idx_t n_row_blocks = attnc_ceil_div(M, mc);
-    /* Narrower column blocks when there are too few blocks of C to keep
-     * every thread busy (a few dozen rows: one row block): at least two
-     * tasks per thread, of whole B slivers. Bits do not depend on it. */
-    idx_t n_col_blocks = attnc_ceil_div(2 * attnc_running_threads(), n_row_blocks);
-    idx_t nc = attnc_min(GEMM_NC / GEMM_NR, attnc_ceil_div(attnc_ceil_div(N, GEMM_NR), n_col_blocks)) * GEMM_NR;
-    FN(gemm_job) job = {
-        .M = M, .N = N, .a = a, .b = b, .c = g->c, .c_rs = g->c_rs,
-        .mc = mc, .nc = nc, .n_row_blocks = n_row_blocks, .n_col_blocks = attnc_ceil_div(N, nc),
-        /* A in one row block is read in place: packing it would cost as
-         * much as the slivers save (few B slivers pass over it) */
-        .a_in_place = n_row_blocks == 1,
-    };
+    /* Few rows of A (a short sequence, a decode step): C^T = B . A^T, so the
+     * weights B are read in place by the micro-kernel's broadcasts and only
+     * A is packed, into a block that stays in L2 like the A block of the
+     * usual order (packing the weights cost more than multiplying them by a
+     * few dozen rows). */
+    int transposed = attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
+    FN(gemm_job) job = {.c = g->c, .c_rs = g->c_rs, .transposed = transposed};
+    if (transposed) {
+        /* the job's rows are B's: at least two tasks per thread of them */
+        idx_t rows = attnc_ceil_div(attnc_ceil_div(N, GEMM_MR), 2 * threads) * GEMM_MR;
+        job.M = N, job.N = M, job.a = b, job.b = a;
+        job.mc = attnc_min(mc, rows), job.nc = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
+        /* slivers whose MR rows are not one part's evenly spaced rows */
+        for (int q = 0; q < b.n_parts; q++) {
+            idx_t start = b.ends[q] / GEMM_MR * GEMM_MR; /* the sliver holding a part's end */
+            int cut = b.ends[q] % GEMM_MR != 0, seen = job.n_irregular && job.irregular[job.n_irregular - 1] == start;
+            if (cut && !seen) job.irregular[job.n_irregular++] = start;
+        }
+    } else {
+        /* narrower column blocks when there are too few row blocks to keep
+         * every thread busy: at least two tasks per thread */
+        idx_t col_blocks = attnc_ceil_div(2 * threads, attnc_ceil_div(M, mc));
+        job.M = M, job.N = N, job.a = a, job.b = b;
+        job.mc = mc, job.nc = attnc_min(GEMM_NC / GEMM_NR, attnc_ceil_div(attnc_ceil_div(N, GEMM_NR), col_blocks)) * GEMM_NR;
+    }
+    job.n_row_blocks = attnc_ceil_div(job.M, job.mc);
+    job.n_col_blocks = attnc_ceil_div(job.N, job.nc);
     size_t a_bytes, b_bytes;
-    idx_t kc_max = attnc_min(K, GEMM_KC);
-    if (!FN(packed_bytes)(job.a_in_place ? attnc_min(M, GEMM_MR) : M, GEMM_MR, kc_max, &a_bytes) || !FN(packed_bytes)(N, GEMM_NR, kc_max, &b_bytes))
+    if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, kc_max, &a_bytes) ||
+        !FN(packed_bytes)(job.N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     /* one part's bias is read in place; several are stacked (N reals) */
     int stack_bias = any_bias && g->n_parts > 1;
@@ -315,10 +336,16 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         job.p0 = p0;
         job.kc = attnc_min(GEMM_KC, K - p0);
         double flops = 2.0 * M * N * job.kc;
-        if (job.a_in_place) {
-            idx_t edge_rows = M % GEMM_MR;
-            if (edge_rows) FN(pack_sliver)(job.packed_a, &job.a, M - edge_rows, edge_rows, GEMM_MR, p0, job.kc);
-            attnc_parallel_for(job.n_col_blocks, flops, FN(pack_multiply_task), &job);
+        if (transposed) {
+            /* the small operand, and the weights' irregular slivers,
+             * packed here; then the products */
+            for (int k = 0; k < job.n_irregular; k++) {
+                idx_t start = job.irregular[k];
+                FN(pack_sliver)(job.packed_a + k * GEMM_MR * job.kc, &job.a, start, attnc_min(GEMM_MR, job.M - start),
+                                GEMM_MR, p0, job.kc);
+            }
+            FN(pack_task)(&job, job.n_row_blocks);
+            attnc_parallel_for(job.n_row_blocks, flops, FN(multiply_task), &job);
         } else {
             attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task), &job);
             attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
