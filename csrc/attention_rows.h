@@ -11,14 +11,21 @@
  *   out (Ev)   = dropout(e) . V (S, Ev) / sum
  * A row whose scores are all -inf gets weights 0 and out 0 * V. */
 
-/* sum of x[p] * y[p], in DOT_LANES fixed lanes (the same for any caller) */
+/* sum of x[p] * y[p], in DOT_LANES fixed lanes (the same for any caller
+ * and ISA level): lane u adds up p = u, u + 16, ... by fused multiply-adds
+ * (DOT_LANES / VLANES vectors), the tail goes to lane 0, then the lanes
+ * are added in order. */
 #define DOT_LANES 16
 static inline real FN(dot)(const real *x, const real *y, idx_t n)
 {
-    real lanes[DOT_LANES] = {0};
+    vreal acc[DOT_LANES / VLANES];
+    for (int v = 0; v < DOT_LANES / VLANES; v++) acc[v] = vzero();
     idx_t p = 0;
     for (; p + DOT_LANES <= n; p += DOT_LANES)
-        for (int u = 0; u < DOT_LANES; u++) lanes[u] = sfma(x[p + u], y[p + u], lanes[u]);
+        for (int v = 0; v < DOT_LANES / VLANES; v++)
+            acc[v] = vfma(vloadu(x + p + v * VLANES), vloadu(y + p + v * VLANES), acc[v]);
+    real lanes[DOT_LANES];
+    for (int v = 0; v < DOT_LANES / VLANES; v++) vstoreu(lanes + v * VLANES, acc[v]);
     for (; p < n; p++) lanes[0] = sfma(x[p], y[p], lanes[0]);
     real sum = 0;
     for (int u = 0; u < DOT_LANES; u++) sum += lanes[u];
@@ -79,13 +86,25 @@ static void FN(attend_row)(const attnc_attention_args *a, const FN(item_view) *i
         for (idx_t j = 0; j < S; j++)
             scores[j] *= attnc_uniform(a->seed, first + (uint64_t)j) < a->dropout_p ? 0 : keep_scale;
     }
+    /* out[c] = sum over every key j, in order, of e[j] * V[j, c] (every
+     * key, so that 0 * NaN reaches out): OUT_VECTORS vectors of out kept
+     * in registers over the keys, then the scalar tail */
     real *out = item->out + i * a->out.row_stride;
-    for (idx_t c = 0; c < Ev; c++) out[c] = 0;
-    for (idx_t j = 0; j < S; j++) { /* every key, so that 0 * NaN reaches out */
-        const real *v = item->v + j * a->v.row_stride;
-        real e = scores[j];
-        for (idx_t c = 0; c < Ev; c++) out[c] = sfma(e, v[c], out[c]);
+    const real *v = item->v;
+    idx_t vs = a->v.row_stride, c0 = 0;
+    enum { OUT_VECTORS = 4 };
+    for (; c0 + OUT_VECTORS * VLANES <= Ev; c0 += OUT_VECTORS * VLANES) {
+        vreal acc[OUT_VECTORS];
+        for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vzero();
+        for (idx_t j = 0; j < S; j++) {
+            vreal e = vset1(scores[j]);
+            for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vfma(e, vloadu(v + j * vs + c0 + u * VLANES), acc[u]);
+        }
+        for (int u = 0; u < OUT_VECTORS; u++) vstoreu(out + c0 + u * VLANES, acc[u]);
     }
+    for (idx_t c = c0; c < Ev; c++) out[c] = 0;
+    for (idx_t j = 0; j < S && c0 < Ev; j++)
+        for (idx_t c = c0; c < Ev; c++) out[c] = sfma(scores[j], v[j * vs + c], out[c]);
     for (idx_t c = 0; c < Ev; c++) out[c] *= inverse;
 }
 
