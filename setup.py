@@ -23,6 +23,10 @@ compile_args = [
     "-Wno-unused-parameter",
 ]
 link_args = ["-pthread"]
+# ATTNC_PORTABLE_VECTOR_BYTES=32 or 64: the portable kernels take the AVX2 or
+# AVX-512 vector width and tile shapes (a test build: .ci/wide_vectors.sh)
+if os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES"):
+    compile_args.append("-DATTNC_PORTABLE_BYTES=" + str(int(os.environ["ATTNC_PORTABLE_VECTOR_BYTES"])))
 if os.environ.get("ATTNC_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g"] + sanitize

@@ -72,9 +72,16 @@
 #  define FUSED_MULTIPLY_ADD(sfx) _mm256_fmadd_##sfx
 #  define BROADCAST(sfx) _mm256_set1_##sfx
 #else
-/* 4 rows x 2 vectors of 16 bytes: 8 accumulators of the 16 SSE2 registers */
-#  define SIMD_BYTES 16
-#  define GEMM_MR 4
+/* 4 rows x 2 vectors of 16 bytes: 8 accumulators of the 16 SSE2 registers.
+ * ATTNC_PORTABLE_BYTES=32 or 64 (setup.py: ATTNC_PORTABLE_VECTOR_BYTES)
+ * gives this level the AVX2 or AVX-512 shapes in plain vector code, so
+ * every kernel's logic at those widths is tested on any CPU
+ * (.ci/wide_vectors.sh). */
+#  ifndef ATTNC_PORTABLE_BYTES
+#    define ATTNC_PORTABLE_BYTES 16
+#  endif
+#  define SIMD_BYTES ATTNC_PORTABLE_BYTES
+#  define GEMM_MR (SIMD_BYTES == 64 ? 12 : SIMD_BYTES == 32 ? 6 : 4)
 #endif
 
 /* VLANES for the preprocessor, and F(lane, arg) for every lane, in order:

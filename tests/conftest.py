@@ -13,16 +13,22 @@ from toolkit import SIMD_LEVELS  # noqa: E402
 
 torch.set_num_threads(2)
 
+# The level every test runs at unless it asks for another: the best this CPU
+# has, or ATTNC_TEST_SIMD_LEVEL (.ci/wide_vectors.sh runs the portable level
+# built with the AVX-512 vector width)
+DEFAULT_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL") or SIMD_LEVELS[-1]
+attnc._C.set_simd_level(DEFAULT_LEVEL)
+
 
 @pytest.fixture(params=SIMD_LEVELS[::-1])
 def simd_mode(request):
-    """Runs a test at every kernel ISA level this CPU has (best first), then restores the best."""
+    """Runs a test at every kernel ISA level this CPU has (best first), then restores the default."""
     attnc._C.set_simd_level(request.param)
     try:
         assert attnc._C.simd_level() == request.param
         yield request.param
     finally:
-        attnc._C.set_simd_level(SIMD_LEVELS[-1])
+        attnc._C.set_simd_level(DEFAULT_LEVEL)
 
 
 @pytest.fixture

@@ -5,6 +5,9 @@ exercise the edge tiles of every micro-kernel shape (MR in 4, 6, 12; NR in
 8, 16), transposed operands the strided packing, and the attention sizes
 partial query and key tiles.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -51,36 +54,35 @@ def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
 
 
 def test_levels_reported_and_capped():
-    best = SIMD_LEVELS[-1]
+    best, before = SIMD_LEVELS[-1], attnc._C.simd_level()
     assert SIMD_LEVELS[0] == "portable"
     assert list(SIMD_LEVELS) == [lv for lv in ("portable", "avx2", "avx512") if lv in SIMD_LEVELS]
+    # the import chooses the best level (checked in a fresh interpreter: this
+    # session's level may have been set by conftest)
+    chosen = subprocess.run([sys.executable, "-c", "import attnc; print(attnc._C.simd_level())"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert chosen == best
     try:
-        assert attnc._C.simd_level() == best
         for level in SIMD_LEVELS:
             attnc._C.set_simd_level(level)
             assert attnc._C.simd_level() == level
-        for level in ("avx2", "avx512"):
+        for level in ("avx2", "avx512"):  # a level this CPU does not run is refused, nothing changes
             if level in SIMD_LEVELS:
                 continue
             attnc._C.set_simd_level("portable")
-            if hasattr(attnc._C, "simd_levels"):   # a level this CPU does not run is refused, nothing changes
-                with pytest.raises(ValueError, match="level"):
-                    attnc._C.set_simd_level(level)
-                assert attnc._C.simd_level() == "portable"
-            else:                                   # (builds before simd_levels: capped at the best level)
+            with pytest.raises(ValueError, match="level"):
                 attnc._C.set_simd_level(level)
-                assert attnc._C.simd_level() == best
+            assert attnc._C.simd_level() == "portable"
         attnc._C.set_simd_level(best)
         for bad in ("sse", "AVX2", ""):
             with pytest.raises(ValueError, match="level"):
                 attnc._C.set_simd_level(bad)
-        # not a string: TypeError (builds before simd_levels: ValueError)
-        for bad in (2, None):
-            with pytest.raises(TypeError if hasattr(attnc._C, "simd_levels") else ValueError, match="level"):
+        for bad in (2, None):  # not a string
+            with pytest.raises(TypeError, match="level"):
                 attnc._C.set_simd_level(bad)
         assert attnc._C.simd_level() == best
     finally:
-        attnc._C.set_simd_level(best)
+        attnc._C.set_simd_level(before)
 
 
 def test_avx512_available_where_the_cpu_has_it():
@@ -90,7 +92,7 @@ def test_avx512_available_where_the_cpu_has_it():
     assert ("avx2" in SIMD_LEVELS) == has_avx2
     assert ("avx512" in SIMD_LEVELS) == has_avx512
     # the list agrees with what setting each level and reading it back finds
-    found = []
+    found, before = [], attnc._C.simd_level()
     try:
         for name in ("portable", "avx2", "avx512"):
             try:
@@ -100,5 +102,5 @@ def test_avx512_available_where_the_cpu_has_it():
             if attnc._C.simd_level() == name:
                 found.append(name)
     finally:
-        attnc._C.set_simd_level(SIMD_LEVELS[-1])
+        attnc._C.set_simd_level(before)
     assert tuple(attnc._C.simd_levels()) == tuple(found)

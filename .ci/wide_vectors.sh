@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The AVX-512 kernels' shapes (16 floats or 8 doubles per vector, 12 x 2
+# vector micro-kernel) and the AVX2 ones (8 / 4, 6 x 2), run on any CPU: a
+# copy of the repository is built with its portable kernels at those vector
+# widths (plain vector code, no AVX-512 instruction), and the kernel tests run
+# at that level. A CPU without AVX-512 (and valgrind, which cannot run it)
+# otherwise never executes the logic of the wide tiles and transposes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for bytes in 64 32; do
+    copy="$(mktemp -d)/attnc"
+    mkdir -p "$copy"
+    git ls-files -z | xargs -0 cp --parents -t "$copy"
+    (cd "$copy" && ATTNC_PORTABLE_VECTOR_BYTES=$bytes python setup.py -q build_ext --inplace > build.log 2>&1) ||
+        { cat "$copy/build.log"; exit 1; }
+    echo "-- portable kernels at $bytes-byte vectors"
+    (cd "$copy" && ATTNC_TEST_SIMD_LEVEL=portable python -m pytest -q -p no:cacheprovider -o addopts= -x \
+        tests/test_simd_levels.py tests/test_stacked_projection.py tests/test_functional.py tests/test_layouts.py \
+        tests/test_masks.py tests/test_threads_determinism.py tests/test_fuzz.py tests/test_modules_vs_torch.py \
+        tests/test_kernel_regressions.py -k "not sigint and not peak_memory" | tail -2)
+done
