@@ -50,8 +50,8 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
 
 /* c (MR, NR) = init (MR, NR) + a (MR, kc) . b (kc, NR), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away); init's rows are
- * init_rs apart (0: one row for all). b is a packed
- * sliver: NR contiguous elements per step, aligned to the vector size. a's
+ * init_rs apart (0: one row for all). b is a packed sliver: NR contiguous
+ * elements per step, aligned to the vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
  * loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
@@ -202,13 +202,20 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
             FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0);
         return;
     }
+    /* the tile's start: zeros, or the bias along its columns (one row for
+     * all), or transposed, down its rows (a row per row) */
     real init[GEMM_MR * GEMM_NR], tile[GEMM_MR * GEMM_NR];
-    for (idx_t r = 0; r < GEMM_MR; r++)
-        for (idx_t s = 0; s < GEMM_NR; s++)
-            init[r * GEMM_NR + s] = !bias ? 0
-                                    : job->transposed ? (r < m ? bias[i + r] : 0)
-                                                      : (s < n ? bias[j + s] : 0);
-    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, init, GEMM_NR);
+    const real *start = FN(gemm_zeros);
+    idx_t start_rs = 0;
+    if (bias && job->transposed) {
+        for (idx_t r = 0; r < GEMM_MR; r++)
+            for (idx_t s = 0; s < GEMM_NR; s++) init[r * GEMM_NR + s] = r < m ? bias[i + r] : 0;
+        start = init, start_rs = GEMM_NR;
+    } else if (bias) {
+        for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
+        start = init;
+    }
+    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs);
     for (idx_t r = 0; r < m; r++)
         for (idx_t s = 0; s < n; s++) {
             real *c = job->transposed ? job->c + (j + s) * job->c_rs + i + r : job->c + (i + r) * job->c_rs + j + s;
