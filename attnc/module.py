@@ -28,6 +28,8 @@ class Module:
     def __init__(self, *, dtype=np.float32, rng=None):
         object.__setattr__(self, "_parameters", [])
         object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_grads", {})
+        object.__setattr__(self, "_saved", None)
         self.dtype = module_dtype(dtype)
         self.rng = _C.check_rng(rng)
         self.training = True
@@ -40,6 +42,13 @@ class Module:
             # module's dtype out (the value itself when it already is one)
             value = _C.as_parameter(_detached(value), name=name, dtype=self.dtype)
         object.__setattr__(self, name, value)
+
+    def __getstate__(self):
+        """What a training-mode forward kept for backward is not pickled
+        (nor copied by copy.deepcopy): it belongs to that forward."""
+        state = dict(self.__dict__)
+        state["_saved"] = None
+        return state
 
     def __setstate__(self, state):
         """Unpickling sets attributes without __setattr__: convert the
@@ -55,6 +64,12 @@ class Module:
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError
+
+    def backward(self, grad_output):
+        """The gradient with respect to the input of the most recent
+        training-mode forward; parameter gradients are added into the
+        buffers named_grads() yields. Each forward allows one backward."""
+        raise NotImplementedError(f"{type(self).__name__} has no backward")
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -132,6 +147,64 @@ class Module:
         for child in self._modules.values():
             child.to(dtype)
         return self
+
+    # -- gradients -----------------------------------------------------------
+    def named_grads(self, prefix=""):
+        """(name, gradient buffer) for every parameter, in the order of
+        named_parameters(): zeros until a backward adds into them. A buffer
+        follows its parameter: it starts again from zeros when the
+        parameter is replaced by one of another shape or dtype."""
+        for name in self._parameters:
+            if getattr(self, name) is not None:
+                yield prefix + name, self._grad(name)
+        for child_name, child in self._modules.items():
+            yield from child.named_grads(prefix + child_name + ".")
+
+    def zero_grad(self):
+        for _, grad in self.named_grads():
+            grad.fill(0)
+
+    def _grad(self, name):
+        """The gradient buffer of parameter `name`, made on first use."""
+        param = getattr(self, name)
+        grad = self._grads.get(name)
+        if grad is None or grad.shape != param.shape or grad.dtype != param.dtype:
+            grad = self._grads[name] = np.zeros(param.shape, param.dtype)
+        return grad
+
+    def _add_grads(self, grads):
+        """Adds {dotted parameter name: gradient} into the buffers (None: skipped)."""
+        for key, value in grads.items():
+            if value is not None:
+                owner, name = self._owner_of(key)
+                owner._grad(name)[...] += value
+
+    def _keep_for_backward(self, state):
+        """What this training-mode forward's backward needs (replacing any
+        earlier forward's)."""
+        object.__setattr__(self, "_saved", state)
+
+    def _take_saved(self, grad_output, shape):
+        """The kept forward state, released (one backward per forward), with
+        grad_output checked against the forward's output shape `shape`."""
+        state = self._saved
+        if state is None:
+            raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
+                               "(each forward allows one backward; an eval-mode forward keeps nothing)")
+        if np.shape(grad_output) != tuple(shape):
+            raise ValueError(f"grad_output: expected shape {tuple(shape)} (the forward's output), "
+                             f"got {np.shape(grad_output)}")
+        object.__setattr__(self, "_saved", None)
+        return state
+
+    def _check_unchanged(self, params):
+        """{dotted name: the array the forward used}: RuntimeError naming a
+        parameter replaced since that forward."""
+        for key, used in params.items():
+            owner, name = self._owner_of(key)
+            if getattr(owner, name) is not used:
+                raise RuntimeError(f"{key} was replaced after the forward; its gradient would not match. "
+                                   "Run the forward again before backward")
 
     # -- randomness ----------------------------------------------------------
     def _generator(self):

@@ -182,6 +182,25 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
     return 1;
 }
 
+/* A dropout mask's key given by the caller: None (leave *seed: one is
+ * drawn), or an integer in [0, 2**64). */
+static int seed_argument(PyObject *obj, uint64_t *seed)
+{
+    if (obj == Py_None) return 1;
+    if (!PyLong_Check(obj) || Py_IS_TYPE(obj, &PyBool_Type)) {
+        PyErr_Format(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    unsigned long long key = PyLong_AsUnsignedLongLong(obj);
+    if (key == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "seed: expected an integer in [0, 2**64), got %R", obj);
+        return 0;
+    }
+    *seed = key;
+    return 1;
+}
+
 /* ======================================================================== */
 /* arrays                                                                   */
 
@@ -573,21 +592,24 @@ done:
 }
 
 /* ======================================================================== */
-/* dropout(x, p=0.5, *, training=True, rng=None, dtype=None)                 */
+/* dropout(x, p=0.5, *, training=True, rng=None, dtype=None, seed=None)      */
+/* seed: the mask's key (a module's backward repeats its forward's mask);   */
+/* None draws one from rng.                                                 */
 
 static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"x", "p", "training", "rng", "dtype", NULL};
-    PyObject *x_obj, *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL;
+    static char *kwlist[] = {"x", "p", "training", "rng", "dtype", "seed", NULL};
+    PyObject *x_obj, *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
     int training = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$pOO:dropout", kwlist, &x_obj, &p_obj, &training, &rng,
-                                     &dtype_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$pOOO:dropout", kwlist, &x_obj, &p_obj, &training, &rng,
+                                     &dtype_obj, &seed_obj))
         return NULL;
     double p = 0.5;
     uint64_t seed = 0;
     attnc_dtype dt = ATTNC_F32;
     int dtype_given;
-    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "p", &p)) || !check_rng(rng))
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "p", &p)) || !check_rng(rng) ||
+        !seed_argument(seed_obj, &seed))
         return NULL;
     if (!training) p = 0.0; /* a fresh copy */
     PyArrayObject *x = real_array(x_obj, "x");
@@ -595,7 +617,7 @@ static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!dtype_given) dt = result_dtype(&x, 1);
     PyObject *result = NULL;
     if (!convert_in_place(&x, dt, 1) || !(result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt))) goto done;
-    if (p > 0 && !draw_seed(rng, &seed)) {
+    if (p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) {
         Py_CLEAR(result);
         goto done;
     }
@@ -1041,8 +1063,9 @@ static PyMethodDef methods[] = {
     {"softmax", FN(py_softmax), KW,
      "softmax($module, /, x, axis=-1, *, dtype=None)\n--\n\nStable softmax along axis."},
     {"dropout", FN(py_dropout), KW,
-     "dropout($module, /, x, p=0.5, *, training=True, rng=None, dtype=None)\n--\n\n"
-     "x with each element zeroed with probability p and the rest scaled by 1/(1-p) (training), or a copy."},
+     "dropout($module, /, x, p=0.5, *, training=True, rng=None, dtype=None, seed=None)\n--\n\n"
+     "x with each element zeroed with probability p and the rest scaled by 1/(1-p) (training), or a copy; "
+     "seed: the mask's key (None: drawn from rng)."},
     {"scaled_dot_product_attention", FN(py_sdpa), KW,
      "scaled_dot_product_attention($module, /, query, key, value, attn_mask=None, dropout_p=0.0, "
      "is_causal=False, scale=None, *, rng=None, return_weights=False, dtype=None)\n--\n\n"
