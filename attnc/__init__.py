@@ -1,5 +1,5 @@
 """attnc: self-attention and multi-head attention for NumPy, computed in C."""
-from . import functional
+from . import functional, optim
 from ._C import get_num_threads, set_num_threads
 from ._random import manual_seed
 from .attention import (
@@ -20,5 +20,5 @@ __all__ = [
     "Module", "Linear", "Dropout",
     "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3", "SelfAttentionV4", "SelfAttentionInterview",
     "MultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-    "functional", "manual_seed", "set_num_threads", "get_num_threads", "__version__",
+    "functional", "optim", "manual_seed", "set_num_threads", "get_num_threads", "__version__",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C
 from ._checks import divides, positive_int
-from .module import Dropout, Linear, Module
+from .module import Dropout, Linear, Module, _detached
 
 
 def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_axis=False, fused=False,
@@ -31,7 +31,64 @@ def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_ax
     return names, dropout or "dropout_p", (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused
 
 
-class SelfAttentionV1(Module):
+class _Attention(Module):
+    """What the seven attention modules share: the forward as one C call
+    over the parameters the spec names, and its backward as another, from
+    what a training-mode forward kept (the Q, K, V projections, the merged
+    heads, each row's log-sum-exp, the dropout seed; never the (T, T)
+    weights)."""
+
+    def _dropout_p(self):
+        return 0.0
+
+    def _attend(self, x, attention_mask=None, return_weights=False):
+        params = tuple(getattr(*self._owner_of(key)) for key in self._spec[0])
+        p, training = self._dropout_p(), self.training  # read once: another thread may switch the mode
+        result = _C.self_attention(x, params=params, spec=self._spec, attention_mask=attention_mask,
+                                   dtype=self.dtype, dropout_p=p, training=training, rng=self.rng,
+                                   return_weights=return_weights, save=training)
+        if not training:
+            return result
+        result, saved = result
+        out = result[0] if return_weights else result
+        mask = None if attention_mask is None else np.array(_detached(attention_mask), copy=True)
+        self._keep_for_backward((saved, params, mask, p), out.shape)
+        return result
+
+    def backward(self, grad_output):
+        """The gradient with respect to x of the most recent training-mode
+        forward, given grad_output (the gradient with respect to its
+        output, converted to the module dtype); every parameter's gradient
+        is added into its buffer (named_grads), as torch accumulates .grad.
+        The dropout mask is the forward's (recomputed from its seed).
+        One backward per forward: RuntimeError without a training-mode
+        forward, for a second backward, or for a parameter replaced since
+        the forward; ValueError for a grad_output of another shape.
+        Parameters edited in place between the two are not detected: the
+        backward uses their values at backward time."""
+        grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
+        saved, params, mask, p = self._take_saved(grad_output)
+        names = self._spec[0]
+        self._check_unchanged(dict(zip(names, params)))
+        grad_x, grad_w, grad_b, grad_w_out, grad_b_out = _C.self_attention_backward(
+            grad_output, saved, params=params, spec=self._spec, attention_mask=mask, dtype=self.dtype, dropout_p=p)
+        _, qk_dim, v_dim, out_dim = self._spec[2]
+        fused = self._spec[5]
+        ends = (3 * qk_dim,) if fused else (qk_dim, 2 * qk_dim, 2 * qk_dim + v_dim)
+        grads, start = {}, 0
+        for part, end in enumerate(ends):  # row blocks of the stacked Q, K, V gradients
+            weight, bias = names[2 * part], names[2 * part + 1]
+            grads[weight] = grad_w[start:end]
+            grads[bias] = grad_b[start:end] if params[2 * part + 1] is not None else None
+            start = end
+        if out_dim >= 0:
+            grads[names[-2]] = grad_w_out
+            grads[names[-1]] = grad_b_out if params[-1] is not None else None
+        self._add_grads(grads)
+        return grad_x
+
+
+class SelfAttentionV1(_Attention):
     """000 level 1: separate Q, K, V projections; scale 1/sqrt(hidden_dim)."""
 
     def __init__(self, hidden_dim=728, *, dtype=np.float32, rng=None):
@@ -43,12 +100,10 @@ class SelfAttentionV1(Module):
         self._spec = _spec(("Q_proj", "K_proj", "V_proj"), in_dim=hidden_dim, qk_dim=hidden_dim, v_dim=hidden_dim)
 
     def forward(self, x, *, return_weights=False):
-        q, k, v = self.Q_proj, self.K_proj, self.V_proj
-        return _C.self_attention(x, params=(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias), spec=self._spec,
-                                 dtype=self.dtype, return_weights=return_weights)
+        return self._attend(x, return_weights=return_weights)
 
 
-class SelfAttentionV2(Module):
+class SelfAttentionV2(_Attention):
     """000 level 2: one fused projection (dim -> 3*dim, split Q, K, V in that
     order; the C layer takes the row blocks in place); scale 1/sqrt(dim)."""
 
@@ -59,11 +114,10 @@ class SelfAttentionV2(Module):
         self._spec = _spec(("proj",), in_dim=dim, qk_dim=dim, v_dim=dim, fused=True)
 
     def forward(self, x, *, return_weights=False):
-        return _C.self_attention(x, params=(self.proj.weight, self.proj.bias), spec=self._spec, dtype=self.dtype,
-                                 return_weights=return_weights)
+        return self._attend(x, return_weights=return_weights)
 
 
-class SelfAttentionV3(Module):
+class SelfAttentionV3(_Attention):
     """000 level 3: fused projection, mask, dropout on the weights, output projection."""
 
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
@@ -75,14 +129,14 @@ class SelfAttentionV3(Module):
         self._spec = _spec(("proj", "output_proj"), in_dim=dim, qk_dim=dim, v_dim=dim, out_dim=dim, fused=True,
                            dropout="attention_dropout.p")
 
+    def _dropout_p(self):
+        return self.attention_dropout.p
+
     def forward(self, x, attention_mask=None, *, return_weights=False):
-        proj, out = self.proj, self.output_proj
-        return _C.self_attention(x, params=(proj.weight, proj.bias, out.weight, out.bias), spec=self._spec,
-                                 attention_mask=attention_mask, dtype=self.dtype, dropout_p=self.attention_dropout.p,
-                                 training=self.training, rng=self.rng, return_weights=return_weights)
+        return self._attend(x, attention_mask, return_weights)
 
 
-class SelfAttentionV4(Module):
+class SelfAttentionV4(_Attention):
     """000 level 4, the interview version: query, key, value, mask, dropout."""
 
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
@@ -95,17 +149,17 @@ class SelfAttentionV4(Module):
         self._spec = _spec(("query", "key", "value"), in_dim=dim, qk_dim=dim, v_dim=dim,
                            dropout="attention_dropout.p")
 
+    def _dropout_p(self):
+        return self.attention_dropout.p
+
     def forward(self, x, attention_mask=None, *, return_weights=False):
-        q, k, v = self.query, self.key, self.value
-        return _C.self_attention(x, params=(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias), spec=self._spec,
-                                 attention_mask=attention_mask, dtype=self.dtype, dropout_p=self.attention_dropout.p,
-                                 training=self.training, rng=self.rng, return_weights=return_weights)
+        return self._attend(x, attention_mask, return_weights)
 
 
 SelfAttentionInterview = SelfAttentionV4
 
 
-class MultiHeadAttention(Module):
+class MultiHeadAttention(_Attention):
     """001 MuitiHeadAttention: head_num heads of hidden_dim // head_num,
     dropout on the weights, output projection."""
 
@@ -124,15 +178,14 @@ class MultiHeadAttention(Module):
                            qk_dim=hidden_dim, v_dim=hidden_dim, out_dim=hidden_dim, n_heads=head_num,
                            heads_axis=True, dropout="dropout.p")
 
+    def _dropout_p(self):
+        return self.dropout.p
+
     def forward(self, x, attention_mask=None, *, return_weights=False):
-        q, k, v, out = self.query_linear, self.key_linear, self.value_linear, self.output_linear
-        return _C.self_attention(x, params=(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias, out.weight, out.bias),
-                                 spec=self._spec, attention_mask=attention_mask, dtype=self.dtype,
-                                 dropout_p=self.dropout.p, training=self.training, rng=self.rng,
-                                 return_weights=return_weights)
+        return self._attend(x, attention_mask, return_weights)
 
 
-class SelfAttention(Module):
+class SelfAttention(_Attention):
     """003/004 SelfAttention: dim_in -> dim_k (Q, K) and dim_v (V); scale 1/sqrt(dim_k)."""
 
     def __init__(self, dim_in, dim_k, dim_v, bias=False, *, dtype=np.float32, rng=None):
@@ -147,12 +200,10 @@ class SelfAttention(Module):
         self._spec = _spec(("linear_q", "linear_k", "linear_v"), in_dim=dim_in, qk_dim=dim_k, v_dim=dim_v)
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
-        q, k, v = self.linear_q, self.linear_k, self.linear_v
-        return _C.self_attention(x, params=(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias), spec=self._spec,
-                                 attention_mask=attention_mask, dtype=self.dtype, return_weights=return_weights)
+        return self._attend(x, attention_mask, return_weights)
 
 
-class MultiHeadSelfAttention(Module):
+class MultiHeadSelfAttention(_Attention):
     """004 MultiHeadSelfAttention (errata fixed): num_heads heads, scale
     1/sqrt(dim_k // num_heads), heads merged back to dim_v, no output projection."""
 
@@ -172,6 +223,4 @@ class MultiHeadSelfAttention(Module):
                            n_heads=num_heads, heads_axis=True)
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
-        q, k, v = self.linear_q, self.linear_k, self.linear_v
-        return _C.self_attention(x, params=(q.weight, q.bias, k.weight, k.bias, v.weight, v.bias), spec=self._spec,
-                                 attention_mask=attention_mask, dtype=self.dtype, return_weights=return_weights)
+        return self._attend(x, attention_mask, return_weights)

@@ -1,9 +1,15 @@
-"""linear, softmax and scaled_dot_product_attention: thin over attnc._C,
-which checks every argument (naming it) and computes.
+"""linear, softmax and scaled_dot_product_attention, and their backward
+functions: thin over attnc._C, which checks every argument (naming it)
+and computes.
 
 Result dtype: float64 if any floating input (x/weight/bias, or
-query/key/value) is float64, else float32; a mask never changes it.
+query/key/value, or the gradients and saved outputs a backward takes) is
+float64, else float32; a mask never changes it.
 """
+import operator
+
+import numpy as np
+
 from . import _C
 
 
@@ -18,13 +24,116 @@ def softmax(x, axis=-1):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 *, rng=None, return_weights=False):
+                                 *, rng=None, return_weights=False, return_lse=False):
     """softmax(query @ key^T * scale, masked) @ value over broadcast batch dims.
 
     attn_mask: broadcastable to (..., L, S); 0/False positions get -1e20
     (the documents' masked_fill), anything else is kept. is_causal: keys
     j > i are excluded (weight exactly 0), together with attn_mask.
-    Returns (..., L, Ev), or (out, weights) with the pre-dropout weights.
+    Returns (..., L, Ev); with return_weights also the pre-dropout weights
+    (..., L, S), with return_lse also each row's log-sum-exp of the scaled,
+    masked scores (..., L) (what scaled_dot_product_attention_backward
+    recomputes the weights from), in the order (out, weights, lse).
     """
     return _C.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                           is_causal=is_causal, scale=scale, rng=rng, return_weights=return_weights)
+                                           is_causal=is_causal, scale=scale, rng=rng, return_weights=return_weights,
+                                           return_lse=return_lse)
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False,
+                                          scale=None):
+    """(grad_query, grad_key, grad_value) of scaled_dot_product_attention,
+    given grad_out (the gradient with respect to its output) and that
+    forward's out and lse (return_lse=True), with the same query, key,
+    value, attn_mask, is_causal and scale.
+
+    Flash-style: the weights are recomputed tile by tile from lse, never
+    stored; extra memory is O(L + S) per item. Each gradient has its
+    input's shape, summed over the batch dims the input was broadcast
+    along, as autograd does. A masked position's score is the constant
+    -1e20, so it passes no gradient to query or key. Keys a causal query
+    cannot see get no gradient from it. Dropout is not supported here (a
+    module's backward repeats its forward's mask).
+    """
+    grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
+                                                     is_causal=is_causal, scale=scale)
+    return tuple(_sum_to_shape(grad, np.shape(given)) for grad, given in zip(grads, (query, key, value)))
+
+
+def _sum_to_shape(grad, shape):
+    """grad (the broadcast batch's gradient) summed down to `shape`."""
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    broadcast = tuple(d for d, size in enumerate(shape) if size == 1 and grad.shape[d] != 1)
+    return grad.sum(axis=broadcast, keepdims=True) if broadcast else grad
+
+
+def _result_dtype(named):
+    """The dtype rule above for {name: input}, each as an array (a value
+    NumPy cannot take is an error naming it)."""
+    arrays = {}
+    for name, value in named.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name}: {error}") from error
+    wide = any(a.dtype.kind == "f" and a.dtype.itemsize >= 8 for a in arrays.values())
+    dt = np.float64 if wide else np.float32
+    # C-contiguous arrays of dt (the inputs themselves when they already are)
+    return dt, [_C.as_parameter(a, name=name, dtype=dt) for name, a in arrays.items()]
+
+
+def linear_backward(grad_out, x, weight, need_bias_grad=True):
+    """The gradients of linear(x, weight, bias) given grad_out, the gradient
+    with respect to its output: (grad_x, grad_weight, grad_bias).
+
+    grad_out (..., out), x (..., in) with the same leading dims, weight
+    (out, in). grad_x = grad_out @ weight has x's shape; grad_weight =
+    sum over the leading dims of grad_out^T x (out, in); grad_bias = the
+    sum of grad_out over the leading dims (out,), or None when
+    need_bias_grad is False. The products run on the GEMM of linear (bit
+    for bit the same for any thread count). Result dtype as linear's.
+    """
+    dt, (g, xa, w) = _result_dtype({"grad_out": grad_out, "x": x, "weight": weight})
+    if w.ndim != 2:
+        raise ValueError(f"weight: expected 2 dimensions (out_features, in_features), got shape {w.shape}")
+    n_out, n_in = w.shape
+    if xa.ndim < 1 or xa.shape[-1] != n_in:
+        raise ValueError(f"x: expected shape (..., {n_in}) (weight's in_features last), got {xa.shape}")
+    if g.shape != xa.shape[:-1] + (n_out,):
+        raise ValueError(f"grad_out: expected shape {xa.shape[:-1] + (n_out,)} (x's leading dims, weight's "
+                         f"out_features), got {g.shape}")
+    rows = 1
+    for size in xa.shape[:-1]:
+        rows *= size
+    g2, x2 = g.reshape(rows, n_out), xa.reshape(rows, n_in)
+    grad_x = _C.linear(g, w.T, dtype=dt)             # grad_out @ weight, weight read in place
+    grad_weight = _C.linear(g2.T, x2.T, dtype=dt)    # grad_out^T @ x over all rows
+    grad_bias = g2.sum(axis=0) if need_bias_grad else None
+    return grad_x, grad_weight, grad_bias
+
+
+def softmax_backward(grad_out, out, axis=-1):
+    """The gradient of softmax(x, axis) with respect to x, given its output
+    `out` and grad_out, the gradient with respect to that output:
+    out * (grad_out - sum(grad_out * out, axis)). grad_out and out have the
+    same shape; axis is taken as softmax takes it (any integer in
+    [-ndim, ndim); a 0-d out is one row of one element).
+    Result dtype: float64 if either input is float64, else float32.
+    """
+    _, (g, y) = _result_dtype({"grad_out": grad_out, "out": out})
+    if g.shape != y.shape:
+        raise ValueError(f"grad_out: expected the shape of out, {y.shape}, got {g.shape}")
+    try:
+        axis = operator.index(axis)
+    except TypeError as error:
+        raise TypeError(f"axis: expected an integer, got {type(axis).__name__}") from error
+    span = max(y.ndim, 1)
+    if not -span <= axis < span:
+        raise ValueError(f"axis: {axis} is out of range for an array of {y.ndim} dimensions")
+    shape = y.shape
+    if y.ndim == 0:
+        g, y, axis = g.reshape(1), y.reshape(1), 0
+    gy = g * y
+    return (y * (g - gy.sum(axis=axis, keepdims=True))).reshape(shape)

@@ -6,7 +6,8 @@ import numpy as np
 
 from . import _C
 from ._checks import module_dtype, positive_int
-from ._random import generator
+from ._random import draw_seed, generator
+from .functional import linear_backward
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -30,6 +31,7 @@ class Module:
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_grads", {})
         object.__setattr__(self, "_saved", None)
+        object.__setattr__(self, "_saved_output_shape", None)
         self.dtype = module_dtype(dtype)
         self.rng = _C.check_rng(rng)
         self.training = True
@@ -179,15 +181,16 @@ class Module:
                 owner, name = self._owner_of(key)
                 owner._grad(name)[...] += value
 
-    def _keep_for_backward(self, state):
+    def _keep_for_backward(self, state, output_shape=None):
         """What this training-mode forward's backward needs (replacing any
-        earlier forward's)."""
+        earlier forward's), and the shape its grad_output must have."""
         object.__setattr__(self, "_saved", state)
+        object.__setattr__(self, "_saved_output_shape", output_shape)
 
-    def _take_saved(self, grad_output, shape):
+    def _take_saved(self, grad_output):
         """The kept forward state, released (one backward per forward), with
-        grad_output checked against the forward's output shape `shape`."""
-        state = self._saved
+        grad_output checked against the forward's output shape."""
+        state, shape = self._saved, self._saved_output_shape
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
                                "(each forward allows one backward; an eval-mode forward keeps nothing)")
@@ -240,7 +243,33 @@ class Linear(Module):
         self.register_parameter("bias", draw.uniform(-bound, bound, self.out_features) if bias else None)
 
     def forward(self, x):
-        return _C.linear(x, self.weight, self.bias, dtype=self.dtype)
+        """x @ weight.T + bias in the module dtype. In training mode it also
+        keeps, for backward, a private copy of x in the module dtype (a later
+        in-place edit of the caller's x changes no gradient) and the
+        parameters it used; an eval-mode forward keeps nothing."""
+        out = _C.linear(x, self.weight, self.bias, dtype=self.dtype)
+        if self.training:
+            x_copy = np.array(x, dtype=self.dtype, order="C")
+            self._keep_for_backward((x_copy, self.weight, self.bias), out.shape)
+        return out
+
+    def backward(self, grad_output):
+        """The gradient with respect to the input x of the most recent
+        training-mode forward (x's shape, the module dtype), given
+        grad_output, the gradient with respect to that forward's output
+        (its shape; converted to the module dtype). Adds grad_output^T x
+        (summed over the leading dims) into weight's gradient buffer and
+        grad_output summed over the leading dims into bias's (see
+        named_grads), as torch accumulates .grad. One backward per
+        forward: RuntimeError without a training-mode forward, for a second
+        backward, or when a parameter was replaced since the forward;
+        ValueError for a grad_output of another shape."""
+        grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
+        x, weight, bias = self._take_saved(grad_output)
+        self._check_unchanged({"weight": weight, "bias": bias})
+        grad_x, grad_weight, grad_bias = linear_backward(grad_output, x, weight, need_bias_grad=bias is not None)
+        self._add_grads({"weight": grad_weight, "bias": grad_bias})
+        return grad_x
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -255,7 +284,28 @@ class Dropout(Module):
         self.p = _C.probability(p, name="p")
 
     def forward(self, x):
-        return _C.dropout(x, self.p, training=self.training, rng=self.rng, dtype=self.dtype)
+        """In training mode with p > 0, draws the mask's seed from the
+        module's rng (None: the package's global generator) and keeps it,
+        with p and the shape, for backward: the mask is recomputed from
+        the seed, never stored. An eval-mode forward keeps nothing."""
+        if not self.training:
+            return _C.dropout(x, self.p, training=False, rng=self.rng, dtype=self.dtype)
+        p = _C.probability(self.p, name="p")
+        seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
+        out = _C.dropout(x, p, dtype=self.dtype, seed=seed)
+        self._keep_for_backward((seed, p), out.shape)
+        return out
+
+    def backward(self, grad_output):
+        """The gradient with respect to the input of the most recent
+        training-mode forward: grad_output (converted to the module dtype)
+        times that forward's mask and 1/(1-p), a fresh array (a copy when
+        p was 0). One backward per forward: RuntimeError without a
+        training-mode forward or for a second backward; ValueError for a
+        grad_output of another shape than the forward's output."""
+        grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
+        seed, p = self._take_saved(grad_output)
+        return _C.dropout(grad_output, p, dtype=self.dtype, seed=seed)
 
     def extra_repr(self):
         return f"p={self.p}, inplace=False"

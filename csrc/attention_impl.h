@@ -74,7 +74,7 @@ static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args 
                                 idx_t j0, idx_t nk)
 {
     const real *v = item->v + j0 * a->v.row_stride;
-    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR);
+    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR, BLOCK_K);
 }
 
 /* q_pack <- the scaled queries [q0, q0+nq) of the item */
@@ -122,10 +122,10 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
         }
 }
 
-/* out rows [i0, i0+nq) of the item <- acc / row_sum (0 for a row whose
- * scores were all -inf: its weights are all 0) */
+/* out rows [i0, i0+nq) of item b <- acc / row_sum (0 for a row whose
+ * scores were all -inf: its weights are all 0); their lse when asked for */
 static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, const FN(item_view) *item,
-                           idx_t i0, idx_t nq)
+                           idx_t b, idx_t i0, idx_t nq)
 {
     for (idx_t i = 0; i < nq; i++) {
         real *dst = item->out + (i0 + i) * a->out.row_stride;
@@ -133,6 +133,9 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
         real factor = FN(safe_inverse)(t->run_sum[i]);
         for (idx_t c = 0; c < a->Ev; c++) dst[c] = src[c] * factor;
     }
+    if (a->lse)
+        for (idx_t i = 0; i < nq; i++)
+            ((real *)a->lse)[b * a->L + i0 + i] = FN(log_sum_exp)(t->run_max[i], t->run_sum[i]);
 }
 
 /* One step of the online softmax for queries [i0, i0+nq) (the tile's view
@@ -156,7 +159,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
-    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded);
+    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K);
 }
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
@@ -197,7 +200,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q;
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-        FN(write_rows)(a, &view, item, q0, FN(tile_queries)(q0, i1));
+        FN(write_rows)(a, &view, item, b, q0, FN(tile_queries)(q0, i1));
     }
 }
 
@@ -286,7 +289,7 @@ attnc_status FN(attention)(const attnc_attention_args *a)
     /* nothing to write: return before walking a possibly huge empty space */
     int empty = a->L == 0;
     for (int d = 0; d < a->batch.ndim; d++) empty |= a->batch.shape[d] == 0;
-    if (empty || (a->Ev == 0 && (!a->weights || a->S == 0))) return ATTNC_OK;
+    if (empty || (a->Ev == 0 && !a->lse && (!a->weights || a->S == 0))) return ATTNC_OK;
     idx_t n_items = 1; /* the output or the weights hold them all: no overflow */
     for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
     int rows = a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;

@@ -59,6 +59,9 @@ static FN(item_view) FN(item_at)(const attnc_attention_args *a, idx_t b)
 static inline real FN(safe_shift)(real max) { return max == -(real)INFINITY ? 0 : max; }
 /* 1 / sum, or 0 for a row whose weights are all 0 */
 static inline real FN(safe_inverse)(real sum) { return sum == 0 ? 0 : 1 / sum; }
+/* A row's log-sum-exp from its max and its sum of exp(score - safe_shift(max)):
+ * -inf for a row of -inf (sum 0) */
+static inline real FN(log_sum_exp)(real max, real sum) { return FN(safe_shift)(max) + (real)log((double)sum); }
 
 /* Query i of item b: out row i, and weights row i when asked for.
  * scores is a buffer of S. */
@@ -75,7 +78,9 @@ static void FN(attend_row)(const attnc_attention_args *a, const FN(item_view) *i
     }
     if (a->is_causal) /* key j is hidden from query i when j > i: score + -inf */
         for (idx_t j = i + 1; j < S; j++) scores[j] -= (real)INFINITY;
-    real inverse = FN(safe_inverse)(FN(exp_shift_sum)(scores, S, FN(safe_shift)(FN(row_max)(scores, S))));
+    real max = FN(row_max)(scores, S), sum = FN(exp_shift_sum)(scores, S, FN(safe_shift)(max));
+    real inverse = FN(safe_inverse)(sum);
+    if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
     if (a->weights) {
         real *w = (real *)a->weights + (b * a->L + i) * S;
         for (idx_t j = 0; j < S; j++) w[j] = scores[j] * inverse;

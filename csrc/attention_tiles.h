@@ -109,13 +109,13 @@ static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t
 }
 
 /* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
- * slivers of `width` columns: sliver s is (BLOCK_K, width), zero-padded up to
- * padded_cols. Values (width NR). */
+ * slivers of `width` columns: sliver s is (sliver_rows >= n, width),
+ * zero-padded up to padded_cols. Values (width NR). */
 static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t cols,
-                                    idx_t padded_cols, idx_t width)
+                                    idx_t padded_cols, idx_t width, idx_t sliver_rows)
 {
     for (idx_t c0 = 0; c0 < padded_cols; c0 += width) {
-        real *sliver = dst + c0 * BLOCK_K;
+        real *sliver = dst + c0 * sliver_rows;
         idx_t valid = cols - c0 < width ? cols - c0 : width;
         for (idx_t j = 0; j < n; j++) {
             const real *run = src + j * src_rs + c0;
@@ -159,15 +159,17 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
                            FN(zero_row));
 }
 
-/* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys): the micro-
- * kernel reads the probabilities of MR queries from each key's row of
- * scores_t (nk, BLOCK_Q) in place, BLOCK_Q apart, with no packing. */
+/* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys, column
+ * slivers of sliver_rows): the micro-kernel reads the probabilities of MR
+ * queries from each key's row of scores_t (nk, BLOCK_Q) in place, BLOCK_Q
+ * apart, with no packing. */
 static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, idx_t nq, idx_t nk,
-                              idx_t Ev_padded)
+                              idx_t Ev_padded, idx_t sliver_rows)
 {
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
-            FN(tile_add)(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * BLOCK_K, acc + i0 * Ev_padded + c0, Ev_padded);
+            FN(tile_add)(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows, acc + i0 * Ev_padded + c0,
+                         Ev_padded);
 }
 
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped

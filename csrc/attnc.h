@@ -144,7 +144,9 @@ typedef struct {
  * the thread count, or on the other items of the batch.
  * mask (uint8, 0 = masked) element (i, j) of item b is
  *   mask[offset(b) + i * mask_rs + j * mask_cs]   (zero strides broadcast).
- * weights, when not NULL, is (n_items, L, S) contiguous.
+ * weights, when not NULL, is (n_items, L, S) contiguous; lse, when not
+ * NULL, (n_items, L) contiguous: each row's log-sum-exp of its scores
+ * (-inf for a row of -inf), what the backward recomputes weights from.
  * Dropout keeps weight (b, i, j) when attnc_uniform(seed, (b*L + i)*S + j) >= p
  * and scales kept weights by 1/(1-p); p == 1 gives zeros.
  */
@@ -159,13 +161,37 @@ typedef struct {
     double dropout_p;
     uint64_t seed;
     attnc_matrices out;      /* (L, Ev) per item; data written */
-    void *weights;
+    void *weights, *lse;
 } attnc_attention_args;
+
+/*
+ * attention backward: for every item b, with the forward's scores, mask,
+ * causal rule and dropout factors m (0 or 1/(1-p), the same counter-based
+ * mask) as above, and P recomputed from the forward's lse:
+ *   P (L, S)  = exp(scores - lse)       (a row of -inf: 0; a row whose every
+ *               visible key is masked, lse == -1e20: 1 / its visible keys)
+ *   D (L)     = rowsum(dO * O)
+ *   dV        = (P * m)^T dO            (S, Ev)
+ *   dS        = P * ((dO V^T) * m - D)  (L, S)
+ *   dQ        = scale dS K              (L, E)
+ *   dK        = scale dS^T Q            (S, E)
+ * forward: the forward's arguments (out = O; weights and lse unused);
+ * grad_q/k/v are written, one distinct matrix per item (no broadcast).
+ * Keys a causal query cannot see get no gradient from it, even when NaN.
+ * Extra memory O(L + S) per task; bits independent of the thread count.
+ */
+typedef struct {
+    attnc_attention_args forward;
+    attnc_matrices grad_out; /* dO (L, Ev) per item */
+    const void *lse;         /* (n_items, L) contiguous, the forward's */
+    attnc_matrices grad_q, grad_k, grad_v; /* written */
+} attnc_attention_backward_args;
 
 /* One dtype's kernels at one ISA level: a row of the kernel table. */
 typedef struct {
     attnc_status (*gemm)(const attnc_gemm_args *args);
     attnc_status (*attention)(const attnc_attention_args *args);
+    attnc_status (*attention_backward)(const attnc_attention_backward_args *args);
     /* out (outer, n, inner) <- softmax(in) along n, stable (row max
      * subtracted); both C-contiguous, outer * n * inner fits idx_t. */
     attnc_status (*softmax)(void *out, const void *in, idx_t outer, idx_t n, idx_t inner);
@@ -200,6 +226,10 @@ const char *attnc_active_level(void);
  * attention per item as attnc_attention, merged back as (B, T, Dv); then,
  * if w_out is not NULL, out = merged . Wo^T + bo (B, T, n_out).
  * weights is (batch..., T, T) or NULL.
+ * To keep what the backward needs (a training-mode forward), keep_qkv
+ * (rows, Dq+Dk+Dv), keep_merged (rows, Dv) and lse (n_items, T) receive
+ * the projections, the merged heads (before the output projection) and
+ * the rows' log-sum-exp; NULL keeps nothing.
  */
 enum { ATTNC_Q = 0, ATTNC_K = 1, ATTNC_V = 2 };
 typedef struct {
@@ -213,9 +243,29 @@ typedef struct {
     uint64_t seed;
     const uint8_t *mask; idx_t mask_batch_strides[ATTNC_MAX_BATCH_DIMS], mask_rs, mask_cs;
     void *out, *weights;
+    void *keep_qkv, *keep_merged, *lse;
 } attnc_self_attention_args;
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *args);
+
+/*
+ * The module backward from what its forward kept: with G = grad_out
+ * (rows, n_out), or (rows, Dv) when there is no output projection,
+ *   dMerged = G . Wo,  dWo = G^T . merged,  dbo = column sums of G
+ *   dQ, dK, dV (heads as in the forward) = attention backward(dMerged)
+ *   grad_x = [dQ dK dV] . [Wq; Wk; Wv]       (rows, C)
+ *   grad_w = [dQ dK dV]^T . x                (Dq+Dk+Dv, C): Q, K, V stacked
+ *   grad_bias = column sums of [dQ dK dV]    (Dq+Dk+Dv), if not NULL
+ * forward: the forward's arguments (out, weights, keep_* and lse unused).
+ */
+typedef struct {
+    attnc_self_attention_args forward;
+    const void *qkv, *merged, *lse; /* what the forward kept */
+    const void *grad_out;
+    void *grad_x, *grad_w, *grad_bias, *grad_w_out, *grad_bias_out; /* written; biases may be NULL */
+} attnc_self_attention_backward_args;
+
+attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_args *args);
 
 /* ------------------------------------------------------------------------ */
 /* rng: counter-based uniform in [0, 1): the same bits for any tiling       */

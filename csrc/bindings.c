@@ -480,18 +480,31 @@ static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp 
 /* ======================================================================== */
 /* results                                                                  */
 
-/* out, or (out, weights) when weights were asked for; steals both. */
-static PyObject *pack_result(PyObject *out, PyObject *weights)
+/* out, or (out, weights), (out, lse), (out, weights, lse) as asked for
+ * (the extras not asked for are NULL); steals all three. */
+static PyObject *pack_result(PyObject *out, PyObject *weights, PyObject *lse)
 {
-    if (!out) {
+    if (!out || (!weights && !lse)) {
         Py_XDECREF(weights);
-        return NULL;
+        Py_XDECREF(lse);
+        return out;
     }
-    if (!weights) return out;
-    PyObject *pair = PyTuple_Pack(2, out, weights);
-    Py_DECREF(out);
-    Py_DECREF(weights);
-    return pair;
+    PyObject *parts[3] = {out, weights ? weights : lse, weights ? lse : NULL};
+    PyObject *result = PyTuple_New(parts[2] ? 3 : 2);
+    for (int i = 0; i < 3; i++) {
+        if (parts[i] && result) PyTuple_SET_ITEM(result, i, parts[i]); /* steals */
+        else Py_XDECREF(parts[i]);
+    }
+    return result;
+}
+
+/* ValueError unless arr's shape is exactly (nd dims) shape. */
+static int check_shape(PyArrayObject *arr, const char *name, int nd, const npy_intp *shape)
+{
+    int same = PyArray_NDIM(arr) == nd;
+    for (int d = 0; same && d < nd; d++) same = PyArray_DIM(arr, d) == shape[d];
+    if (!same) shape_error(name, nd, shape, arr);
+    return same;
 }
 
 /* ======================================================================== */
@@ -632,84 +645,128 @@ done:
 }
 
 /* ======================================================================== */
-/* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
-/*     dropout_p=0.0, is_causal=False, scale=None, *, rng=None,              */
-/*     return_weights=False, dtype=None)                                     */
+/* attention operands, shared by the forward and the backward               */
 
-static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
+/* query, key and value (arr[3], converted to dt with unit-stride rows),
+ * their broadcast batch, sizes, strides, scale and mask in a (mask holds
+ * the mask array); shape <- (batch..., L, S). dt: as given, or the result
+ * dtype of arr and the n_extra other inputs. */
+static int attention_operands(PyObject *const *objs, PyObject *mask_obj, PyObject *scale_obj, int is_causal,
+                              int dtype_given, attnc_dtype *dt, PyArrayObject *const *extra, int n_extra,
+                              PyArrayObject **arr, mask_view *mask, attnc_attention_args *a, npy_intp *shape)
 {
-    static char *kwlist[] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                             "rng", "return_weights", "dtype", NULL};
-    PyObject *objs[3], *mask_obj = Py_None, *p_obj = NULL, *scale_obj = Py_None, *rng = Py_None, *dtype_obj = NULL;
-    int is_causal = 0, want_weights = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OpO:scaled_dot_product_attention", kwlist, &objs[0],
-                                     &objs[1], &objs[2], &mask_obj, &p_obj, &is_causal, &scale_obj, &rng,
-                                     &want_weights, &dtype_obj))
-        return NULL;
-    double dropout_p = 0.0, scale = 0.0;
-    uint64_t seed = 0;
-    attnc_dtype dt = ATTNC_F32;
-    int dtype_given;
-    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)) ||
-        !check_rng(rng) || (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)))
-        return NULL;
-
     static const char *names[3] = {"query", "key", "value"};
     static const char *layouts[3] = {"(..., L, E)", "(..., S, E)", "(..., S, Ev)"};
-    PyArrayObject *arr[3] = {NULL, NULL, NULL};
-    PyObject *out = NULL, *weights = NULL;
-    mask_view mask = {NULL};
+    double scale = 0.0;
+    if (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)) return 0;
     for (int i = 0; i < 3; i++)
-        if (!(arr[i] = real_array(objs[i], names[i]))) goto done;
-    if (!dtype_given) dt = result_dtype(arr, 3);
+        if (!(arr[i] = real_array(objs[i], names[i]))) return 0;
+    if (!dtype_given) {
+        PyArrayObject *inputs[8] = {arr[0], arr[1], arr[2]};
+        for (int i = 0; i < n_extra; i++) inputs[3 + i] = extra[i];
+        *dt = result_dtype(inputs, 3 + n_extra);
+    }
     for (int i = 0; i < 3; i++)
-        if (!check_min_ndim(arr[i], names[i], 2, layouts[i])) goto done;
+        if (!check_min_ndim(arr[i], names[i], 2, layouts[i])) return 0;
     npy_intp L = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 2), E = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 1);
     npy_intp S = PyArray_DIM(arr[1], PyArray_NDIM(arr[1]) - 2);
     npy_intp Ev = PyArray_DIM(arr[2], PyArray_NDIM(arr[2]) - 1);
     if (!check_dim(arr[1], "key", -1, E, "last dimension (E, as query)") ||
         !check_dim(arr[2], "value", -2, S, "sequence dimension (S, as key)"))
-        goto done;
-    attnc_attention_args a = {
-        .L = L, .S = S, .E = E, .Ev = Ev, .is_causal = is_causal,
-        .scale = scale_obj != Py_None ? scale : E > 0 ? 1.0 / sqrt((double)E) : 1.0,
-    };
+        return 0;
+    a->L = L;
+    a->S = S;
+    a->E = E;
+    a->Ev = Ev;
+    a->is_causal = is_causal;
+    a->scale = scale_obj != Py_None ? scale : E > 0 ? 1.0 / sqrt((double)E) : 1.0;
     idx_t n_items;
-    if (!broadcast_batch(arr, names, 3, 2, &a.batch) || !count_items(a.batch.ndim, a.batch.shape, &n_items, "query"))
-        goto done;
+    if (!broadcast_batch(arr, names, 3, 2, &a->batch) ||
+        !count_items(a->batch.ndim, a->batch.shape, &n_items, "query"))
+        return 0;
     for (int i = 0; i < 3; i++)
-        if (!row_major_in_place(&arr[i], dt)) goto done;
-    int nb = a.batch.ndim;
-    npy_intp shape[NPY_MAXDIMS];
-    for (int d = 0; d < nb; d++) shape[d] = a.batch.shape[d];
+        if (!row_major_in_place(&arr[i], *dt)) return 0;
+    int nb = a->batch.ndim;
+    for (int d = 0; d < nb; d++) shape[d] = a->batch.shape[d];
     shape[nb] = L;
     shape[nb + 1] = S;
-    if (!mask_prepare(mask_obj, "attn_mask", nb + 2, shape, &mask)) goto done;
-    if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
-    shape[nb + 1] = Ev;
-    if (!(out = new_array(nb + 2, shape, dt))) goto done;
-    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
-    if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0))
-        goto done;
-
-    attnc_matrices *operands[3] = {&a.q, &a.k, &a.v};
+    if (!mask_prepare(mask_obj, "attn_mask", nb + 2, shape, mask)) return 0;
+    attnc_matrices *operands[3] = {&a->q, &a->k, &a->v};
     for (int i = 0; i < 3; i++) {
         operands[i]->data = PyArray_DATA(arr[i]);
         operands[i]->row_stride = elem_stride(arr[i], PyArray_NDIM(arr[i]) - 2);
         batch_strides(arr[i], 2, nb, operands[i]->batch_strides);
     }
-    if (mask.keep) {
-        a.mask = PyArray_DATA(mask.keep);
-        for (int d = 0; d < nb; d++) a.mask_batch_strides[d] = mask.strides[d];
-        a.mask_rs = mask.strides[nb];
-        a.mask_cs = mask.strides[nb + 1];
+    if (mask->keep) {
+        a->mask = PyArray_DATA(mask->keep);
+        for (int d = 0; d < nb; d++) a->mask_batch_strides[d] = mask->strides[d];
+        a->mask_rs = mask->strides[nb];
+        a->mask_cs = mask->strides[nb + 1];
     }
-    a.dropout_p = dropout_p;
+    return 1;
+}
+
+/* A new C-contiguous array of shape (batch..., rows, cols) (cols < 0: no
+ * last dim) and m pointing at it as a batch of matrices; zero-filled when
+ * `zeros`. */
+static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, attnc_dtype dt, int zeros,
+                              attnc_matrices *m)
+{
+    npy_intp shape[MAX_SCORES_DIMS];
+    int nb = batch->ndim, nd = nb + (cols < 0 ? 1 : 2);
+    for (int d = 0; d < nb; d++) shape[d] = batch->shape[d];
+    shape[nb] = rows;
+    if (cols >= 0) shape[nb + 1] = cols;
+    PyObject *arr = zeros ? PyArray_ZEROS(nd, shape, npy_type(dt), 0) : new_array(nd, shape, dt);
+    if (arr && m) {
+        m->data = PyArray_DATA((PyArrayObject *)arr);
+        m->row_stride = cols;
+        contiguous_batch_strides(batch, rows * (cols < 0 ? 1 : cols), m->batch_strides);
+    }
+    return arr;
+}
+
+/* ======================================================================== */
+/* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
+/*     dropout_p=0.0, is_causal=False, scale=None, *, rng=None,              */
+/*     return_weights=False, return_lse=False, dtype=None)                   */
+
+static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                             "rng", "return_weights", "return_lse", "dtype", NULL};
+    PyObject *objs[3], *mask_obj = Py_None, *p_obj = NULL, *scale_obj = Py_None, *rng = Py_None, *dtype_obj = NULL;
+    int is_causal = 0, want_weights = 0, want_lse = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OppO:scaled_dot_product_attention", kwlist, &objs[0],
+                                     &objs[1], &objs[2], &mask_obj, &p_obj, &is_causal, &scale_obj, &rng,
+                                     &want_weights, &want_lse, &dtype_obj))
+        return NULL;
+    double dropout_p = 0.0;
+    uint64_t seed = 0;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)) ||
+        !check_rng(rng))
+        return NULL;
+
+    PyArrayObject *arr[3] = {NULL, NULL, NULL};
+    PyObject *out = NULL, *weights = NULL, *lse = NULL;
+    mask_view mask = {NULL};
+    attnc_attention_args a = {.dropout_p = dropout_p};
+    npy_intp shape[MAX_SCORES_DIMS];
+    if (!attention_operands(objs, mask_obj, scale_obj, is_causal, dtype_given, &dt, NULL, 0, arr, &mask, &a, shape))
+        goto done;
+    int nb = a.batch.ndim;
+    if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
+    if (want_lse && !(lse = batch_result(&a.batch, a.L, -1, dt, 0, NULL))) goto done;
+    if (!(out = batch_result(&a.batch, a.L, a.Ev, dt, 0, &a.out))) goto done;
+    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
+    if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0) &&
+        (!lse || PyArray_SIZE((PyArrayObject *)lse) == 0))
+        goto done;
     a.seed = seed;
-    a.out.data = PyArray_DATA((PyArrayObject *)out);
-    a.out.row_stride = Ev;
-    contiguous_batch_strides(&a.batch, L * Ev, a.out.batch_strides);
     a.weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL;
+    a.lse = lse ? PyArray_DATA((PyArrayObject *)lse) : NULL;
     attnc_status status;
     RUN_KERNEL(status, attnc_kernels_for(dt)->attention(&a));
     kernel_ok(status, "scaled_dot_product_attention");
@@ -717,10 +774,82 @@ done:
     if (PyErr_Occurred()) {
         Py_CLEAR(out);
         Py_CLEAR(weights);
+        Py_CLEAR(lse);
     }
     for (int i = 0; i < 3; i++) Py_XDECREF(arr[i]);
     Py_XDECREF(mask.keep);
-    return pack_result(out, weights);
+    return pack_result(out, weights, lse);
+}
+
+/* ======================================================================== */
+/* scaled_dot_product_attention_backward(grad_out, query, key, value, out,  */
+/*     lse, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, *,   */
+/*     dtype=None) -> (grad_query, grad_key, grad_value), each of the       */
+/*     broadcast batch's shape (attnc.functional sums them down)            */
+
+static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"grad_out", "query", "key", "value", "out", "lse", "attn_mask", "is_causal", "scale",
+                             "dropout_p", "dtype", NULL};
+    PyObject *grad_obj, *objs[3], *out_obj, *lse_obj, *mask_obj = Py_None, *scale_obj = Py_None, *p_obj = NULL,
+             *dtype_obj = NULL;
+    int is_causal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OpOO$O:scaled_dot_product_attention_backward", kwlist,
+                                     &grad_obj, &objs[0], &objs[1], &objs[2], &out_obj, &lse_obj, &mask_obj,
+                                     &is_causal, &scale_obj, &p_obj, &dtype_obj))
+        return NULL;
+    double dropout_p = 0.0;
+    attnc_dtype dt = ATTNC_F32;
+    int dtype_given;
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)))
+        return NULL;
+    if (dropout_p > 0)
+        return PyErr_Format(PyExc_ValueError, "dropout_p: the functional backward has no dropout (its mask is "
+                            "not an argument); a module's backward repeats its forward's mask");
+
+    static const char *saved_names[3] = {"grad_out", "out", "lse"};
+    PyObject *saved_objs[3] = {grad_obj, out_obj, lse_obj};
+    PyArrayObject *saved[3] = {NULL, NULL, NULL}, *arr[3] = {NULL, NULL, NULL};
+    PyObject *grads[3] = {NULL, NULL, NULL}, *result = NULL;
+    mask_view mask = {NULL};
+    attnc_attention_backward_args g = {.lse = NULL};
+    attnc_attention_args *a = &g.forward;
+    npy_intp shape[MAX_SCORES_DIMS];
+    for (int i = 0; i < 3; i++)
+        if (!(saved[i] = real_array(saved_objs[i], saved_names[i]))) goto done;
+    if (!attention_operands(objs, mask_obj, scale_obj, is_causal, dtype_given, &dt, saved, 3, arr, &mask, a, shape))
+        goto done;
+    int nb = a->batch.ndim;
+    shape[nb + 1] = a->Ev; /* grad_out and out: (batch..., L, Ev); lse: (batch..., L) */
+    if (!check_shape(saved[0], "grad_out", nb + 2, shape) || !check_shape(saved[1], "out", nb + 2, shape) ||
+        !check_shape(saved[2], "lse", nb + 1, shape))
+        goto done;
+    if (!row_major_in_place(&saved[0], dt) || !row_major_in_place(&saved[1], dt) ||
+        !convert_in_place(&saved[2], dt, 1))
+        goto done;
+    attnc_matrices *from[2] = {&g.grad_out, &a->out};
+    for (int i = 0; i < 2; i++) {
+        from[i]->data = PyArray_DATA(saved[i]);
+        from[i]->row_stride = elem_stride(saved[i], nb);
+        batch_strides(saved[i], 2, nb, from[i]->batch_strides);
+    }
+    g.lse = PyArray_DATA(saved[2]);
+    if (!(grads[0] = batch_result(&a->batch, a->L, a->E, dt, 1, &g.grad_q)) ||
+        !(grads[1] = batch_result(&a->batch, a->S, a->E, dt, 1, &g.grad_k)) ||
+        !(grads[2] = batch_result(&a->batch, a->S, a->Ev, dt, 1, &g.grad_v)))
+        goto done;
+    attnc_status status;
+    RUN_KERNEL(status, attnc_kernels_for(dt)->attention_backward(&g));
+    if (kernel_ok(status, "scaled_dot_product_attention_backward"))
+        result = PyTuple_Pack(3, grads[0], grads[1], grads[2]);
+done:
+    for (int i = 0; i < 3; i++) {
+        Py_XDECREF(grads[i]);
+        Py_XDECREF(arr[i]);
+        Py_XDECREF(saved[i]);
+    }
+    Py_XDECREF(mask.keep);
+    return result;
 }
 
 /* ======================================================================== */
@@ -843,96 +972,250 @@ static int module_params(PyObject *params, const module_spec *spec, attnc_dtype 
     return 1;
 }
 
+/* What a forward and a backward of a module share: spec, dtype and
+ * parameters checked (held[] holds them), the dropout probability (0 unless
+ * training) and scale; then module_input. */
+typedef struct {
+    module_spec spec;
+    attnc_dtype dt;
+    PyArrayObject *held[MAX_PARAMS]; /* by position in params */
+    PyArrayObject *x;
+    mask_view mask;
+    int ns;                          /* dims of the scores: batch..., [heads,] T, T */
+    npy_intp shape[MAX_SCORES_DIMS]; /* the scores' shape */
+    attnc_self_attention_args s;
+} module_call;
+
+static void module_call_release(module_call *c)
+{
+    for (int i = 0; i < MAX_PARAMS; i++) Py_XDECREF(c->held[i]);
+    Py_XDECREF(c->x);
+    Py_XDECREF(c->mask.keep);
+}
+
+static int module_setup(module_call *c, PyObject *params, PyObject *spec_obj, PyObject *dtype_obj, PyObject *p_obj,
+                        int training, PyObject *scale_obj)
+{
+    int dtype_given;
+    if (!parse_spec(spec_obj, &c->spec) || !dtype_argument(dtype_obj, &dtype_given, &c->dt)) return 0;
+    if (!dtype_given) {
+        PyErr_Format(PyExc_TypeError, "dtype: expected the module's dtype, got None");
+        return 0;
+    }
+    if (PyTuple_GET_SIZE(params) != c->spec.n_params) {
+        PyErr_Format(PyExc_TypeError, "params: expected a tuple of %zd parameters, got %zd", c->spec.n_params,
+                     PyTuple_GET_SIZE(params));
+        return 0;
+    }
+    double dropout_p = 0.0, scale = 0.0;
+    if (p_obj) {
+        const char *p_name = PyUnicode_AsUTF8(c->spec.dropout_name);
+        if (!p_name || !probability(p_obj, p_name, &dropout_p)) return 0;
+    }
+    if (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)) return 0;
+    c->s = (attnc_self_attention_args){
+        .dtype = c->dt, .C = c->spec.in_dim, .n_out = c->spec.out_dim >= 0 ? c->spec.out_dim : 0,
+        .dropout_p = training ? dropout_p : 0.0,
+    };
+    if (!module_params(params, &c->spec, c->dt, c->held, &c->s)) return 0;
+    c->s.scale = scale_obj != Py_None ? scale : 1.0 / sqrt((double)(c->spec.qk_dim / c->spec.n_heads));
+    return 1;
+}
+
+/* x (..., T, C) and the mask: the batch is (leading dims of x..., heads). */
+static int module_input(module_call *c, PyObject *x_obj, PyObject *mask_obj, int want_weights)
+{
+    module_spec *spec = &c->spec;
+    if (!(c->x = real_input(x_obj, "x", c->dt, 1)) || !check_min_ndim(c->x, "x", 2, "(..., seq, dim)") ||
+        !check_dim(c->x, "x", -1, spec->in_dim, "last dimension"))
+        return 0;
+    int nb = PyArray_NDIM(c->x) - 2;
+    c->ns = nb + (spec->heads_axis ? 1 : 0) + 2;
+    if (want_weights && c->ns > NPY_MAXDIMS) {
+        PyErr_Format(PyExc_ValueError, "x: %d dimensions are too many for the attention weights (%d dimensions "
+                     "(..., heads, seq, seq); NumPy allows %d)", PyArray_NDIM(c->x), c->ns, NPY_MAXDIMS);
+        return 0;
+    }
+    attnc_self_attention_args *s = &c->s;
+    s->T = PyArray_DIM(c->x, nb);
+    s->x = PyArray_DATA(c->x);
+    s->batch.ndim = nb + 1;
+    for (int d = 0; d < nb; d++) s->batch.shape[d] = PyArray_DIM(c->x, d);
+    s->batch.shape[nb] = spec->n_heads;
+    idx_t n_items;
+    if (!count_items(s->batch.ndim, s->batch.shape, &n_items, "x")) return 0;
+    for (int d = 0; d < nb; d++) c->shape[d] = PyArray_DIM(c->x, d);
+    if (spec->heads_axis) c->shape[nb] = spec->n_heads;
+    c->shape[c->ns - 2] = c->shape[c->ns - 1] = s->T;
+    if (!mask_prepare(mask_obj, "attention_mask", c->ns, c->shape, &c->mask)) return 0;
+    if (c->mask.keep) {
+        s->mask = PyArray_DATA(c->mask.keep);
+        for (int d = 0; d < nb; d++) s->mask_batch_strides[d] = c->mask.strides[d];
+        s->mask_batch_strides[nb] = spec->heads_axis ? c->mask.strides[nb] : 0;
+        s->mask_rs = c->mask.strides[c->ns - 2];
+        s->mask_cs = c->mask.strides[c->ns - 1];
+    }
+    return 1;
+}
+
+/* The module output's shape (..., T, n_out or Dv) into shape; its ndim. */
+static int module_output_shape(const module_call *c, npy_intp *shape)
+{
+    int nd = PyArray_NDIM(c->x);
+    for (int d = 0; d < nd - 1; d++) shape[d] = PyArray_DIM(c->x, d);
+    shape[nd - 1] = c->spec.out_dim >= 0 ? c->spec.out_dim : c->spec.v_dim;
+    return nd;
+}
+
+/* The kept buffers' shapes: qkv (rows, width), merged (rows, Dv), lse (n_items, T). */
+static void kept_shapes(const module_call *c, npy_intp shapes[3][2])
+{
+    idx_t rows = PyArray_SIZE(c->x) / (c->spec.in_dim > 0 ? c->spec.in_dim : 1);
+    shapes[0][0] = shapes[1][0] = rows;
+    shapes[0][1] = 2 * c->spec.qk_dim + c->spec.v_dim;
+    shapes[1][1] = c->spec.v_dim;
+    shapes[2][0] = rows / (c->s.T > 0 ? c->s.T : 1) * c->spec.n_heads;
+    shapes[2][1] = c->s.T;
+}
+
 static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "params", "spec", "attention_mask", "dtype", "dropout_p", "training", "rng",
-                             "return_weights", "scale", NULL};
+                             "return_weights", "scale", "save", NULL};
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
              *scale_obj = Py_None;
-    int training = 0, want_weights = 0, dtype_given;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|O$OOpOpO:self_attention", kwlist, &x_obj, &PyTuple_Type,
+    int training = 0, want_weights = 0, save = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|O$OOpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
                                      &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
-                                     &rng, &want_weights, &scale_obj))
+                                     &rng, &want_weights, &scale_obj, &save))
         return NULL;
-    module_spec spec;
-    attnc_dtype dt = ATTNC_F32;
-    if (!parse_spec(spec_obj, &spec) || !dtype_argument(dtype_obj, &dtype_given, &dt)) return NULL;
-    if (!dtype_given) return PyErr_Format(PyExc_TypeError, "dtype: expected the module's dtype, got None");
-    if (PyTuple_GET_SIZE(params) != spec.n_params)
-        return PyErr_Format(PyExc_TypeError, "params: expected a tuple of %zd parameters, got %zd", spec.n_params,
-                            PyTuple_GET_SIZE(params));
-    double dropout_p = 0.0, scale = 0.0;
+    module_call c = {.held = {NULL}};
+    PyObject *out = NULL, *weights = NULL, *kept[3] = {NULL, NULL, NULL}, *saved = NULL;
     uint64_t seed = 0;
-    if (p_obj) {
-        const char *p_name = PyUnicode_AsUTF8(spec.dropout_name);
-        if (!p_name || !probability(p_obj, p_name, &dropout_p)) return NULL;
-    }
-    if (!training) dropout_p = 0.0;
-    if (!check_rng(rng) || (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale))) return NULL;
-
-    PyArrayObject *held[MAX_PARAMS] = {NULL}; /* by position in params */
-    PyArrayObject *x = NULL;
-    PyObject *out = NULL, *weights = NULL;
-    mask_view mask = {NULL};
-    attnc_self_attention_args s = {.dtype = dt, .C = spec.in_dim, .n_out = spec.out_dim >= 0 ? spec.out_dim : 0};
-    npy_intp qk = spec.qk_dim, v = spec.v_dim, C = spec.in_dim;
-    if (!module_params(params, &spec, dt, held, &s)) goto done;
-    idx_t head_size = qk / spec.n_heads;
-    s.scale = scale_obj != Py_None ? scale : 1.0 / sqrt((double)head_size);
-
-    /* x (..., T, C): the batch is (leading dims of x..., heads) */
-    if (!(x = real_input(x_obj, "x", dt, 1)) || !check_min_ndim(x, "x", 2, "(..., seq, dim)") ||
-        !check_dim(x, "x", -1, C, "last dimension"))
+    if (!module_setup(&c, params, spec_obj, dtype_obj, p_obj, training, scale_obj) || !check_rng(rng) ||
+        !module_input(&c, x_obj, mask_obj, want_weights))
         goto done;
-    int nb = PyArray_NDIM(x) - 2;
-    int ns = nb + (spec.heads_axis ? 1 : 0) + 2; /* scores: batch..., [heads,] T, T */
-    if (want_weights && ns > NPY_MAXDIMS) {
-        PyErr_Format(PyExc_ValueError, "x: %d dimensions are too many for the attention weights (%d dimensions "
-                     "(..., heads, seq, seq); NumPy allows %d)", PyArray_NDIM(x), ns, NPY_MAXDIMS);
+    attnc_self_attention_args *s = &c.s;
+    npy_intp shape[NPY_MAXDIMS], kept_shape[3][2];
+    if (want_weights && !(weights = new_array(c.ns, c.shape, c.dt))) goto done;
+    if (!(out = new_array(module_output_shape(&c, shape), shape, c.dt))) goto done;
+    if (s->dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
+    if (save) { /* the backward's: a private x, the kept buffers, the seed */
+        kept_shapes(&c, kept_shape);
+        for (int i = 0; i < 3; i++)
+            if (!(kept[i] = new_array(2, kept_shape[i], c.dt))) goto done;
+        if ((PyObject *)c.x == x_obj) {
+            PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(c.x, NPY_CORDER);
+            if (!copy) goto done;
+            Py_SETREF(c.x, copy);
+            s->x = PyArray_DATA(c.x);
+        }
+        s->keep_qkv = PyArray_DATA((PyArrayObject *)kept[0]);
+        s->keep_merged = PyArray_DATA((PyArrayObject *)kept[1]);
+        s->lse = PyArray_DATA((PyArrayObject *)kept[2]);
+    }
+    s->seed = seed;
+    s->out = PyArray_DATA((PyArrayObject *)out);
+    s->weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL;
+    if (PyArray_SIZE((PyArrayObject *)out) > 0) { /* else the weights are empty too */
+        attnc_status status;
+        RUN_KERNEL(status, attnc_self_attention(s));
+        if (!kernel_ok(status, "self_attention")) goto done;
+    }
+    if (save && !(saved = Py_BuildValue("(OOOOK)", c.x, kept[0], kept[1], kept[2], (unsigned long long)seed)))
         goto done;
-    }
-    s.T = PyArray_DIM(x, nb);
-    s.x = PyArray_DATA(x);
-    s.batch.ndim = nb + 1;
-    for (int d = 0; d < nb; d++) s.batch.shape[d] = PyArray_DIM(x, d);
-    s.batch.shape[nb] = spec.n_heads;
-    idx_t n_items;
-    if (!count_items(s.batch.ndim, s.batch.shape, &n_items, "x")) goto done;
-    npy_intp shape[MAX_SCORES_DIMS];
-    for (int d = 0; d < nb; d++) shape[d] = PyArray_DIM(x, d);
-    if (spec.heads_axis) shape[nb] = spec.n_heads;
-    shape[ns - 2] = shape[ns - 1] = s.T;
-    if (!mask_prepare(mask_obj, "attention_mask", ns, shape, &mask)) goto done;
-    if (want_weights && !(weights = new_array(ns, shape, dt))) goto done;
-    shape[nb] = s.T;
-    shape[nb + 1] = spec.out_dim >= 0 ? spec.out_dim : v;
-    if (!(out = new_array(nb + 2, shape, dt))) goto done;
-    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
-    if (PyArray_SIZE((PyArrayObject *)out) == 0) goto done; /* then the weights are empty too */
-
-    if (mask.keep) {
-        s.mask = PyArray_DATA(mask.keep);
-        for (int d = 0; d < nb; d++) s.mask_batch_strides[d] = mask.strides[d];
-        s.mask_batch_strides[nb] = spec.heads_axis ? mask.strides[nb] : 0;
-        s.mask_rs = mask.strides[ns - 2];
-        s.mask_cs = mask.strides[ns - 1];
-    }
-    s.dropout_p = dropout_p;
-    s.seed = seed;
-    s.out = PyArray_DATA((PyArrayObject *)out);
-    s.weights = weights ? PyArray_DATA((PyArrayObject *)weights) : NULL;
-    attnc_status status;
-    RUN_KERNEL(status, attnc_self_attention(&s));
-    kernel_ok(status, "self_attention");
 done:
     if (PyErr_Occurred()) {
         Py_CLEAR(out);
         Py_CLEAR(weights);
     }
-    for (int i = 0; i < MAX_PARAMS; i++) Py_XDECREF(held[i]);
-    Py_XDECREF(x);
-    Py_XDECREF(mask.keep);
-    return pack_result(out, weights);
+    for (int i = 0; i < 3; i++) Py_XDECREF(kept[i]);
+    module_call_release(&c);
+    if (!save || !out) return pack_result(out, weights, NULL);
+    PyObject *result = pack_result(out, weights, NULL);
+    PyObject *pair = result ? PyTuple_Pack(2, result, saved) : NULL;
+    Py_XDECREF(result);
+    Py_XDECREF(saved);
+    return pair;
+}
+
+/* An array a forward kept (self_attention(..., save=True)): of the call's
+ * dtype, C-contiguous, aligned and exactly of shape (rows, cols). */
+static int kept_array(PyObject *obj, const char *name, attnc_dtype dt, const npy_intp *shape)
+{
+    if (PyArray_CheckExact(obj) && PyArray_TYPE((PyArrayObject *)obj) == npy_type(dt) &&
+        PyArray_ISCARRAY_RO((PyArrayObject *)obj) && PyArray_ISNOTSWAPPED((PyArrayObject *)obj) &&
+        check_shape((PyArrayObject *)obj, name, 2, shape))
+        return 1;
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "saved: %s is not what this module's forward kept", name);
+    return 0;
+}
+
+/* self_attention_backward(grad_output, saved, params, spec,               */
+/*     attention_mask=None, *, dtype, dropout_p=0.0, scale=None)            */
+/* -> (grad_x, grad_w (Dq+Dk+Dv, C), grad_bias (Dq+Dk+Dv), grad_w_out or    */
+/*     None, grad_bias_out or None); saved: what self_attention(...,        */
+/*     save=True) returned: (x, qkv, merged, lse, seed).                    */
+static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"grad_output", "saved", "params", "spec", "attention_mask", "dtype", "dropout_p",
+                             "scale", NULL};
+    PyObject *grad_obj, *saved, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL,
+             *scale_obj = Py_None, *x_obj, *kept[3];
+    unsigned long long seed;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!|O$OOO:self_attention_backward", kwlist, &grad_obj,
+                                     &PyTuple_Type, &saved, &PyTuple_Type, &params, &PyTuple_Type, &spec_obj,
+                                     &mask_obj, &dtype_obj, &p_obj, &scale_obj))
+        return NULL;
+    if (!PyArg_ParseTuple(saved, "O!O!O!O!K:self_attention_backward saved", &PyArray_Type, &x_obj, &PyArray_Type,
+                          &kept[0], &PyArray_Type, &kept[1], &PyArray_Type, &kept[2], &seed))
+        return NULL;
+    module_call c = {.held = {NULL}};
+    PyArrayObject *grad = NULL;
+    PyObject *grads[5] = {NULL}, *result = NULL;
+    if (!module_setup(&c, params, spec_obj, dtype_obj, p_obj, 1, scale_obj) ||
+        !module_input(&c, x_obj, mask_obj, 0))
+        goto done;
+    npy_intp shape[NPY_MAXDIMS], kept_shape[3][2];
+    static const char *kept_names[3] = {"qkv", "merged", "lse"};
+    kept_shapes(&c, kept_shape);
+    for (int i = 0; i < 3; i++)
+        if (!kept_array(kept[i], kept_names[i], c.dt, kept_shape[i])) goto done;
+    int nd = module_output_shape(&c, shape);
+    if (!(grad = real_input(grad_obj, "grad_output", c.dt, 1)) || !check_shape(grad, "grad_output", nd, shape))
+        goto done;
+    attnc_self_attention_backward_args g = {
+        .forward = c.s, .qkv = PyArray_DATA((PyArrayObject *)kept[0]),
+        .merged = PyArray_DATA((PyArrayObject *)kept[1]), .lse = PyArray_DATA((PyArrayObject *)kept[2]),
+        .grad_out = PyArray_DATA(grad),
+    };
+    g.forward.seed = seed;
+    npy_intp w_shape[2] = {kept_shape[0][1], c.spec.in_dim}, out_shape[2] = {c.spec.out_dim, c.spec.v_dim};
+    int has_out = c.spec.out_dim >= 0;
+    if (!(grads[0] = PyArray_ZEROS(PyArray_NDIM(c.x), PyArray_DIMS(c.x), npy_type(c.dt), 0)) ||
+        !(grads[1] = PyArray_ZEROS(2, w_shape, npy_type(c.dt), 0)) ||
+        !(grads[2] = PyArray_ZEROS(1, w_shape, npy_type(c.dt), 0)) ||
+        (has_out && !(grads[3] = PyArray_ZEROS(2, out_shape, npy_type(c.dt), 0))) ||
+        (has_out && !(grads[4] = PyArray_ZEROS(1, out_shape, npy_type(c.dt), 0))))
+        goto done;
+    g.grad_x = PyArray_DATA((PyArrayObject *)grads[0]);
+    g.grad_w = PyArray_DATA((PyArrayObject *)grads[1]);
+    g.grad_bias = PyArray_DATA((PyArrayObject *)grads[2]);
+    g.grad_w_out = has_out ? PyArray_DATA((PyArrayObject *)grads[3]) : NULL;
+    g.grad_bias_out = has_out ? PyArray_DATA((PyArrayObject *)grads[4]) : NULL;
+    if (PyArray_SIZE(c.x) > 0 && PyArray_SIZE(grad) > 0) {
+        attnc_status status;
+        RUN_KERNEL(status, attnc_self_attention_backward(&g));
+        if (!kernel_ok(status, "self_attention_backward")) goto done;
+    }
+    result = Py_BuildValue("(OOOOO)", grads[0], grads[1], grads[2], grads[3] ? grads[3] : Py_None,
+                           grads[4] ? grads[4] : Py_None);
+done:
+    for (int i = 0; i < 5; i++) Py_XDECREF(grads[i]);
+    Py_XDECREF(grad);
+    module_call_release(&c);
+    return result;
 }
 
 /* ======================================================================== */
@@ -1068,14 +1351,24 @@ static PyMethodDef methods[] = {
      "seed: the mask's key (None: drawn from rng)."},
     {"scaled_dot_product_attention", FN(py_sdpa), KW,
      "scaled_dot_product_attention($module, /, query, key, value, attn_mask=None, dropout_p=0.0, "
-     "is_causal=False, scale=None, *, rng=None, return_weights=False, dtype=None)\n--\n\n"
+     "is_causal=False, scale=None, *, rng=None, return_weights=False, return_lse=False, dtype=None)\n--\n\n"
      "attnc.functional.scaled_dot_product_attention; dtype None: the functional dtype rule."},
+    {"scaled_dot_product_attention_backward", FN(py_sdpa_backward), KW,
+     "scaled_dot_product_attention_backward($module, /, grad_out, query, key, value, out, lse, attn_mask=None, "
+     "is_causal=False, scale=None, dropout_p=0.0, *, dtype=None)\n--\n\n"
+     "The gradients of query, key and value over the broadcast batch (not yet summed to their shapes)."},
     {"self_attention", FN(py_self_attention), KW,
      "self_attention($module, /, x, params, spec, attention_mask=None, *, dtype, dropout_p=0.0, training=False, "
-     "rng=None, return_weights=False, scale=None)\n--\n\n"
+     "rng=None, return_weights=False, scale=None, save=False)\n--\n\n"
      "A whole module forward. params: the parameter arrays in the order of spec's names; spec: "
      "(names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused), built at the "
-     "module's construction. scale None: 1/sqrt(qk_dim // n_heads)."},
+     "module's construction. scale None: 1/sqrt(qk_dim // n_heads). save: also return what the backward needs, "
+     "as (result, saved)."},
+    {"self_attention_backward", FN(py_self_attention_backward), KW,
+     "self_attention_backward($module, /, grad_output, saved, params, spec, attention_mask=None, *, dtype, "
+     "dropout_p=0.0, scale=None)\n--\n\n"
+     "A whole module backward from what self_attention(..., save=True) kept: (grad_x, grad_w (the Q, K, V "
+     "weights' gradients stacked), grad_bias (stacked), grad_w_out or None, grad_bias_out or None)."},
     {"probability", FN(py_probability), KW,
      "probability($module, /, p, name='p')\n--\n\np as a float in [0, 1], else TypeError/ValueError naming name."},
     {"check_rng", FN(py_check_rng), KW,

@@ -22,6 +22,7 @@
 #include "attention_tiles.h"
 #include "attention_rows.h"
 #include "attention_impl.h"
+#include "attention_backward_impl.h"
 #include "softmax_impl.h"
 #include "dropout_impl.h"
 #include "dtype_end.h"
@@ -34,6 +35,7 @@
 #include "attention_tiles.h"
 #include "attention_rows.h"
 #include "attention_impl.h"
+#include "attention_backward_impl.h"
 #include "softmax_impl.h"
 #include "dropout_impl.h"
 #include "dtype_end.h"
@@ -43,6 +45,7 @@
 #define ATTNC_KERNELS_OF(sfx, isa)                                                                  \
     {                                                                                               \
         .gemm = gemm_##sfx##_##isa, .attention = attention_##sfx##_##isa,                           \
+        .attention_backward = attention_backward_##sfx##_##isa,                                     \
         .softmax = softmax_##sfx##_##isa, .dropout = dropout_##sfx##_##isa,                         \
     }
 #define ATTNC_KERNELS_ROW(isa) {ATTNC_KERNELS_OF(f32, isa), ATTNC_KERNELS_OF(f64, isa)}

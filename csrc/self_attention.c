@@ -1,69 +1,186 @@
-/* A whole attention module forward: the Q, K, V projections as one
- * product, attention over heads (as strides into the projection buffer),
- * output projection; every step through the kernel table. */
+/* A whole attention module, forward and backward: the Q, K, V projections
+ * as one product, attention over heads (as strides into the projection
+ * buffer), output projection; every step through the kernel table. */
+#include <string.h>
+
 #include "attnc.h"
+
+/* The module's sizes, derived once from its arguments. */
+typedef struct {
+    const attnc_kernels *kernels;
+    size_t elem;
+    idx_t rows, width, Dv; /* x's rows (B * T), Dq + Dk + Dv, Dv */
+} module_sizes;
+
+/* The sizes of s; 0 if a buffer of rows x width elements overflows. */
+static int sizes_of(const attnc_self_attention_args *s, module_sizes *m)
+{
+    m->kernels = attnc_kernels_for(s->dtype);
+    m->elem = s->dtype == ATTNC_F32 ? sizeof(float) : sizeof(double);
+    idx_t B = 1;
+    for (int d = 0; d < s->batch.ndim - 1; d++) B *= s->batch.shape[d]; /* x holds them: no overflow */
+    m->rows = B * s->T;
+    m->width = s->dim[ATTNC_Q] + s->dim[ATTNC_K] + s->dim[ATTNC_V];
+    m->Dv = s->dim[ATTNC_V];
+    idx_t size;
+    return attnc_mul_ok(m->rows, m->width, &size) && (size_t)size <= SIZE_MAX / m->elem;
+}
+
+/* a <- attention over the heads of the (rows, width) projection buffer
+ * qkv, out (and its gradient) the (rows, Dv) buffer merged: per item
+ * (leading dims..., head), the heads are column blocks, and the leading
+ * dims walk the flattened rows in C order. */
+static void head_view(const attnc_self_attention_args *s, const module_sizes *m, const char *qkv, char *merged,
+                      attnc_attention_args *a)
+{
+    int nd = s->batch.ndim;
+    idx_t H = s->batch.shape[nd - 1], head_qk = s->dim[ATTNC_Q] / H, head_v = m->Dv / H;
+    *a = (attnc_attention_args){
+        .batch = s->batch, .L = s->T, .S = s->T, .E = head_qk, .Ev = head_v,
+        .q = {qkv, {0}, m->width},
+        .k = {qkv + (size_t)s->dim[ATTNC_Q] * m->elem, {0}, m->width},
+        .v = {qkv + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * m->elem, {0}, m->width},
+        .mask = s->mask, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
+        .scale = s->scale, .dropout_p = s->dropout_p, .seed = s->seed,
+        .out = {merged, {0}, m->Dv},
+    };
+    idx_t inner_rows = s->T;
+    for (int d = nd - 2; d >= 0; d--) {
+        a->q.batch_strides[d] = a->k.batch_strides[d] = a->v.batch_strides[d] = inner_rows * m->width;
+        a->out.batch_strides[d] = inner_rows * m->Dv;
+        inner_rows *= s->batch.shape[d];
+    }
+    a->q.batch_strides[nd - 1] = a->k.batch_strides[nd - 1] = head_qk;
+    a->v.batch_strides[nd - 1] = a->out.batch_strides[nd - 1] = head_v;
+    for (int d = 0; d < nd; d++) a->mask_batch_strides[d] = s->mask_batch_strides[d];
+}
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *s)
 {
-    const attnc_kernels *kernels = attnc_kernels_for(s->dtype);
-    size_t elem = s->dtype == ATTNC_F32 ? sizeof(float) : sizeof(double);
-    int nd = s->batch.ndim; /* leading dims of x, then heads */
-    idx_t H = s->batch.shape[nd - 1], B = 1;
-    for (int d = 0; d < nd - 1; d++) B *= s->batch.shape[d]; /* x holds them: no overflow */
-    idx_t rows = B * s->T, width = s->dim[ATTNC_Q] + s->dim[ATTNC_K] + s->dim[ATTNC_V], qkv_size, merged_size;
-    if (!attnc_mul_ok(rows, width, &qkv_size) || !attnc_mul_ok(rows, s->dim[ATTNC_V], &merged_size) ||
-        (size_t)qkv_size > SIZE_MAX / elem || (size_t)merged_size > SIZE_MAX / elem)
-        return ATTNC_EOVERFLOW;
+    module_sizes m;
+    idx_t merged_size = 0;
+    if (!sizes_of(s, &m) || !attnc_mul_ok(m.rows, m.Dv, &merged_size)) return ATTNC_EOVERFLOW;
 
     attnc_status status = ATTNC_ENOMEM;
-    char *qkv = attnc_malloc((size_t)qkv_size * elem);
-    char *merged = s->w_out ? attnc_malloc((size_t)merged_size * elem) : s->out;
+    char *qkv = s->keep_qkv ? s->keep_qkv : attnc_malloc((size_t)(m.rows * m.width) * m.elem);
+    char *merged = s->keep_merged ? s->keep_merged : s->w_out ? attnc_malloc((size_t)merged_size * m.elem) : s->out;
     if (!qkv || !merged) goto done;
 
     /* pass 1: Q, K, V projections side by side in one (rows, width) buffer,
      * one product of x with the three weights stacked */
     attnc_gemm_args qkv_args = {
-        .M = rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
+        .M = m.rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
         .parts = {{s->w[ATTNC_Q], s->bias[ATTNC_Q], s->dim[ATTNC_Q]},
                   {s->w[ATTNC_K], s->bias[ATTNC_K], s->dim[ATTNC_K]},
                   {s->w[ATTNC_V], s->bias[ATTNC_V], s->dim[ATTNC_V]}},
-        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = width,
+        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = m.width,
     };
-    if ((status = kernels->gemm(&qkv_args)) != ATTNC_OK) goto done;
+    if ((status = m.kernels->gemm(&qkv_args)) != ATTNC_OK) goto done;
 
-    /* pass 2: attention per item (leading dims..., head); the heads are
-     * column blocks of the buffer, merged in place in the output rows */
-    idx_t head_qk = s->dim[ATTNC_Q] / H, head_v = s->dim[ATTNC_V] / H;
-    attnc_attention_args a = {
-        .batch = s->batch, .L = s->T, .S = s->T, .E = head_qk, .Ev = head_v,
-        .q = {qkv, {0}, width},
-        .k = {qkv + (size_t)s->dim[ATTNC_Q] * elem, {0}, width},
-        .v = {qkv + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * elem, {0}, width},
-        .mask = s->mask, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
-        .scale = s->scale, .dropout_p = s->dropout_p, .seed = s->seed,
-        .out = {merged, {0}, s->dim[ATTNC_V]}, .weights = s->weights,
-    };
-    /* strides of the leading dims (C order over the flattened rows) and heads */
-    idx_t inner_rows = s->T;
-    for (int d = nd - 2; d >= 0; d--) {
-        a.q.batch_strides[d] = a.k.batch_strides[d] = a.v.batch_strides[d] = inner_rows * width;
-        a.out.batch_strides[d] = inner_rows * s->dim[ATTNC_V];
-        inner_rows *= s->batch.shape[d];
+    /* pass 2: attention per item, merged in place in the output rows */
+    attnc_attention_args a;
+    head_view(s, &m, qkv, merged, &a);
+    a.weights = s->weights;
+    a.lse = s->lse;
+    if ((status = m.kernels->attention(&a)) != ATTNC_OK) goto done;
+    if (!s->w_out) {
+        if (merged != s->out) memcpy(s->out, merged, (size_t)merged_size * m.elem);
+        goto done;
     }
-    a.q.batch_strides[nd - 1] = a.k.batch_strides[nd - 1] = head_qk;
-    a.v.batch_strides[nd - 1] = a.out.batch_strides[nd - 1] = head_v;
-    for (int d = 0; d < nd; d++) a.mask_batch_strides[d] = s->mask_batch_strides[d];
-    if ((status = kernels->attention(&a)) != ATTNC_OK || !s->w_out) goto done;
 
     /* pass 3: output projection */
     attnc_gemm_args out_args = {
-        .M = rows, .K = s->dim[ATTNC_V], .a = merged, .a_rs = s->dim[ATTNC_V], .a_cs = 1,
-        .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = s->dim[ATTNC_V], .b_cs = 1,
+        .M = m.rows, .K = m.Dv, .a = merged, .a_rs = m.Dv, .a_cs = 1,
+        .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = m.Dv, .b_cs = 1,
         .c = s->out, .c_rs = s->n_out,
     };
-    status = kernels->gemm(&out_args);
+    status = m.kernels->gemm(&out_args);
 done:
-    attnc_free(qkv);
-    if (s->w_out) attnc_free(merged);
+    if (qkv != s->keep_qkv) attnc_free(qkv);
+    if (merged != s->keep_merged && merged != s->out) attnc_free(merged);
+    return status;
+}
+
+/* sums (n) <- the column sums of g (rows, n), as the product ones (1, rows)
+ * . g: one GEMM (A's single element read with zero strides), summed in
+ * the GEMM's fixed order. */
+static attnc_status column_sums(const module_sizes *m, void *sums, const void *g, idx_t rows, idx_t n)
+{
+    static const float one_f = 1.0f;
+    static const double one_d = 1.0;
+    attnc_gemm_args args = {
+        .M = 1, .K = rows, .a = m->elem == sizeof(float) ? (const void *)&one_f : (const void *)&one_d,
+        .a_rs = 0, .a_cs = 0, .n_parts = 1, .parts = {{g, NULL, n}}, .b_rs = 1, .b_cs = n, .c = sums, .c_rs = n,
+    };
+    return m->kernels->gemm(&args);
+}
+
+attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_args *g)
+{
+    const attnc_self_attention_args *s = &g->forward;
+    module_sizes m;
+    idx_t merged_size = 0, weights_size = 0;
+    if (!sizes_of(s, &m) || !attnc_mul_ok(m.rows, m.Dv, &merged_size) || !attnc_mul_ok(m.width, s->C, &weights_size))
+        return ATTNC_EOVERFLOW;
+    /* the Q, K, V weights as one (width, C) matrix: in place when they are
+     * the row blocks of one fused weight, else stacked into a copy */
+    const char *w0 = s->w[ATTNC_Q];
+    size_t q_bytes = (size_t)(s->dim[ATTNC_Q] * s->C) * m.elem, k_bytes = (size_t)(s->dim[ATTNC_K] * s->C) * m.elem;
+    int stacked = (const char *)s->w[ATTNC_K] == w0 + q_bytes && (const char *)s->w[ATTNC_V] == w0 + q_bytes + k_bytes;
+
+    attnc_status status = ATTNC_ENOMEM;
+    char *dqkv = attnc_malloc((size_t)(m.rows * m.width) * m.elem);
+    char *d_merged = s->w_out ? attnc_malloc((size_t)merged_size * m.elem) : (char *)g->grad_out;
+    char *w_stack = stacked ? (char *)w0 : attnc_malloc((size_t)weights_size * m.elem);
+    if (!dqkv || !d_merged || !w_stack) goto done;
+    if (!stacked) {
+        size_t v_bytes = (size_t)(s->dim[ATTNC_V] * s->C) * m.elem;
+        memcpy(w_stack, s->w[ATTNC_Q], q_bytes);
+        memcpy(w_stack + q_bytes, s->w[ATTNC_K], k_bytes);
+        memcpy(w_stack + q_bytes + k_bytes, s->w[ATTNC_V], v_bytes);
+    }
+
+    if (s->w_out) { /* the output projection's gradients */
+        attnc_gemm_args d_merged_args = {
+            .M = m.rows, .K = s->n_out, .a = g->grad_out, .a_rs = s->n_out, .a_cs = 1,
+            .n_parts = 1, .parts = {{s->w_out, NULL, m.Dv}}, .b_rs = 1, .b_cs = m.Dv, .c = d_merged, .c_rs = m.Dv,
+        };
+        attnc_gemm_args d_w_out_args = {
+            .M = s->n_out, .K = m.rows, .a = g->grad_out, .a_rs = 1, .a_cs = s->n_out,
+            .n_parts = 1, .parts = {{g->merged, NULL, m.Dv}}, .b_rs = 1, .b_cs = m.Dv, .c = g->grad_w_out,
+            .c_rs = m.Dv,
+        };
+        if ((status = m.kernels->gemm(&d_merged_args)) != ATTNC_OK ||
+            (status = m.kernels->gemm(&d_w_out_args)) != ATTNC_OK ||
+            (g->grad_bias_out &&
+             (status = column_sums(&m, g->grad_bias_out, g->grad_out, m.rows, s->n_out)) != ATTNC_OK))
+            goto done;
+    }
+
+    /* attention backward over the heads, into dqkv laid out as qkv */
+    attnc_attention_args grads; /* the same strides over the gradient buffers */
+    head_view(s, &m, dqkv, d_merged, &grads);
+    attnc_attention_backward_args b = {
+        .grad_out = grads.out, .lse = g->lse, .grad_q = grads.q, .grad_k = grads.k, .grad_v = grads.v,
+    };
+    head_view(s, &m, g->qkv, (char *)g->merged, &b.forward);
+    if ((status = m.kernels->attention_backward(&b)) != ATTNC_OK) goto done;
+
+    /* the projections' gradients */
+    attnc_gemm_args d_x_args = {
+        .M = m.rows, .K = m.width, .a = dqkv, .a_rs = m.width, .a_cs = 1,
+        .n_parts = 1, .parts = {{w_stack, NULL, s->C}}, .b_rs = 1, .b_cs = s->C, .c = g->grad_x, .c_rs = s->C,
+    };
+    attnc_gemm_args d_w_args = {
+        .M = m.width, .K = m.rows, .a = dqkv, .a_rs = 1, .a_cs = m.width,
+        .n_parts = 1, .parts = {{s->x, NULL, s->C}}, .b_rs = 1, .b_cs = s->C, .c = g->grad_w, .c_rs = s->C,
+    };
+    if ((status = m.kernels->gemm(&d_x_args)) != ATTNC_OK || (status = m.kernels->gemm(&d_w_args)) != ATTNC_OK)
+        goto done;
+    if (g->grad_bias) status = column_sums(&m, g->grad_bias, dqkv, m.rows, m.width);
+done:
+    attnc_free(dqkv);
+    if (s->w_out) attnc_free(d_merged);
+    if (!stacked) attnc_free(w_stack);
     return status;
 }

@@ -42,10 +42,11 @@ def _run_no_leak(call, objs):
         call()
     snap1 = tracemalloc.take_snapshot()
     tracemalloc.stop()
+    grown_py = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
+    del snap0, snap1  # the snapshots' own trace tuples are not the calls' objects
     for _ in range(N_CALLS // 2):
         call()
     gc.collect()
-    grown_py = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
     grown_rss = _rss_bytes() - rss
     after = [sys.getrefcount(o) for o in watched]
     for o, r0, r1 in zip(watched, refs, after):

@@ -1,0 +1,316 @@
+/* The attention backward (dtype and ISA template; needs the forward's
+ * attention_tiles.h, attention_rows.h and attention_impl.h): flash-style,
+ * P recomputed tile by tile from the forward's row log-sum-exp, never the
+ * (L, S) matrices (attnc.h gives the formulas).
+ *
+ *   per item b: Q (L, E), K (S, E), V (S, Ev), O and dO (L, Ev), lse (L)
+ *   grad tile (query tile i of BLOCK_Q, key block j of BLOCK_K), transposed
+ *   as the forward's score tile (keys, queries):
+ *     P^T  (nk, nq) = exp(scale K_j Q_i^T - lse_i)       (score_tile, masked)
+ *     dS^T (nk, nq) = P^T * ((V_j dO_i^T) * m - D_i) * scale
+ *     dV_j += (P^T * m) dO_i     dK_j += dS^T Q_i     dQ_i += dS K_j
+ *
+ * Two passes, so that two threads are busy even for one item:
+ *   key pass:   one task per (item, key block): dK_j and dV_j over every
+ *               query tile, in order;
+ *   query pass: one task per (item, query tile): dQ_i over every key
+ *               block, in order.
+ * With many items the key pass also adds dQ (one task per item, its dQ
+ * accumulated over the key blocks in the same order as the query pass
+ * would): five tile products per grad tile instead of seven. Every sum is
+ * taken in the same order either way, so the bits never depend on the
+ * pass plan, the thread count or the batch. */
+
+/* One task's buffers (grad_layout), each 64-byte aligned. */
+typedef struct {
+    FN(tile_buffers) fwd; /* the forward's score-tile buffers: q_pack (one tile), k_pack, scores_t (P^T) */
+    real *do_rows;  /* (BLOCK_Q / NR) slivers of (Ev, NR): dO_i, for V_j dO_i^T      */
+    real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                       */
+    real *q_cols;   /* (E_padded / NR) slivers of (BLOCK_K, NR): Q_i, for dK         */
+    real *do_cols;  /* (Ev_padded / NR) slivers of (BLOCK_K, NR): dO_i, for dV       */
+    real *k_cols;   /* (E_padded / NR) slivers of (BLOCK_K, NR): K_j, for dQ         */
+    real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                     */
+    real *dk, *dv;  /* (BLOCK_K, E_padded), (BLOCK_K, Ev_padded): the key block's    */
+    real *dq;       /* (dq_rows, E_padded): the query tile's, or the item's (fused)  */
+    real *d, *shift, *norm, *ds_scale; /* (BLOCK_Q): D, the lse as an exp shift, P's and dS's factors */
+    idx_t E_padded, Ev_padded;
+    idx_t qb, kb; /* rows of a query tile's and a key block's buffers */
+} FN(grad_buffers);
+
+/* The layout for an item of L queries and S keys, in one place: carves
+ * `work` into t (when not NULL) and returns its size in elements. The
+ * per-tile and per-block buffers hold at most the item's queries (qb) and
+ * keys (kb), so the workspace stays within a few times the inputs' size
+ * however large the heads. */
+static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, idx_t dq_rows, FN(grad_buffers) *t)
+{
+    idx_t used = 0, E_padded = ROUND_UP(E, GEMM_NR), Ev_padded = ROUND_UP(Ev, GEMM_NR);
+    idx_t qb = FN(padded_queries)(attnc_min(L, BLOCK_Q)), kb = ROUND_UP(attnc_min(S, BLOCK_K), GEMM_MR);
+#define PART(field, elems)                          \
+    t->field = work ? work + used : NULL;           \
+    used += ROUND_UP((elems), BUFFER_ALIGN_ELEMS)
+    PART(fwd.q_pack, qb * E);
+    PART(fwd.k_pack, kb * E);
+    PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
+    PART(do_rows, qb * Ev);
+    PART(v_rows, kb * Ev);
+    PART(q_cols, qb * E_padded);
+    PART(do_cols, qb * Ev_padded);
+    PART(k_cols, kb * E_padded);
+    PART(ds_t, BLOCK_K * BLOCK_Q);
+    PART(dk, kb * E_padded);
+    PART(dv, kb * Ev_padded);
+    PART(dq, dq_rows * E_padded);
+    PART(d, BLOCK_Q);
+    PART(shift, BLOCK_Q);
+    PART(norm, BLOCK_Q);
+    PART(ds_scale, BLOCK_Q);
+#undef PART
+    t->E_padded = E_padded;
+    t->Ev_padded = Ev_padded;
+    t->qb = qb;
+    t->kb = kb;
+    return used;
+}
+
+/* Where item b's backward operands start (the forward's view, and these). */
+typedef struct {
+    FN(item_view) fwd; /* q, k, v, mask; out = O */
+    const real *grad_out, *lse;
+    real *grad_q, *grad_k, *grad_v;
+} FN(grad_view);
+
+static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b)
+{
+    const attnc_batch *batch = &g->forward.batch;
+    FN(grad_view) view = {
+        FN(item_at)(&g->forward, b),
+        (const real *)g->grad_out.data + attnc_item_offset(batch, g->grad_out.batch_strides, b),
+        (const real *)g->lse + b * g->forward.L,
+        (real *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
+        (real *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
+        (real *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
+    };
+    return view;
+}
+
+/* The micro-kernel adding into a key block's rows: c (MR keys, NR) += a
+ * (MR keys, kc queries) . b, a read in place from a transposed tile
+ * (keys BLOCK_Q apart). Out of line, as tile_add. */
+static __attribute__((noinline)) void FN(tile_add_keys)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs)
+{
+    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0);
+}
+
+/* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries
+ * packed as column slivers of sliver_rows): dV += (P m)^T dO, dK += dS^T Q */
+static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx_t nk, idx_t nq, idx_t width_padded,
+                            idx_t sliver_rows)
+{
+    for (idx_t j0 = 0; j0 < nk; j0 += GEMM_MR)
+        for (idx_t c0 = 0; c0 < width_padded; c0 += GEMM_NR)
+            FN(tile_add_keys)(nq, tile_t + j0 * BLOCK_Q, cols + c0 * sliver_rows, acc + j0 * width_padded + c0,
+                              width_padded);
+}
+
+/* The query tile's packs, D, and how P is recomputed from each row's lse:
+ * exp(s - shift) * norm. A row of -inf (lse -inf) has P = 0: shift +inf.
+ * A row whose visible keys are all masked has lse == -1e20 exactly (log
+ * of the count is below the rounding of 1e20) and P = 1 / the keys it
+ * sees; its scores are the constant fill, so its dS is 0 (ds_scale). */
+static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
+                                idx_t i0, idx_t nq)
+{
+    const attnc_attention_args *a = &g->forward;
+    const real *q = item->fwd.q + i0 * a->q.row_stride, *dout = item->grad_out + i0 * g->grad_out.row_stride;
+    idx_t padded = FN(padded_queries)(nq);
+    FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, padded, a->E, GEMM_NR, (real)a->scale);
+    FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, padded, a->Ev, GEMM_NR, 1);
+    FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb);
+    FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb);
+    for (idx_t i = 0; i < nq; i++) {
+        const real *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
+        real d = 0;
+        for (idx_t c = 0; c < a->Ev; c++) d += d_o[c] * o[c];
+        t->d[i] = d;
+        real lse = item->lse[i0 + i];
+        t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
+        idx_t seen = a->is_causal ? attnc_min(i0 + i + 1, a->S) : a->S;
+        int all_masked = lse == (real)-1e20;
+        t->norm[i] = all_masked ? (real)1 / (real)seen : 1;
+        t->ds_scale[i] = all_masked ? 0 : (real)a->scale;
+    }
+}
+
+/* The key block's packs: keys for the scores, values for V dO^T, and keys
+ * as column slivers for dQ when with_dq. */
+static void FN(prepare_keys)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
+                             idx_t j0, idx_t nk, int with_dq)
+{
+    const attnc_attention_args *a = &g->forward;
+    const real *k = item->fwd.k + j0 * a->k.row_stride, *v = item->fwd.v + j0 * a->v.row_stride;
+    FN(pack_row_slivers)(t->fwd.k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
+    FN(pack_row_slivers)(t->v_rows, v, a->v.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->Ev, GEMM_MR, 1);
+    if (with_dq) FN(pack_column_slivers)(t->k_cols, k, a->k.row_stride, nk, a->E, t->E_padded, GEMM_NR, t->kb);
+}
+
+/* The grad tile of queries [i0, i0+nq) and keys [j0, j0+nk) (both
+ * prepared): scores_t <- (P m)^T, ds_t <- dS^T (scale folded in). */
+static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
+                          idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
+{
+    const attnc_attention_args *a = &g->forward;
+    FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
+    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev);
+    if (a->dropout_p > 0) FN(apply_dropout)(t->ds_t, a, b, i0, nq, j0, nk);
+    for (idx_t j = 0; j < nk; j++) {
+        real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
+        for (idx_t i = 0; i < nq; i++) {
+            p[i] = FN(vexp)(p[i] - t->shift[i]) * t->norm[i];
+            ds[i] = p[i] * (ds[i] - t->d[i]) * t->ds_scale[i];
+        }
+    }
+    if (a->dropout_p > 0) FN(apply_dropout)(t->fwd.scores_t, a, b, i0, nq, j0, nk);
+}
+
+/* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */
+static void FN(write_grad_rows)(real *dst, idx_t dst_rs, const real *acc, idx_t acc_rs, idx_t n, idx_t cols)
+{
+    for (idx_t r = 0; r < n; r++)
+        for (idx_t c = 0; c < cols; c++) dst[r * dst_rs + c] = acc[r * acc_rs + c];
+}
+
+static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
+
+/* The first query tile a causal key block is seen by: queries i >= j0. */
+static inline idx_t FN(first_seeing_tile)(const attnc_attention_args *a, idx_t j0)
+{
+    return a->is_causal ? j0 / BLOCK_Q : 0;
+}
+
+/* dK and dV of key block [j0, j0+nk) of the item over every query tile
+ * that sees it, in order; with dq_item (the item's dQ accumulator, L
+ * padded rows), dQ of those tiles too. */
+static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backward_args *g,
+                                const FN(grad_view) *item, idx_t b, idx_t j0, real *dq_item)
+{
+    const attnc_attention_args *a = &g->forward;
+    idx_t nk = FN(block_keys)(a, j0);
+    FN(prepare_keys)(t, g, item, j0, nk, dq_item != NULL);
+    memset(t->dk, 0, (size_t)(t->kb * t->E_padded) * sizeof(real));
+    memset(t->dv, 0, (size_t)(t->kb * t->Ev_padded) * sizeof(real));
+    for (idx_t i0 = FN(first_seeing_tile)(a, j0) * BLOCK_Q; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
+        idx_t nq = FN(tile_queries)(i0, a->L);
+        FN(prepare_queries)(t, g, item, i0, nq);
+        FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
+        FN(key_product)(t->dv, t->fwd.scores_t, t->do_cols, nk, nq, t->Ev_padded, t->qb);
+        FN(key_product)(t->dk, t->ds_t, t->q_cols, nk, nq, t->E_padded, t->qb);
+        if (dq_item)
+            FN(value_product)(dq_item + i0 * t->E_padded, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
+    }
+    FN(write_grad_rows)(item->grad_k + j0 * g->grad_k.row_stride, g->grad_k.row_stride, t->dk, t->E_padded, nk,
+                        a->E);
+    FN(write_grad_rows)(item->grad_v + j0 * g->grad_v.row_stride, g->grad_v.row_stride, t->dv, t->Ev_padded, nk,
+                        a->Ev);
+}
+
+/* dQ of query tile [i0, i0+nq) of the item over every key block it sees,
+ * in order. */
+static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_backward_args *g,
+                                 const FN(grad_view) *item, idx_t b, idx_t i0)
+{
+    const attnc_attention_args *a = &g->forward;
+    idx_t nq = FN(tile_queries)(i0, a->L);
+    FN(prepare_queries)(t, g, item, i0, nq);
+    memset(t->dq, 0, (size_t)(t->qb * t->E_padded) * sizeof(real));
+    for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
+        if (FN(first_seeing_tile)(a, j0) * BLOCK_Q > i0) break; /* causal: no query of the tile sees these keys */
+        idx_t nk = FN(block_keys)(a, j0);
+        FN(prepare_keys)(t, g, item, j0, nk, 1);
+        FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
+        FN(value_product)(t->dq, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
+    }
+    FN(write_grad_rows)(item->grad_q + i0 * g->grad_q.row_stride, g->grad_q.row_stride, t->dq, t->E_padded, nq, a->E);
+}
+
+typedef struct {
+    const attnc_attention_backward_args *args;
+    idx_t n_key_blocks, n_query_tiles, workspace_elems;
+    int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
+    atomic_int failed;
+} FN(grad_job);
+
+#ifndef ATTNC_GRAD_PASSES
+#define ATTNC_GRAD_PASSES
+enum { KEY_PASS, QUERY_PASS, FUSED_PASS };
+#endif
+
+/* Rows of a task's dQ accumulator: the item's (fused) or a query tile's. */
+static idx_t FN(dq_rows)(const FN(grad_job) *job)
+{
+    const attnc_attention_args *a = &job->args->forward;
+    return job->pass == FUSED_PASS ? job->n_query_tiles * BLOCK_Q : FN(padded_queries)(attnc_min(a->L, BLOCK_Q));
+}
+
+static void FN(grad_task)(void *ctx, idx_t task)
+{
+    FN(grad_job) *job = ctx;
+    const attnc_attention_backward_args *g = job->args;
+    real *work = attnc_malloc((size_t)job->workspace_elems * sizeof(real));
+    if (!work) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    FN(grad_buffers) t;
+    const attnc_attention_args *a = &g->forward;
+    FN(grad_layout)(work, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &t);
+    if (job->pass == FUSED_PASS) {
+        FN(grad_view) item = FN(grad_item_at)(g, task);
+        memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
+        for (idx_t j0 = 0; j0 < g->forward.S && !attnc_interrupted(); j0 += BLOCK_K)
+            FN(key_block_grads)(&t, g, &item, task, j0, t.dq);
+        FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, g->forward.L, g->forward.E);
+    } else {
+        idx_t per_item = job->pass == KEY_PASS ? job->n_key_blocks : job->n_query_tiles;
+        idx_t b = task / per_item, block = task % per_item;
+        FN(grad_view) item = FN(grad_item_at)(g, b);
+        if (job->pass == KEY_PASS) FN(key_block_grads)(&t, g, &item, b, block * BLOCK_K, NULL);
+        else FN(query_tile_grads)(&t, g, &item, b, block * BLOCK_Q);
+    }
+    attnc_free(work);
+}
+
+/* Items per thread from which the fused pass keeps every thread busy. */
+#define FUSED_MIN_ITEMS_PER_THREAD 4
+
+attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
+{
+    const attnc_attention_args *a = &g->forward;
+    idx_t n_items = 1; /* the gradients hold them all: no overflow */
+    for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
+    if (n_items == 0 || a->L == 0 || a->S == 0) return ATTNC_OK; /* the caller zero-filled the gradients */
+    FN(grad_job) job = {g, attnc_ceil_div(a->S, BLOCK_K), attnc_ceil_div(a->L, BLOCK_Q), 0, KEY_PASS, 0};
+    FN(grad_buffers) unused;
+    idx_t dq_elems;
+    if (!attnc_mul_ok(job.n_query_tiles * BLOCK_Q, ROUND_UP(a->E, GEMM_NR), &dq_elems) ||
+        (size_t)dq_elems > SIZE_MAX / 4 / sizeof(real))
+        return ATTNC_EOVERFLOW;
+    double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
+    int fused = n_items >= FUSED_MIN_ITEMS_PER_THREAD * (idx_t)attnc_running_threads();
+    idx_t n_tasks;
+    if (fused) {
+        job.pass = FUSED_PASS;
+        job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
+        attnc_parallel_for(n_items, flops * 1.25, FN(grad_task), &job);
+    } else {
+        job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
+        if (!attnc_mul_ok(n_items, job.n_key_blocks, &n_tasks)) return ATTNC_EOVERFLOW;
+        attnc_parallel_for(n_tasks, flops, FN(grad_task), &job);
+        job.pass = QUERY_PASS;
+        if (!attnc_mul_ok(n_items, job.n_query_tiles, &n_tasks)) return ATTNC_EOVERFLOW;
+        if (!atomic_load(&job.failed) && !attnc_interrupted()) attnc_parallel_for(n_tasks, flops, FN(grad_task), &job);
+    }
+    if (atomic_load(&job.failed)) return ATTNC_ENOMEM;
+    return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
+}
+#undef FUSED_MIN_ITEMS_PER_THREAD

@@ -1,0 +1,194 @@
+"""attnc.optim against torch.optim: SGD and AdamW step by step on torch leaf
+tensors twinning each parameter (same values, same gradients), zero_grad,
+in-place updates, argument validation and replaced parameters."""
+import numpy as np
+import pytest
+import torch
+
+import attnc
+
+STEPS = 20
+TOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
+
+MODULES = {
+    "MHA": lambda dtype: attnc.MultiHeadAttention(16, 4, dtype=dtype, rng=np.random.default_rng(1)),
+    "V2": lambda dtype: attnc.SelfAttentionV2(8, dtype=dtype, rng=np.random.default_rng(2)),
+}
+
+# (attnc class name, attnc arguments): torch.optim takes the same ones
+CASES = {
+    "SGD": ("SGD", {"lr": 0.1}),
+    "SGD-momentum-decay": ("SGD", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+    "AdamW": ("AdamW", {}),
+    # beta1 < 0.5: torch.lerp's other formula for the first moment
+    "AdamW-custom": ("AdamW", {"lr": 0.02, "betas": (0.3, 0.8), "eps": 1e-6, "weight_decay": 0.1}),
+    # boundary values, an int, a list and a NumPy scalar, all accepted by both
+    "SGD-bounds": ("SGD", {"lr": 0, "momentum": np.float64(1.0), "weight_decay": 0}),
+    "AdamW-bounds": ("AdamW", {"lr": 1, "betas": [0.0, 0.0], "eps": 0, "weight_decay": 0.5}),
+}
+
+
+def make_pair(module, name, kwargs):
+    """The attnc optimizer over `module`, the torch one (foreach=False, the
+    single-tensor code) over leaf twins of its parameters, and the twins."""
+    twins = [torch.tensor(p.copy(), requires_grad=True) for _, p in module.named_parameters()]
+    torch_kwargs = {k: tuple(float(b) for b in v) if k == "betas" else float(v) for k, v in kwargs.items()}
+    topt = getattr(torch.optim, name)(twins, foreach=False, **torch_kwargs)
+    return getattr(attnc.optim, name)(module, **kwargs), topt, twins
+
+
+def set_grads(module, twins, rng, zero=False):
+    """A random gradient per parameter (or zeros), into attnc's buffers and the twins' .grad."""
+    grads = []
+    for (_, buf), twin in zip(module.named_grads(), twins):
+        g = np.zeros(buf.shape, buf.dtype) if zero else rng.standard_normal(buf.shape).astype(buf.dtype)
+        buf[...] = g
+        twin.grad = torch.from_numpy(g.copy())
+        grads.append(g)
+    return grads
+
+
+def assert_params_match(module, twins, what):
+    for (name, p), twin in zip(module.named_parameters(), twins):
+        expected = twin.detach().numpy()
+        assert p.dtype == expected.dtype, (what, name)
+        err = np.max(np.abs(p.astype(np.float64) - expected) / np.maximum(1.0, np.abs(expected)))
+        assert err <= TOL[p.dtype], f"{what} {name}: relative error {err:.3e} > {TOL[p.dtype]:.0e}"
+
+
+def run(module, name, kwargs, seed=0, zero=False):
+    """STEPS steps of both optimizers, parameters compared after each; the
+    gradient buffers must come out of each step untouched."""
+    opt, topt, twins = make_pair(module, name, kwargs)
+    rng = np.random.default_rng(seed)
+    for step in range(STEPS):
+        grads = set_grads(module, twins, rng, zero)
+        opt.step()
+        topt.step()
+        assert_params_match(module, twins, f"step {step}")
+        for (gname, buf), g in zip(module.named_grads(), grads):
+            np.testing.assert_array_equal(buf, g, err_msg=f"step {step}: {gname}'s gradient changed")
+    return opt
+
+
+@pytest.mark.parametrize("module_name", list(MODULES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_steps_match_torch(case, module_name, dtype):
+    name, kwargs = CASES[case]
+    module = MODULES[module_name](dtype)
+    before = module.state_dict()
+    run(module, name, kwargs)
+    if kwargs.get("lr") != 0:   # the comparison compared something that moved
+        assert any(not np.array_equal(p, before[n]) for n, p in module.named_parameters())
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_zero_gradients_without_decay_leave_parameters_as_torch_does(momentum, dtype):
+    module = MODULES["MHA"](dtype)
+    before = module.state_dict()
+    run(module, "SGD", {"lr": 0.1, "momentum": momentum}, zero=True)
+    for name, p in module.named_parameters():
+        np.testing.assert_array_equal(p, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_zero_grad_zeroes_every_buffer(name):
+    module = MODULES["MHA"](np.float32)
+    opt = getattr(attnc.optim, name)(module, lr=0.1)
+    buffers = [buf for _, buf in module.named_grads()]
+    rng = np.random.default_rng(0)
+    for buf in buffers:
+        buf[...] = rng.standard_normal(buf.shape)
+    assert opt.zero_grad() is None
+    for (gname, buf), before in zip(module.named_grads(), buffers):
+        assert buf is before, gname
+        np.testing.assert_array_equal(buf, np.zeros_like(buf), err_msg=gname)
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_step_updates_in_place(case, dtype):
+    name, kwargs = CASES[case]
+    module = MODULES["V2"](dtype)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    arrays = [p for _, p in module.named_parameters()]
+    views = [p.reshape(-1)[::2] for p in arrays]
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        assert_params_match(module, twins, f"step {step}")
+        for (pname, p), array, view, twin in zip(module.named_parameters(), arrays, views, twins):
+            assert p is array, pname
+            expected = twin.detach().numpy().reshape(-1)[::2]
+            atol = TOL[p.dtype] * max(1.0, float(np.max(np.abs(expected))))
+            np.testing.assert_allclose(view, expected, rtol=0, atol=atol, err_msg=pname)
+
+
+BAD_ARGUMENTS = [
+    ("SGD", {"lr": -0.1}, ValueError, "lr"),
+    ("SGD", {"lr": float("nan")}, ValueError, "lr"),
+    ("SGD", {"lr": float("inf")}, ValueError, "lr"),
+    ("SGD", {"lr": True}, TypeError, "lr"),
+    ("SGD", {"lr": "0.1"}, TypeError, "lr"),
+    ("SGD", {"lr": None}, TypeError, "lr"),
+    ("SGD", {"lr": 0.1, "momentum": -0.5}, ValueError, "momentum"),
+    ("SGD", {"lr": 0.1, "momentum": False}, TypeError, "momentum"),
+    ("SGD", {"lr": 0.1, "weight_decay": float("-inf")}, ValueError, "weight_decay"),
+    ("SGD", {"lr": 0.1, "weight_decay": "0"}, TypeError, "weight_decay"),
+    ("AdamW", {"lr": -1e-3}, ValueError, "lr"),
+    ("AdamW", {"eps": -1e-8}, ValueError, "eps"),
+    ("AdamW", {"eps": float("nan")}, ValueError, "eps"),
+    ("AdamW", {"weight_decay": -0.01}, ValueError, "weight_decay"),
+    ("AdamW", {"weight_decay": True}, TypeError, "weight_decay"),
+    ("AdamW", {"betas": (1.0, 0.999)}, ValueError, "betas"),
+    ("AdamW", {"betas": (0.9, 1.0)}, ValueError, "betas"),
+    ("AdamW", {"betas": (-0.1, 0.999)}, ValueError, "betas"),
+    ("AdamW", {"betas": (0.9, float("nan"))}, ValueError, "betas"),
+    ("AdamW", {"betas": (0.9,)}, ValueError, "betas"),
+    ("AdamW", {"betas": (0.9, 0.99, 0.999)}, ValueError, "betas"),
+    ("AdamW", {"betas": 0.9}, TypeError, "betas"),
+    ("AdamW", {"betas": "ab"}, TypeError, "betas"),
+    ("AdamW", {"betas": (0.9, "0.999")}, TypeError, "betas"),
+    ("AdamW", {"betas": (True, 0.999)}, TypeError, "betas"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, error, argument", BAD_ARGUMENTS,
+                         ids=[f"{n}-{a}-{i}" for i, (n, _, _, a) in enumerate(BAD_ARGUMENTS)])
+def test_bad_arguments_raise_naming_the_argument(name, kwargs, error, argument):
+    with pytest.raises(error) as info:
+        getattr(attnc.optim, name)(MODULES["V2"](np.float32), **kwargs)
+    assert str(info.value).startswith(argument + ":"), str(info.value)
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+@pytest.mark.parametrize("module", [torch.nn.Linear(2, 2), {"w": np.zeros(2)}, [np.zeros(2)], None],
+                         ids=["torch-module", "dict", "list", "None"])
+def test_module_must_be_an_attnc_module(name, module):
+    with pytest.raises(TypeError) as info:
+        getattr(attnc.optim, name)(module, lr=0.1)
+    assert str(info.value).startswith("module:"), str(info.value)
+
+
+@pytest.mark.parametrize("case", ["SGD", "SGD-momentum-decay", "AdamW"])
+@pytest.mark.parametrize("replace", ["shape", "dtype"])
+def test_replaced_parameter_raises_before_any_update(case, replace):
+    name, kwargs = CASES[case]
+    module = MODULES["V2"](np.float32)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    set_grads(module, twins, np.random.default_rng(4))
+    opt.step()
+    topt.step()
+    if replace == "shape":
+        module.proj.bias = np.zeros(5)
+        bad = "proj.bias"
+    else:
+        module.to(np.float64)
+        bad = "proj.weight"
+    before = module.state_dict()
+    with pytest.raises(ValueError) as info:
+        opt.step()
+    assert str(info.value).startswith(bad + ":"), str(info.value)
+    for pname, p in module.named_parameters():
+        np.testing.assert_array_equal(p, before[pname], err_msg=pname)
