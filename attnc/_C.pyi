@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 _Array = npt.NDArray[np.floating[Any]]
-_Out = Union[_Array, Tuple[_Array, _Array]]
+_Out = Union[_Array, Tuple[_Array, _Array], Tuple[_Array, _Array, _Array]]
 _Rng = Optional[np.random.Generator]
 # (names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused):
 # see attnc/attention.py _spec
@@ -23,13 +23,28 @@ def dropout(x: npt.ArrayLike, p: float = 0.5, *, training: bool = True, rng: _Rn
 def scaled_dot_product_attention(
     query: npt.ArrayLike, key: npt.ArrayLike, value: npt.ArrayLike, attn_mask: Optional[npt.ArrayLike] = None,
     dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, *, rng: _Rng = None,
-    return_weights: bool = False, dtype: Optional[npt.DTypeLike] = None,
+    return_weights: bool = False, return_lse: bool = False, dtype: Optional[npt.DTypeLike] = None,
 ) -> _Out: ...
+# the gradients over the broadcast batch (attnc.functional sums them to the inputs' shapes)
+def scaled_dot_product_attention_backward(
+    grad_out: npt.ArrayLike, query: npt.ArrayLike, key: npt.ArrayLike, value: npt.ArrayLike, out: npt.ArrayLike,
+    lse: npt.ArrayLike, attn_mask: Optional[npt.ArrayLike] = None, is_causal: bool = False,
+    scale: Optional[float] = None, dropout_p: float = 0.0, *, dtype: Optional[npt.DTypeLike] = None,
+) -> Tuple[_Array, _Array, _Array]: ...
+# (x, qkv, merged, lse, seed): what a training-mode forward keeps for its backward
+_Saved = Tuple[_Array, _Array, _Array, _Array, int]
 def self_attention(
     x: npt.ArrayLike, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,
     attention_mask: Optional[npt.ArrayLike] = None, *, dtype: npt.DTypeLike, dropout_p: float = 0.0,
     training: bool = False, rng: _Rng = None, return_weights: bool = False, scale: Optional[float] = None,
-) -> _Out: ...
+    save: bool = False,
+) -> Union[_Out, Tuple[_Out, _Saved]]: ...
+# (grad_x, the Q/K/V weights' gradients stacked, their biases' stacked, grad_w_out or None, grad_bias_out or None)
+def self_attention_backward(
+    grad_output: npt.ArrayLike, saved: _Saved, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,
+    attention_mask: Optional[npt.ArrayLike] = None, *, dtype: npt.DTypeLike, dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+) -> Tuple[_Array, _Array, _Array, Optional[_Array], Optional[_Array]]: ...
 
 # checks the modules' constructors share with the calls above
 def probability(p: float, name: str = "p") -> float: ...

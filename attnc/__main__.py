@@ -2,7 +2,9 @@
 
 Runs the example cells of the documents (000's four levels, 001's
 multi-head attention with its (3, 8, 2, 2) mask, 003's hand derivation) and
-prints shapes, weights and outputs the way the documents do. Needs only NumPy.
+prints shapes, weights and outputs the way the documents do, then trains
+001's multi-head attention for a few steps (backward, attnc.optim.AdamW).
+Needs only NumPy.
 """
 import numpy as np
 
@@ -91,6 +93,25 @@ def hand_derivation():
     print("attnc.SelfAttention with these weights (scaled by 1/sqrt(3)):\n", net(x[None])[0])
 
 
+def training(rng, steps=30):
+    section(f"training: MultiHeadAttention(16, 4) learns the sequence mean, {steps} AdamW steps")
+    x = rng.standard_normal((8, 6, 16), dtype=np.float32)
+    target = np.broadcast_to(x.mean(axis=1, keepdims=True), x.shape)  # each position: its sequence's mean
+    net = attnc.MultiHeadAttention(16, 4, dropout=0.0)  # training mode: a forward keeps what backward needs
+    optimizer = attnc.optim.AdamW(net, lr=1e-2)
+    losses = []
+    for step in range(steps + 1):
+        optimizer.zero_grad()
+        error = net(x) - target
+        losses.append(float(np.mean(error ** 2)))  # mean squared error
+        if step % 5 == 0:
+            print(f"step {step:2d}  loss {losses[-1]:.4f}")
+        if step < steps:
+            net.backward(2 * error / error.size)  # d loss / d output
+            optimizer.step()
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} ({losses[0] / losses[-1]:.0f}x lower after {steps} steps)")
+
+
 def main():
     np.set_printoptions(precision=4, suppress=True)
     print(f"attnc {attnc.__version__}: {attnc.get_num_threads()} threads, "
@@ -103,6 +124,7 @@ def main():
     level_4(rng)
     multi_head(rng)
     hand_derivation()
+    training(rng)
     print("\nEvery class mirrors a document's; see README.md for the table and the errata.")
 
 

@@ -19,8 +19,8 @@ DOCUMENTS = ["000_four_levels", "001_attention_module", "002_line_by_line", "003
              "004_self_attention"]
 
 
-def test_one_notebook_per_document_and_the_performance_one():
-    assert [p.stem for p in SOURCES] == DOCUMENTS + ["performance"]
+def test_one_notebook_per_document_the_performance_one_and_the_training_one():
+    assert [p.stem for p in SOURCES] == DOCUMENTS + ["performance", "training"]
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
@@ -45,3 +45,13 @@ def test_document_notebook_ends_with_the_torch_cross_check(name):
     assert "except ImportError" in last.source and "load_state_dict" in last.source
     text = "".join(o.get("text", "") for o in last.outputs)
     assert "max |attnc - torch|" in text or "cross-check is skipped" in text
+
+
+def test_training_notebook_ends_with_the_loss_comparison():
+    """Its last cell asserts the attnc and torch loss curves agree; the stored run learned the task."""
+    nb = nbformat.read(NOTEBOOKS / "training.ipynb", as_version=4)
+    last = [cell for cell in nb.cells if cell.cell_type == "code"][-1]
+    assert "assert loss_difference < 1e-9" in last.source
+    text = "".join(o.get("text", "") for o in last.outputs)
+    assert "sequence accuracy 1.000" in text
+    assert "max |attnc - torch| loss" in text or "comparison is skipped" in text
