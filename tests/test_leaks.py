@@ -146,3 +146,34 @@ def test_error_paths_no_leak():
         else:
             raise AssertionError("scale=nan: no error")
     _run_no_leak(call, [m, x, bad_x, bad_mask])
+
+
+def test_module_backward_no_leak():
+    """A training-mode forward keeps its state until the backward releases it."""
+    m = attnc.MultiHeadAttention(D, 4, dropout=0.1, rng=np.random.default_rng(3))
+    x = np.random.default_rng(3).standard_normal((1, S, D)).astype(np.float32)
+    g = np.ones((1, S, D), np.float32)
+    mask = np.ones((1, 1, S, S), bool)
+    mask[..., 3] = False
+    params = [p for _, p in m.named_parameters()]
+    grads = [b for _, b in m.named_grads()]
+
+    def call():
+        m(x, mask)
+        m.backward(g)
+        m(x)
+        m.backward(g)
+    _run_no_leak(call, [m, x, g, mask] + params + grads)
+
+
+def test_functional_backward_no_leak():
+    q = np.ones((2, S, D), np.float32)
+    k = np.random.default_rng(4).standard_normal((1, S, D))     # float64, broadcast over the batch
+    mask = np.tril(np.ones((S, S), np.int8))
+
+    def call():
+        out, lse = F.scaled_dot_product_attention(q, k, k, attn_mask=mask, return_lse=True)
+        F.scaled_dot_product_attention_backward(out, q, k, k, out, lse, attn_mask=mask)
+        out, lse = F.scaled_dot_product_attention(q, q, q, is_causal=True, return_lse=True)
+        F.scaled_dot_product_attention_backward(out, q, q, q, out, lse, is_causal=True)
+    _run_no_leak(call, [q, k, mask])

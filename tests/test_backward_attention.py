@@ -1,0 +1,478 @@
+"""Backward of the attention: every module's backward (grad of x and of each
+parameter) and attnc.functional.scaled_dot_product_attention_backward, against
+torch autograd on the same values (in float64, the documents' formulas: masked_fill
+with -1e20, causal -inf), float64 central differences of the NumPy reference, the
+module's own dropout mask, other thread counts and batches (the same bits), and
+the one-backward-per-forward protocol."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnc
+from attnc import functional as F
+from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads,
+                     random_keep_mask, ref_attend, ref_forward, scores_shape)
+
+DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
+
+
+@pytest.fixture(autouse=True)
+def serial_torch():
+    """The torch oracles run on one thread (their sizes are tiny): with torch's two
+    threads this file ran ~10x slower on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check(actual, expected, dtype, what=""):
+    """actual has expected's shape and `dtype`, and is within 1e-9 (float64) or
+    1e-4 (float32) of max(1, max|expected|)."""
+    expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
+    if expected.size:
+        scale = max(1.0, float(np.abs(expected).max()))
+        err = float(np.abs(actual.astype(np.float64) - expected).max())
+        bound = (1e-9 if np.dtype(dtype) == np.float64 else 1e-4) * scale
+        assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
+
+
+def normal(rng, shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def set_dropout(module, p):
+    for name in DROP_ATTR:
+        sub = getattr(module, name, None)
+        if sub is not None:
+            sub.p = p
+
+
+def torch_module_grads(model, tm, x, mask, g, drop=None):
+    """(out, grad_x, {name: grad}) of the document model by autograd in float64 and
+    training mode, x of any leading dims (flattened for the classes without them);
+    drop: attnc's dropout mask (lead..., heads, T, T) in place of torch's dropout."""
+    tm = tm.double().train()
+    xt = torch.tensor(np.asarray(x, np.float64), requires_grad=True)
+    lead, (s, d) = x.shape[:-2], x.shape[-2:]
+    b, h = int(np.prod(lead)), model.n_heads(d)
+    mt = None if mask is None else torch.from_numpy(np.array(mask))
+    if drop is not None:
+        t = torch.from_numpy(drop.astype(np.float64))
+        t = t[..., 0, :, :] if model.native_batch else t.reshape((b, drop.shape[-3], s, s))
+        getattr(tm, next(n for n in DROP_ATTR if hasattr(tm, n))).forward = lambda w: w * t   # attnc's mask
+    if model.native_batch:
+        out = tm(xt, mt) if model.masked else tm(xt)
+    else:
+        if mt is not None:
+            mt = mt.broadcast_to(scores_shape(model, d, x.shape)).reshape((b,) + ((h,) if h else ()) + (s, s))
+        x3 = xt.reshape(b, s, d)
+        out = tm(x3, mt) if model.masked else tm(x3)
+        out = out.reshape(tuple(lead) + tuple(out.shape[-2:]))
+    out.backward(torch.tensor(np.asarray(g, np.float64)))
+    return out.detach().numpy(), xt.grad.numpy(), {n: p.grad.numpy() for n, p in tm.named_parameters()}
+
+
+def attnc_grads(model, am, x, mask, g, return_weights=False):
+    """(out, grad_x, {name: grad}) of one training-mode forward and backward from zeroed buffers."""
+    am.train()
+    am.zero_grad()
+    out = am(x, mask, return_weights=return_weights) if model.masked else am(x, return_weights=return_weights)
+    out = out[0] if return_weights else out
+    gx = am.backward(g)
+    return out, gx, {n: buf.copy() for n, buf in am.named_grads()}
+
+
+def compare_to_torch(model, tm, am, x, mask, g, dtype, what, drop=None, return_weights=False):
+    out, gx, grads = attnc_grads(model, am, x, mask, g, return_weights)
+    t_out, t_gx, t_grads = torch_module_grads(model, tm, x, mask, g, drop)
+    check(out, t_out, dtype, f"{what} out")
+    check(gx, t_gx, dtype, f"{what} grad_x")
+    assert set(grads) == set(t_grads), (what, sorted(grads), sorted(t_grads))
+    for name, grad in grads.items():
+        check(grad, t_grads[name], dtype, f"{what} {name}")
+
+
+def make_mask(rng, kind, model, dim, x_shape, dtype):
+    """A 0/1 mask (or with other nonzero values for the int8 case) of a broadcast shape
+    the module accepts: full scores shape, 'ss' (T, T), 'bcast' (lead..., 1, T, T) for
+    multi-head and (1, T, T) for single-head, 'keys' (lead..., 1, [1,] T); 'row':
+    the full shape with the first item's second query row fully masked."""
+    lead, s, h = tuple(x_shape[:-2]), x_shape[-2], model.n_heads(dim)
+    shape = {"full": scores_shape(model, dim, x_shape), "row": scores_shape(model, dim, x_shape), "ss": (s, s),
+             "bcast": lead + (1, s, s) if h else (1, s, s),
+             "keys": lead + ((1, 1, s) if h else (1, s))}[kind]
+    m = random_keep_mask(rng, shape)
+    if kind == "row":
+        m[(0,) * (m.ndim - 2) + (min(1, s - 1),)] = 0
+    if np.dtype(dtype) == np.int8:
+        m = m * rng.choice(np.array([1, 3, -2]), shape)
+    return m.astype(dtype)
+
+
+# (seq, dim, leading dims of x, mask kind, mask dtype): sizes across the kernel's tiles
+MODULE_CASES = [
+    (1, 8, (2,), "full", np.int64), (1, 8, (3,), None, None), (2, 8, (2,), "keys", bool),
+    (5, 12, (2, 3), "full", np.int8), (5, 8, (2, 3), "row", bool), (7, 8, (), "ss", np.int64),
+    (95, 8, (2,), "bcast", np.int64), (97, 12, (1,), "ss", bool), (191, 8, (1,), "row", np.int64),
+    (193, 8, (2,), "keys", np.int64), (300, 8, (1,), None, None), (300, 12, (1,), "full", bool),
+]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_module_gradients_match_torch(model, dtype):
+    rng = np.random.default_rng(0)
+    for seq, dim, lead, kind, mdt in MODULE_CASES:
+        kind = kind if model.masked else None
+        tm, am = make_pair(model, dim, dtype)
+        set_dropout(tm, 0.0)
+        set_dropout(am, 0.0)
+        x = normal(rng, lead + (seq, dim), dtype)
+        mask = None if kind is None else make_mask(rng, kind, model, dim, x.shape, mdt)
+        out_dim = am(x, mask).shape[-1] if model.masked else am(x).shape[-1]
+        g = normal(rng, lead + (seq, out_dim), dtype)
+        compare_to_torch(model, tm, am, x, mask, g, dtype, f"seq={seq} dim={dim} lead={lead} mask={kind}",
+                         return_weights=seq in (5, 97))   # a forward that also returns the weights
+
+
+# ============================================================================
+# the functional backward
+
+
+def torch_sdpa(q, k, v, g, mask=None, causal=False, scale=None):
+    """(out, lse, grad_q, grad_k, grad_v) of the math path by autograd in float64."""
+    Q, K, V = (torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = Q @ K.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores.masked_fill(torch.from_numpy(np.asarray(mask)) == 0, -1e20)
+    if causal:
+        scores = scores + torch.full(scores.shape[-2:], -math.inf, dtype=torch.float64).triu(1)
+    out = torch.softmax(scores, dim=-1) @ V
+    out.backward(torch.tensor(np.asarray(g, np.float64)))
+    return out.detach().numpy(), torch.logsumexp(scores, -1).detach().numpy(), Q.grad, K.grad, V.grad
+
+
+def sdpa_inputs(rng, qb, kb, vb, L, S, E, Ev, dtype):
+    return (normal(rng, qb + (L, E), dtype), normal(rng, kb + (S, E), dtype), normal(rng, vb + (S, Ev), dtype))
+
+
+# id: (query, key, value batch dims, L, S, E, Ev, mask shape, mask dtype, is_causal, scale)
+SDPA_CASES = {
+    "plain": ((2, 3), (2, 3), (2, 3), 5, 7, 4, 4, None, None, False, None),
+    "causal-L<S": ((2,), (2,), (2,), 5, 9, 4, 3, None, None, True, None),
+    "causal-L>S": ((2,), (2,), (2,), 9, 5, 4, 3, None, None, True, None),
+    "causal-masked": ((2, 2), (2, 2), (2, 2), 97, 193, 8, 5, (2, 1, 97, 193), bool, True, None),
+    "mask-full-row": ((2, 3), (2, 3), (2, 3), 6, 6, 4, 4, (2, 3, 6, 6), np.int64, False, None),
+    "mask-keys": ((2, 3), (2, 3), (2, 3), 7, 9, 4, 4, (2, 1, 1, 9), bool, False, None),
+    "mask-LS": ((2, 3), (2, 3), (2, 3), 7, 9, 4, 4, (7, 9), np.int8, False, None),
+    "mask-heads": ((2, 3), (2, 3), (2, 3), 7, 9, 4, 4, (1, 3, 7, 9), np.int64, False, None),
+    "mask-causal-row": ((2,), (2,), (2,), 8, 8, 4, 4, (2, 8, 8), np.int64, True, None),
+    "kv-broadcast": ((2, 3), (1, 3), (1, 3), 6, 8, 4, 5, (2, 1, 6, 8), bool, False, None),
+    "q-broadcast": ((3,), (2, 3), (2, 1), 6, 8, 4, 5, None, None, True, None),
+    "E!=Ev": ((2,), (2,), (2,), 11, 13, 5, 17, None, None, False, None),
+    "scale": ((2,), (2,), (2,), 11, 13, 6, 3, (11, 13), bool, False, 0.37),
+    "1x1": ((1,), (1,), (1,), 1, 1, 3, 2, None, None, False, None),
+    "1x300": ((1,), (1,), (1,), 1, 300, 8, 8, (300,), bool, False, None),
+    "300x1": ((1,), (1,), (1,), 300, 1, 8, 8, None, None, True, None),
+    "96x192": ((2,), (2,), (2,), 96, 192, 8, 8, None, None, True, None),
+    "95x191": ((1,), (1,), (1,), 95, 191, 8, 8, (95, 191), np.int64, False, None),
+    "97x193": ((1,), (1,), (1,), 97, 193, 8, 8, None, None, True, 0.2),
+    "193x97": ((1,), (1,), (1,), 193, 97, 8, 8, (193, 97), bool, True, None),
+    "300x300": ((1,), (1,), (1,), 300, 300, 8, 8, (1, 300, 300), np.int64, True, None),
+}
+
+
+@pytest.mark.parametrize("case", list(SDPA_CASES))
+def test_sdpa_backward_matches_torch(case, dtype):
+    qb, kb, vb, L, S, E, Ev, mshape, mdt, causal, scale = SDPA_CASES[case]
+    rng = np.random.default_rng(len(case))
+    q, k, v = sdpa_inputs(rng, qb, kb, vb, L, S, E, Ev, dtype)
+    mask = None
+    if mshape is not None:
+        mask = random_keep_mask(rng, mshape, mdt)
+        if case.endswith("row"):
+            mask[..., 1, :] = 0        # a fully masked query row: uniform weights (-1e20 everywhere)
+    batch = np.broadcast_shapes(qb, kb, vb)
+    g = normal(rng, batch + (L, Ev), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                              return_lse=True)
+    gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=mask, is_causal=causal,
+                                                         scale=scale)
+    t_out, t_lse, tq, tk, tv = torch_sdpa(q, k, v, g, mask, causal, scale)
+    for got, want, name in zip((out, gq, gk, gv), (t_out, tq, tk, tv), ("out", "grad_query", "grad_key", "grad_value")):
+        check(got, want, dtype, name)
+    tol = 1e-9 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(lse, t_lse, rtol=tol, atol=tol, err_msg="lse")   # elementwise: -1e20 rows
+    assert lse.dtype == dtype
+
+
+# ============================================================================
+# dropout: the module's gradients are torch's under the module's own mask
+
+
+def module_dropout_mask(am, x_shape, p, seed):
+    """The dropout mask (lead..., heads, T, T), values 0 or 1/(1-p), of a module
+    forward over x_shape whose rng was default_rng(seed): the functional with the
+    module's item layout and zero query/key (uniform weights 1/T), value = identity."""
+    lead, T = tuple(x_shape[:-2]), x_shape[-2]
+    heads = module_heads(am) or 1
+    head_dim = getattr(am, "head_dim", None) or am.dim      # MHA's head_dim; V3, V4: dim
+    z = np.zeros(lead + (heads, T, head_dim), am.dtype)
+    dropped = F.scaled_dot_product_attention(z, z, np.eye(T, dtype=am.dtype), dropout_p=p,
+                                             rng=np.random.default_rng(seed)) * T
+    keep = np.isclose(dropped, 1 / (1 - p), rtol=1e-5, atol=0)
+    assert np.all(keep | (dropped == 0)), "the derived mask holds values other than 0 and 1/(1-p)"
+    assert 0 < keep.mean() < 1
+    return np.where(keep, 1 / (1 - p), 0.0)
+
+
+@pytest.mark.parametrize("model", DROPOUT_MODELS, ids=DROPOUT_IDS)
+def test_dropout_gradients_match_torch_with_the_module_mask(model, dtype):
+    rng, p, dim = np.random.default_rng(5), 0.4, 8
+    for seq, lead, kind in [(13, (2, 3), "row"), (193, (1,), None), (97, (2,), "keys")]:
+        tm, am = make_pair(model, dim, dtype)
+        set_dropout(am, p)
+        x = normal(rng, lead + (seq, dim), dtype)
+        mask = None if kind is None else make_mask(rng, kind, model, dim, x.shape, np.int64)
+        g = normal(rng, lead + (seq, dim), dtype)
+        drop = module_dropout_mask(am, x.shape, p, seed=seq)
+        am.rng = np.random.default_rng(seq)       # the forward draws its mask's seed from default_rng(seq)
+        compare_to_torch(model, tm, am, x, mask, g, dtype, f"seq={seq} lead={lead} mask={kind}", drop=drop)
+
+
+# ============================================================================
+# central differences in float64 (no torch)
+
+
+def numeric_grad(f, a, h=1e-6):
+    grad = np.zeros_like(a)
+    for i in np.ndindex(a.shape):
+        up, down = a.copy(), a.copy()
+        up[i] += h
+        down[i] -= h
+        grad[i] = (f(up) - f(down)) / (2 * h)
+    return grad
+
+
+def assert_relative(actual, expected, what):
+    assert np.abs(expected).max() > 1e-3, what
+    err = np.abs(actual - expected).max() / np.abs(expected).max()
+    assert err < 1e-6, f"{what}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked-causal"])
+def test_sdpa_backward_matches_central_differences(masked):
+    rng = np.random.default_rng(6)
+    q, k, v = sdpa_inputs(rng, (2,), (2,), (2,), 4, 5, 3, 2, np.float64)
+    mask = None
+    if masked:
+        mask = np.ones((4, 5), np.int64)
+        mask[3, 1] = mask[1, 4] = 0
+        mask[2] = 0            # fully masked: uniform over the keys the causal row sees
+    G = normal(rng, (2, 4, 2))
+    scale = 1 / math.sqrt(3)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=masked, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(G, q, k, v, out, lse, attn_mask=mask, is_causal=masked)
+    args = [q, k, v]
+    for i, (name, grad) in enumerate(zip(("query", "key", "value"), grads)):
+        def loss(a):
+            xs = list(args)
+            xs[i] = a
+            return np.sum(ref_attend(*xs, scale, mask, masked)[0] * G)
+        assert_relative(grad, numeric_grad(loss, args[i]), name)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_module_backward_matches_central_differences(masked):
+    rng = np.random.default_rng(7)
+    am = attnc.MultiHeadAttention(6, 2, dropout=0.0, dtype=np.float64, rng=rng)
+    x, G = normal(rng, (2, 4, 6)), normal(rng, (2, 4, 6))
+    mask = None
+    if masked:
+        mask = random_keep_mask(rng, (2, 1, 4, 4))
+        mask[1, 0, 3] = 0
+    am(x, mask)
+    gx = am.backward(G)
+    sd = am.state_dict()
+    grads = dict(am.named_grads())
+
+    def loss(x_, w_):
+        return np.sum(ref_forward("MultiHeadAttention", dict(sd, **{"query_linear.weight": w_}), x_, mask, 2)[0] * G)
+
+    w = sd["query_linear.weight"]
+    assert_relative(gx, numeric_grad(lambda a: loss(a, w), x), "grad_x")
+    assert_relative(grads["query_linear.weight"], numeric_grad(lambda a: loss(x, a), w), "query_linear.weight")
+
+
+# ============================================================================
+# the same bits for any thread count and any batch
+
+
+def over_threads(fn):
+    before = attnc.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            attnc.set_num_threads(n)
+            results.append(fn())
+        return results
+    finally:
+        attnc.set_num_threads(before)
+
+
+def assert_same_bits(results):
+    for r in results[1:]:
+        for a, b in zip(r, results[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_module_backward_same_bits_any_thread_count():
+    rng = np.random.default_rng(8)
+    x = normal(rng, (1, 200, 16), np.float32)      # 4 items: one pass plan at 1 thread, another at 2
+    mask = random_keep_mask(rng, (1, 1, 200, 200))
+    g = normal(rng, (1, 200, 16), np.float32)
+
+    def run():
+        am = attnc.MultiHeadAttention(16, 4, dropout=0.2, rng=np.random.default_rng(9))
+        am(x, mask)
+        return [am.backward(g)] + [buf for _, buf in am.named_grads()]
+    assert_same_bits(over_threads(run))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["masked", "causal"])
+def test_sdpa_backward_same_bits_any_thread_count(causal, dtype):
+    rng = np.random.default_rng(9)
+    q, k, v = sdpa_inputs(rng, (6,), (6,), (6,), 200, 200, 16, 8, dtype)
+    mask = None if causal else random_keep_mask(rng, (6, 200, 200))
+    g = normal(rng, (6, 200, 8), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, return_lse=True)
+    assert_same_bits(over_threads(lambda: F.scaled_dot_product_attention_backward(
+        g, q, k, v, out, lse, attn_mask=mask, is_causal=causal)))
+
+
+@pytest.mark.parametrize("L, S, causal, masked", [(200, 200, False, False), (200, 200, True, False),
+                                                  (97, 193, False, True), (193, 97, True, True), (5, 300, True, True)])
+def test_sdpa_backward_item_alone_same_bits_as_in_a_batch(L, S, causal, masked, dtype):
+    rng = np.random.default_rng(L + S)
+    q, k, v = sdpa_inputs(rng, (16,), (16,), (16,), L, S, 16, 12, dtype)
+    mask = random_keep_mask(rng, (16, L, S)) if masked else None
+    g = normal(rng, (16, L, 12), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, return_lse=True)
+    batch = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=mask, is_causal=causal)
+    alone = F.scaled_dot_product_attention_backward(g[0], q[0], k[0], v[0], out[0], lse[0], is_causal=causal,
+                                                    attn_mask=None if mask is None else mask[0])
+    for a, b, name in zip(alone, batch, ("grad_query", "grad_key", "grad_value")):
+        np.testing.assert_array_equal(a, b[0], err_msg=name)
+
+
+# ============================================================================
+# the protocol and the errors
+
+
+def mha(dtype=np.float64, dropout=0.0):
+    return attnc.MultiHeadAttention(8, 2, dropout=dropout, dtype=dtype, rng=np.random.default_rng(10))
+
+
+def xg(seed=11, shape=(2, 5, 8)):
+    rng = np.random.default_rng(seed)
+    return normal(rng, shape), normal(rng, shape)
+
+
+def run_pair(am, x, g):
+    """grad_x and the gradient buffers (copies) of one forward and backward."""
+    am(x)
+    return [am.backward(g)] + [b.copy() for _, b in am.named_grads()]
+
+
+def test_backward_needs_a_training_forward_and_allows_one():
+    am, (x, g) = mha(), xg()
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        am.backward(g)
+    am.eval()(x)
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        am.backward(g)
+    am.train()(x)
+    am.backward(g)
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        am.backward(g)
+
+
+def test_eval_forward_keeps_nothing_backward_goes_through_the_last_training_forward():
+    (x, g), am = xg(), mha()
+    am(x)
+    am.eval()(xg(12, (3, 7, 8))[0])      # another shape: the kept state and grad_output's shape stay the first's
+    assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(mha(), x, g)])
+
+
+def test_wrong_grad_output_shape_keeps_the_state():
+    am, (x, g) = mha(), xg()
+    am(x)
+    with pytest.raises(ValueError, match="^grad_output"):
+        am.backward(g[:, :4])
+    assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(mha(), x, g)])
+
+
+def test_replaced_parameter_is_named():
+    am, (x, g) = mha(), xg()
+    am(x)
+    am.key_linear.weight = am.key_linear.weight.copy()
+    with pytest.raises(RuntimeError, match=r"key_linear\.weight"):
+        am.backward(g)
+
+
+def test_gradients_accumulate_like_torch_and_zero_grad(dtype):
+    model = MODEL["MHA"]
+    tm, am = make_pair(model, 8, dtype)
+    set_dropout(tm, 0.0)
+    set_dropout(am, 0.0)
+    x, g = (a.astype(dtype) for a in xg())
+    _, _, once = attnc_grads(model, am, x, None, g)
+    am(x)
+    am.backward(g)          # a second pair adds into the buffers: exactly twice one pair
+    twice = dict(am.named_grads())
+    for name, grad in once.items():
+        np.testing.assert_array_equal(twice[name], 2 * grad, err_msg=name)
+    tm.double().train()
+    xt = torch.tensor(x.astype(np.float64))
+    for _ in range(2):
+        tm(xt).backward(torch.tensor(g.astype(np.float64)))
+    for name, p in tm.named_parameters():
+        check(twice[name], p.grad, dtype, name)
+    am.zero_grad()
+    assert all(not buf.any() for _, buf in am.named_grads())
+    am(x)
+    am.backward(g)          # from zeros again: one pair's gradients
+    for name, buf in am.named_grads():
+        np.testing.assert_array_equal(buf, once[name], err_msg=name)
+
+
+def test_in_place_edit_of_x_after_forward_changes_nothing():
+    (x, g), am = xg(), mha()
+    x2 = x.copy()
+    am(x2)
+    x2[...] = 7.0
+    assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(mha(), x, g)])
+
+
+def test_functional_backward_errors():
+    rng = np.random.default_rng(15)
+    q, k, v = sdpa_inputs(rng, (2,), (2,), (2,), 4, 5, 3, 2, np.float64)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    g = np.ones_like(out)
+    with pytest.raises(ValueError) as info:
+        attnc._C.scaled_dot_product_attention_backward(g, q, k, v, out, lse, dropout_p=0.5)
+    assert str(info.value).startswith("dropout_p"), str(info.value)
+    bad = {"grad_out": np.ones((2, 4, 3)), "out": np.ones((2, 5, 2)), "lse": np.ones((2, 5))}
+    for name, value in bad.items():
+        args = {"grad_out": g, "out": out, "lse": lse, name: value}
+        with pytest.raises(ValueError) as info:
+            F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"])
+        assert str(info.value).startswith(name + ":"), str(info.value)
