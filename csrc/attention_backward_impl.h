@@ -21,27 +21,30 @@
  * taken in the same order either way, so the bits never depend on the
  * pass plan, the thread count or the batch. */
 
-/* One task's buffers (grad_layout), each 64-byte aligned. */
+/* One task's buffers (grad_layout), each 64-byte aligned. The query
+ * tiles' packs and row factors live in slots, one per query tile of the
+ * item, prepared once per task (query_slot gives a tile's view). */
 typedef struct {
-    FN(tile_buffers) fwd; /* the forward's score-tile buffers: q_pack (one tile), k_pack, scores_t (P^T) */
-    real *do_rows;  /* (BLOCK_Q / NR) slivers of (Ev, NR): dO_i, for V_j dO_i^T      */
-    real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                       */
-    real *q_cols;   /* (E_padded / NR) slivers of (BLOCK_K, NR): Q_i, for dK         */
-    real *do_cols;  /* (Ev_padded / NR) slivers of (BLOCK_K, NR): dO_i, for dV       */
-    real *k_cols;   /* (E_padded / NR) slivers of (BLOCK_K, NR): K_j, for dQ         */
-    real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                     */
-    real *dk, *dv;  /* (BLOCK_K, E_padded), (BLOCK_K, Ev_padded): the key block's    */
-    real *dq;       /* (dq_rows, E_padded): the query tile's, or the item's (fused)  */
-    real *d, *shift, *norm, *ds_scale; /* (BLOCK_Q): D, the lse as an exp shift, P's and dS's factors */
+    FN(tile_buffers) fwd; /* the forward's score-tile buffers: q_pack (a slot's), k_pack, scores_t (P^T) */
+    real *do_rows;  /* slot: (BLOCK_Q / NR) slivers of (Ev, NR): dO_i, for V_j dO_i^T */
+    real *q_cols;   /* slot: (E_padded / NR) slivers of (qb, NR): Q_i, for dK         */
+    real *do_cols;  /* slot: (Ev_padded / NR) slivers of (qb, NR): dO_i, for dV       */
+    real *d, *shift, *norm, *ds_scale; /* slot: (BLOCK_Q) each: D, the lse as an exp shift, P's and dS's factors */
+    real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                        */
+    real *k_cols;   /* (E_padded / NR) slivers of (kb, NR): K_j, for dQ               */
+    real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                      */
+    real *dk, *dv;  /* (kb, E_padded), (kb, Ev_padded): the key block's               */
+    real *dq;       /* (dq_rows, E_padded): the query tile's, or the item's (fused)   */
     idx_t E_padded, Ev_padded;
-    idx_t qb, kb; /* rows of a query tile's and a key block's buffers */
+    idx_t qb, kb;     /* rows of a query tile's and a key block's buffers */
+    idx_t slot_elems; /* one slot's size */
 } FN(grad_buffers);
 
 /* The layout for an item of L queries and S keys, in one place: carves
  * `work` into t (when not NULL) and returns its size in elements. The
- * per-tile and per-block buffers hold at most the item's queries (qb) and
- * keys (kb), so the workspace stays within a few times the inputs' size
- * however large the heads. */
+ * buffers hold at most the item's queries (qb per slot) and keys (kb),
+ * so the workspace stays within a few times the inputs' size however
+ * large the heads. */
 static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, idx_t dq_rows, FN(grad_buffers) *t)
 {
     idx_t used = 0, E_padded = ROUND_UP(E, GEMM_NR), Ev_padded = ROUND_UP(Ev, GEMM_NR);
@@ -49,28 +52,46 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
 #define PART(field, elems)                          \
     t->field = work ? work + used : NULL;           \
     used += ROUND_UP((elems), BUFFER_ALIGN_ELEMS)
-    PART(fwd.q_pack, qb * E);
-    PART(fwd.k_pack, kb * E);
-    PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
+    PART(fwd.q_pack, qb * E); /* slot 0; the other slots follow it */
     PART(do_rows, qb * Ev);
-    PART(v_rows, kb * Ev);
     PART(q_cols, qb * E_padded);
     PART(do_cols, qb * Ev_padded);
+    PART(d, BLOCK_Q);
+    PART(shift, BLOCK_Q);
+    PART(norm, BLOCK_Q);
+    PART(ds_scale, BLOCK_Q);
+    t->slot_elems = used;
+    used += (attnc_ceil_div(L, BLOCK_Q) - 1) * t->slot_elems;
+    PART(fwd.k_pack, kb * E);
+    PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
+    PART(v_rows, kb * Ev);
     PART(k_cols, kb * E_padded);
     PART(ds_t, BLOCK_K * BLOCK_Q);
     PART(dk, kb * E_padded);
     PART(dv, kb * Ev_padded);
     PART(dq, dq_rows * E_padded);
-    PART(d, BLOCK_Q);
-    PART(shift, BLOCK_Q);
-    PART(norm, BLOCK_Q);
-    PART(ds_scale, BLOCK_Q);
 #undef PART
     t->E_padded = E_padded;
     t->Ev_padded = Ev_padded;
     t->qb = qb;
     t->kb = kb;
     return used;
+}
+
+/* t with query tile `tile`'s slot in place of slot 0's. */
+static FN(grad_buffers) FN(query_slot)(const FN(grad_buffers) *t, idx_t tile)
+{
+    FN(grad_buffers) v = *t;
+    idx_t offset = tile * t->slot_elems;
+    v.fwd.q_pack += offset;
+    v.do_rows += offset;
+    v.q_cols += offset;
+    v.do_cols += offset;
+    v.d += offset;
+    v.shift += offset;
+    v.norm += offset;
+    v.ds_scale += offset;
+    return v;
 }
 
 /* Where item b's backward operands start (the forward's view, and these). */
@@ -162,15 +183,26 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     const attnc_attention_args *a = &g->forward;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
     FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev);
-    if (a->dropout_p > 0) FN(apply_dropout)(t->ds_t, a, b, i0, nq, j0, nk);
+    for (idx_t j = 0; j < nk; j++) {
+        real *p = t->fwd.scores_t + j * BLOCK_Q;
+        for (idx_t i = 0; i < nq; i++) p[i] = FN(vexp)(p[i] - t->shift[i]) * t->norm[i];
+    }
+    if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */
+        FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i0, j0);
+        for (idx_t j = 0; j < nk; j++) {
+            real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
+            for (idx_t i = 0; i < nq; i++) {
+                real m = FN(keep_factor)(&mask, i, j);
+                ds[i] = p[i] * (ds[i] * m - t->d[i]) * t->ds_scale[i];
+                p[i] *= m;
+            }
+        }
+        return;
+    }
     for (idx_t j = 0; j < nk; j++) {
         real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
-        for (idx_t i = 0; i < nq; i++) {
-            p[i] = FN(vexp)(p[i] - t->shift[i]) * t->norm[i];
-            ds[i] = p[i] * (ds[i] - t->d[i]) * t->ds_scale[i];
-        }
+        for (idx_t i = 0; i < nq; i++) ds[i] = p[i] * (ds[i] - t->d[i]) * t->ds_scale[i];
     }
-    if (a->dropout_p > 0) FN(apply_dropout)(t->fwd.scores_t, a, b, i0, nq, j0, nk);
 }
 
 /* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */
@@ -188,9 +220,19 @@ static inline idx_t FN(first_seeing_tile)(const attnc_attention_args *a, idx_t j
     return a->is_causal ? j0 / BLOCK_Q : 0;
 }
 
+/* Query tiles [first, n_query_tiles) of the item into their slots. */
+static void FN(prepare_query_slots)(const FN(grad_buffers) *t, const attnc_attention_backward_args *g,
+                                    const FN(grad_view) *item, idx_t first)
+{
+    for (idx_t i0 = first * BLOCK_Q; i0 < g->forward.L; i0 += BLOCK_Q) {
+        FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
+        FN(prepare_queries)(&slot, g, item, i0, FN(tile_queries)(i0, g->forward.L));
+    }
+}
+
 /* dK and dV of key block [j0, j0+nk) of the item over every query tile
- * that sees it, in order; with dq_item (the item's dQ accumulator, L
- * padded rows), dQ of those tiles too. */
+ * that sees it (prepared in its slot), in order; with dq_item (the item's
+ * dQ accumulator, L padded rows), dQ of those tiles too. */
 static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backward_args *g,
                                 const FN(grad_view) *item, idx_t b, idx_t j0, real *dq_item)
 {
@@ -201,12 +243,12 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
     memset(t->dv, 0, (size_t)(t->kb * t->Ev_padded) * sizeof(real));
     for (idx_t i0 = FN(first_seeing_tile)(a, j0) * BLOCK_Q; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
         idx_t nq = FN(tile_queries)(i0, a->L);
-        FN(prepare_queries)(t, g, item, i0, nq);
-        FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
-        FN(key_product)(t->dv, t->fwd.scores_t, t->do_cols, nk, nq, t->Ev_padded, t->qb);
-        FN(key_product)(t->dk, t->ds_t, t->q_cols, nk, nq, t->E_padded, t->qb);
+        FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
+        FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk);
+        FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
+        FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
         if (dq_item)
-            FN(value_product)(dq_item + i0 * t->E_padded, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
+            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
     }
     FN(write_grad_rows)(item->grad_k + j0 * g->grad_k.row_stride, g->grad_k.row_stride, t->dk, t->E_padded, nk,
                         a->E);
@@ -215,7 +257,7 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
 }
 
 /* dQ of query tile [i0, i0+nq) of the item over every key block it sees,
- * in order. */
+ * in order (the tile in slot 0). */
 static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_backward_args *g,
                                  const FN(grad_view) *item, idx_t b, idx_t i0)
 {
@@ -267,15 +309,19 @@ static void FN(grad_task)(void *ctx, idx_t task)
     if (job->pass == FUSED_PASS) {
         FN(grad_view) item = FN(grad_item_at)(g, task);
         memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
-        for (idx_t j0 = 0; j0 < g->forward.S && !attnc_interrupted(); j0 += BLOCK_K)
+        FN(prepare_query_slots)(&t, g, &item, 0);
+        for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K)
             FN(key_block_grads)(&t, g, &item, task, j0, t.dq);
-        FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, g->forward.L, g->forward.E);
-    } else {
-        idx_t per_item = job->pass == KEY_PASS ? job->n_key_blocks : job->n_query_tiles;
-        idx_t b = task / per_item, block = task % per_item;
+        FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, a->L, a->E);
+    } else if (job->pass == KEY_PASS) {
+        idx_t b = task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
         FN(grad_view) item = FN(grad_item_at)(g, b);
-        if (job->pass == KEY_PASS) FN(key_block_grads)(&t, g, &item, b, block * BLOCK_K, NULL);
-        else FN(query_tile_grads)(&t, g, &item, b, block * BLOCK_Q);
+        FN(prepare_query_slots)(&t, g, &item, FN(first_seeing_tile)(a, j0));
+        FN(key_block_grads)(&t, g, &item, b, j0, NULL);
+    } else {
+        idx_t b = task / job->n_query_tiles;
+        FN(grad_view) item = FN(grad_item_at)(g, b);
+        FN(query_tile_grads)(&t, g, &item, b, task % job->n_query_tiles * BLOCK_Q);
     }
     attnc_free(work);
 }
