@@ -63,11 +63,12 @@ class _Attention(Module):
         The dropout mask is the forward's (recomputed from its seed).
         One backward per forward: RuntimeError without a training-mode
         forward, for a second backward, or for a parameter replaced since
-        the forward; ValueError for a grad_output of another shape.
-        Parameters edited in place between the two are not detected: the
+        the forward; ValueError for a grad_output of another shape. A
+        backward that raised (MemoryError, KeyboardInterrupt too) keeps the
+        forward's state: it can be called again. Parameters edited in place between the two are not detected: the
         backward uses their values at backward time."""
         grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
-        saved, params, mask, p = self._take_saved(grad_output)
+        saved, params, mask, p = self._kept(grad_output)
         names = self._spec[0]
         self._check_unchanged(dict(zip(names, params)))
         grad_x, grad_w, grad_b, grad_w_out, grad_b_out = _C.self_attention_backward(
@@ -84,6 +85,7 @@ class _Attention(Module):
         if out_dim >= 0:
             grads[names[-2]] = grad_w_out
             grads[names[-1]] = grad_b_out if params[-1] is not None else None
+        self._release_kept()
         self._add_grads(grads)
         return grad_x
 

@@ -187,9 +187,11 @@ class Module:
         object.__setattr__(self, "_saved", state)
         object.__setattr__(self, "_saved_output_shape", output_shape)
 
-    def _take_saved(self, grad_output):
-        """The kept forward state, released (one backward per forward), with
-        grad_output checked against the forward's output shape."""
+    def _kept(self, grad_output):
+        """The kept forward state, with grad_output checked against the
+        forward's output shape. A backward releases it (_release_kept) only
+        once it has succeeded, so one that failed (a bad grad_output,
+        MemoryError, KeyboardInterrupt) can be called again."""
         state, shape = self._saved, self._saved_output_shape
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
@@ -197,8 +199,12 @@ class Module:
         if np.shape(grad_output) != tuple(shape):
             raise ValueError(f"grad_output: expected shape {tuple(shape)} (the forward's output), "
                              f"got {np.shape(grad_output)}")
-        object.__setattr__(self, "_saved", None)
         return state
+
+    def _release_kept(self):
+        """One backward per forward: the kept state goes once it is used."""
+        object.__setattr__(self, "_saved", None)
+        object.__setattr__(self, "_saved_output_shape", None)
 
     def _check_unchanged(self, params):
         """{dotted name: the array the forward used}: RuntimeError naming a
@@ -265,9 +271,10 @@ class Linear(Module):
         backward, or when a parameter was replaced since the forward;
         ValueError for a grad_output of another shape."""
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
-        x, weight, bias = self._take_saved(grad_output)
+        x, weight, bias = self._kept(grad_output)
         self._check_unchanged({"weight": weight, "bias": bias})
         grad_x, grad_weight, grad_bias = linear_backward(grad_output, x, weight, need_bias_grad=bias is not None)
+        self._release_kept()
         self._add_grads({"weight": grad_weight, "bias": grad_bias})
         return grad_x
 
@@ -304,8 +311,10 @@ class Dropout(Module):
         training-mode forward or for a second backward; ValueError for a
         grad_output of another shape than the forward's output."""
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
-        seed, p = self._take_saved(grad_output)
-        return _C.dropout(grad_output, p, dtype=self.dtype, seed=seed)
+        seed, p = self._kept(grad_output)
+        grad_x = _C.dropout(grad_output, p, dtype=self.dtype, seed=seed)
+        self._release_kept()
+        return grad_x
 
     def extra_repr(self):
         return f"p={self.p}, inplace=False"

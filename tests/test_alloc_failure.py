@@ -104,6 +104,77 @@ def test_linear_and_softmax_under_allocation_failures(shape, restore_threads):
     _sweep(lambda: attnc.Dropout(0.5).eval()(x), lambda r: assert_close(r, x, np.float32, "dropout"))
 
 
+def _module_for_backward(name):
+    """A registry module in training mode with its dropout off (every call then computes the same)."""
+    m = MODEL[name].make(16, dtype=np.float64, rng=np.random.default_rng(5))
+    for child in ("attention_dropout", "dropout"):
+        if child in m._modules:
+            m._modules[child].p = 0.0
+    return m
+
+
+def _same_bits(expected):
+    def check(result):
+        for got, want in zip(result, expected):
+            assert np.array_equal(got, want), "a call after injected failures computed other bits"
+    return check
+
+
+@pytest.mark.parametrize("name", ["MHA", "V3", "SA-nobias"])
+def test_module_backward_under_allocation_failures(name, restore_threads):
+    """Forward and backward of a training step: each attempt either fails with
+    MemoryError or gives the bits of the step run with no injected failure
+    (whose gradients test_backward_attention checks against torch)."""
+    attnc.set_num_threads(2)
+    m = _module_for_backward(name)
+    rng = np.random.default_rng(6)
+    x, grad = rng.standard_normal((2, 100, 16)), rng.standard_normal((2, 100, m(np.zeros((1, 1, 16))).shape[-1]))
+    mask = rng.integers(0, 2, (2, 1, 100, 100) if MODEL[name].heads is not None else (2, 100, 100))
+    args = (x, mask) if MODEL[name].masked else (x,)
+
+    def step():
+        m.zero_grad()
+        m(*args)
+        return [m.backward(grad)] + [g.copy() for _, g in m.named_grads()]
+
+    failures, allocations = _sweep(step, _same_bits(step()))
+    assert failures == allocations >= 4, (failures, allocations)
+
+
+def test_failed_backward_keeps_the_forward_for_a_retry(restore_threads):
+    m = _module_for_backward("MHA")
+    rng = np.random.default_rng(7)
+    x, grad = rng.standard_normal((2, 100, 16)), rng.standard_normal((2, 100, 16))
+    m(x)
+    expected = m.backward(grad)
+    m.zero_grad()
+    m(x)
+    attnc._C.fail_alloc_after(0)
+    try:
+        with pytest.raises(MemoryError):
+            m.backward(grad)
+    finally:
+        attnc._C.fail_alloc_after(-1)
+    assert np.array_equal(m.backward(grad), expected)  # the same forward, retried
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        m.backward(grad)  # and now it has been used
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_backward_under_allocation_failures(causal, restore_threads):
+    attnc.set_num_threads(2)
+    rng = np.random.default_rng(8)
+    q, k, v = rng.standard_normal((3, 200, 16)), rng.standard_normal((3, 150, 16)), rng.standard_normal((3, 150, 8))
+    out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+    grad = rng.standard_normal(out.shape)
+
+    def backward():
+        return F.scaled_dot_product_attention_backward(grad, q, k, v, out, lse, is_causal=causal)
+
+    failures, allocations = _sweep(backward, _same_bits(backward()))
+    assert failures == allocations >= 1, (failures, allocations)
+
+
 def test_failure_hook_is_reset_by_minus_one():
     x = np.ones((64, 64))
     attnc._C.fail_alloc_after(0)
