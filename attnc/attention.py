@@ -52,12 +52,13 @@ class _Attention(Module):
         result, saved = result
         out = result[0] if return_weights else result
         mask = None if attention_mask is None else np.array(_detached(attention_mask), copy=True)
-        self._keep_for_backward((saved, params, mask, p), out.shape)
+        self._keep_for_backward((saved, params, mask, p), out.shape, x)
         return result
 
     def backward(self, grad_output):
         """The gradient with respect to x of the most recent training-mode
-        forward, given grad_output (the gradient with respect to its
+        forward (x's shape; x's dtype when x is a floating array, as torch's
+        x.grad, else the module's), given grad_output (the gradient with respect to its
         output, converted to the module dtype); every parameter's gradient
         is added into its buffer (named_grads), as torch accumulates .grad.
         The dropout mask is the forward's (recomputed from its seed).
@@ -85,9 +86,8 @@ class _Attention(Module):
         if out_dim >= 0:
             grads[names[-2]] = grad_w_out
             grads[names[-1]] = grad_b_out if params[-1] is not None else None
-        self._release_kept()
         self._add_grads(grads)
-        return grad_x
+        return self._release_kept(grad_x)
 
 
 class SelfAttentionV1(_Attention):

@@ -41,7 +41,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False,
-                                          scale=None):
+                                          scale=None, dropout_p=0.0):
     """(grad_query, grad_key, grad_value) of scaled_dot_product_attention,
     given grad_out (the gradient with respect to its output) and that
     forward's out and lse (return_lse=True), with the same query, key,
@@ -52,11 +52,12 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     input's shape, summed over the batch dims the input was broadcast
     along, as autograd does. A masked position's score is the constant
     -1e20, so it passes no gradient to query or key. Keys a causal query
-    cannot see get no gradient from it. Dropout is not supported here (a
-    module's backward repeats its forward's mask).
+    cannot see get no gradient from it. dropout_p > 0 raises ValueError:
+    the forward's mask is not an argument here (a module's backward
+    repeats its forward's mask).
     """
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
-                                                     is_causal=is_causal, scale=scale)
+                                                     is_causal=is_causal, scale=scale, dropout_p=dropout_p)
     return tuple(_sum_to_shape(grad, np.shape(given)) for grad, given in zip(grads, (query, key, value)))
 
 

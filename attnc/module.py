@@ -31,7 +31,6 @@ class Module:
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "_grads", {})
         object.__setattr__(self, "_saved", None)
-        object.__setattr__(self, "_saved_output_shape", None)
         self.dtype = module_dtype(dtype)
         self.rng = _C.check_rng(rng)
         self.training = True
@@ -181,30 +180,35 @@ class Module:
                 owner, name = self._owner_of(key)
                 owner._grad(name)[...] += value
 
-    def _keep_for_backward(self, state, output_shape=None):
+    def _keep_for_backward(self, state, output_shape, x):
         """What this training-mode forward's backward needs (replacing any
-        earlier forward's), and the shape its grad_output must have."""
-        object.__setattr__(self, "_saved", state)
-        object.__setattr__(self, "_saved_output_shape", output_shape)
+        earlier forward's), with the shape its grad_output must have and
+        the dtype of the gradient it returns: x's when x is a floating
+        array (as torch's x.grad), else the module's."""
+        dtype = getattr(x, "dtype", None)
+        grad_dtype = dtype if isinstance(dtype, np.dtype) and dtype.kind == "f" else self.dtype
+        object.__setattr__(self, "_saved", (state, tuple(output_shape), grad_dtype))
 
     def _kept(self, grad_output):
         """The kept forward state, with grad_output checked against the
         forward's output shape. A backward releases it (_release_kept) only
         once it has succeeded, so one that failed (a bad grad_output,
         MemoryError, KeyboardInterrupt) can be called again."""
-        state, shape = self._saved, self._saved_output_shape
-        if state is None:
+        if self._saved is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
                                "(each forward allows one backward; an eval-mode forward keeps nothing)")
-        if np.shape(grad_output) != tuple(shape):
-            raise ValueError(f"grad_output: expected shape {tuple(shape)} (the forward's output), "
+        state, shape, _ = self._saved
+        if np.shape(grad_output) != shape:
+            raise ValueError(f"grad_output: expected shape {shape} (the forward's output), "
                              f"got {np.shape(grad_output)}")
         return state
 
-    def _release_kept(self):
-        """One backward per forward: the kept state goes once it is used."""
+    def _release_kept(self, grad_x):
+        """One backward per forward: the kept state goes once it is used;
+        grad_x in the dtype of the forward's input."""
+        grad_dtype = self._saved[2]
         object.__setattr__(self, "_saved", None)
-        object.__setattr__(self, "_saved_output_shape", None)
+        return grad_x.astype(grad_dtype, copy=False)
 
     def _check_unchanged(self, params):
         """{dotted name: the array the forward used}: RuntimeError naming a
@@ -256,14 +260,15 @@ class Linear(Module):
         out = _C.linear(x, self.weight, self.bias, dtype=self.dtype)
         if self.training:
             x_copy = np.array(x, dtype=self.dtype, order="C")
-            self._keep_for_backward((x_copy, self.weight, self.bias), out.shape)
+            self._keep_for_backward((x_copy, self.weight, self.bias), out.shape, x)
         return out
 
     def backward(self, grad_output):
         """The gradient with respect to the input x of the most recent
-        training-mode forward (x's shape, the module dtype), given
-        grad_output, the gradient with respect to that forward's output
-        (its shape; converted to the module dtype). Adds grad_output^T x
+        training-mode forward (x's shape; x's dtype when x is a floating
+        array, else the module's), given grad_output, the gradient with
+        respect to that forward's output (its shape; converted to the
+        module dtype). Adds grad_output^T x
         (summed over the leading dims) into weight's gradient buffer and
         grad_output summed over the leading dims into bias's (see
         named_grads), as torch accumulates .grad. One backward per
@@ -274,9 +279,8 @@ class Linear(Module):
         x, weight, bias = self._kept(grad_output)
         self._check_unchanged({"weight": weight, "bias": bias})
         grad_x, grad_weight, grad_bias = linear_backward(grad_output, x, weight, need_bias_grad=bias is not None)
-        self._release_kept()
         self._add_grads({"weight": grad_weight, "bias": grad_bias})
-        return grad_x
+        return self._release_kept(grad_x)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -300,21 +304,19 @@ class Dropout(Module):
         p = _C.probability(self.p, name="p")
         seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
         out = _C.dropout(x, p, dtype=self.dtype, seed=seed)
-        self._keep_for_backward((seed, p), out.shape)
+        self._keep_for_backward((seed, p), out.shape, x)
         return out
 
     def backward(self, grad_output):
         """The gradient with respect to the input of the most recent
-        training-mode forward: grad_output (converted to the module dtype)
-        times that forward's mask and 1/(1-p), a fresh array (a copy when
+        training-mode forward (x's floating dtype, else the module's):
+        grad_output (converted to the module dtype) times that forward's mask and 1/(1-p), a fresh array (a copy when
         p was 0). One backward per forward: RuntimeError without a
         training-mode forward or for a second backward; ValueError for a
         grad_output of another shape than the forward's output."""
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         seed, p = self._kept(grad_output)
-        grad_x = _C.dropout(grad_output, p, dtype=self.dtype, seed=seed)
-        self._release_kept()
-        return grad_x
+        return self._release_kept(_C.dropout(grad_output, p, dtype=self.dtype, seed=seed))
 
     def extra_repr(self):
         return f"p={self.p}, inplace=False"

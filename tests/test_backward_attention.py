@@ -467,12 +467,30 @@ def test_functional_backward_errors():
     q, k, v = sdpa_inputs(rng, (2,), (2,), (2,), 4, 5, 3, 2, np.float64)
     out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
     g = np.ones_like(out)
-    with pytest.raises(ValueError) as info:
-        attnc._C.scaled_dot_product_attention_backward(g, q, k, v, out, lse, dropout_p=0.5)
-    assert str(info.value).startswith("dropout_p"), str(info.value)
+    for backward in (F.scaled_dot_product_attention_backward, attnc._C.scaled_dot_product_attention_backward):
+        with pytest.raises(ValueError) as info:
+            backward(g, q, k, v, out, lse, dropout_p=0.5)
+        assert str(info.value).startswith("dropout_p"), str(info.value)
     bad = {"grad_out": np.ones((2, 4, 3)), "out": np.ones((2, 5, 2)), "lse": np.ones((2, 5))}
     for name, value in bad.items():
         args = {"grad_out": g, "out": out, "lse": lse, name: value}
         with pytest.raises(ValueError) as info:
             F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"])
         assert str(info.value).startswith(name + ":"), str(info.value)
+
+
+@pytest.mark.parametrize("x_dtype", [np.float16, np.float64, np.int64])
+def test_grad_x_has_the_dtype_of_a_floating_x(x_dtype):
+    """As torch's x.grad: a float32 module given float16 or float64 x returns
+    the gradient in x's dtype (the float32 computation's values, cast); other
+    inputs (integers) get the module's dtype."""
+    rng = np.random.default_rng(16)
+    x = rng.integers(-3, 4, (2, 5, 8)).astype(x_dtype)
+    g = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    expected = run_pair(mha(np.float32), x.astype(np.float32), g)[0]
+    am = mha(np.float32)
+    am(x)
+    got = am.backward(g)
+    want_dtype = np.dtype(x_dtype) if np.dtype(x_dtype).kind == "f" else np.dtype(np.float32)
+    assert got.dtype == want_dtype
+    assert np.array_equal(got, expected.astype(want_dtype))
