@@ -144,6 +144,9 @@ def test_sigint_interrupts_a_long_call(call):
         import numpy as np
         import attnc
         from attnc import functional as F
+        # Python leaves SIGINT ignored when it starts ignored (a background job of a
+        # non-interactive shell, as `nohup ... &`): install the handler Ctrl-C gets
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         attnc.set_num_threads(2)
         rng = np.random.default_rng(0)
         call = {call!r}
