@@ -76,15 +76,19 @@ for m, masked in modules:
         def call(m=m, masked=masked, train=train):
             m.train(train)
             args = (x,) if not masked else (x, mask_h if masked == "heads" else mask)
-            m(*args)
+            out = m(*args)
             m(*args, return_weights=True)
+            if train:
+                m.backward(np.ones_like(out))
         calls.append(call)
+out, lse = F.scaled_dot_product_attention(x, x64, x, attn_mask=mask, is_causal=True, return_lse=True)
 calls += [
     lambda: F.linear(x, w), lambda: F.linear(x64, w, w[:, 0]), lambda: attnc.Linear(16, 8)(x),
     lambda: F.softmax(x, axis=1), lambda: F.softmax(x64),
     lambda: attnc.Dropout(0.3)(x), lambda: attnc.Dropout(0.3).eval()(x64),
     lambda: F.scaled_dot_product_attention(x, x64, x, attn_mask=mask, is_causal=True, return_weights=True),
     lambda: F.scaled_dot_product_attention(x[:, None], x, x64, dropout_p=0.2),
+    lambda: F.scaled_dot_product_attention_backward(out, x, x64, x, out, lse, attn_mask=mask, is_causal=True),
 ]
 rejected = [
     lambda: modules[3][0](x, mask[:, :, :5]), lambda: modules[4][0](x[..., :3]),
@@ -92,6 +96,7 @@ rejected = [
     lambda: F.scaled_dot_product_attention(x, x, x, attn_mask=mask.astype(complex)),
     lambda: F.scaled_dot_product_attention(huge, x, x), lambda: modules[0][0](huge[None]),
     lambda: F.softmax(x, axis=7),
+    lambda: F.scaled_dot_product_attention_backward(out, x, x64, x, out, lse[:, :5]),
 ]
 levels_run = set()
 for r in range(ROUNDS):
