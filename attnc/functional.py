@@ -24,41 +24,129 @@ def softmax(x, axis=-1):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 *, rng=None, return_weights=False, return_lse=False):
-    """softmax(query @ key^T * scale, masked) @ value over broadcast batch dims.
+                                 *, rng=None, return_weights=False, return_lse=False, attn_bias=None,
+                                 enable_gqa=False, causal_alignment="top_left", window=None, seed=None):
+    """softmax(query @ key^T * scale + attn_bias, masked) @ value over broadcast batch dims.
 
+    query (..., L, E), key (..., S, E), value (..., S, Ev).
+    attn_bias: floats broadcastable to (..., L, S), added to the scaled
+    scores (torch's float attn_mask: -inf hides a key).
     attn_mask: broadcastable to (..., L, S); 0/False positions get -1e20
-    (the documents' masked_fill), anything else is kept. is_causal: keys
-    j > i are excluded (weight exactly 0), together with attn_mask.
+    (the documents' masked_fill: a row masked everywhere attends
+    uniformly), anything else is kept.
+    is_causal: query i sees keys j <= its aligned diagonal c: c = i
+    (causal_alignment "top_left", torch's) or i + S - L ("bottom_right":
+    the last query sees the last key, as in decoding with a KV cache).
+    window (left, right): query i sees keys in [c - left, c + right] (each
+    side an int >= 0, or None: unbounded), sliding-window attention; with
+    is_causal too, right is at most 0.
+    A row left with no key by attn_bias, is_causal or window gives output
+    0 (and lse -inf), as torch's math path.
+    enable_gqa: grouped-query attention: query heads H on axis -3, key and
+    value heads Hkv dividing H; query head h attends with key/value head
+    h // (H // Hkv), as torch. No copy of key or value is made.
+    dropout_p > 0 drops weights by a counter-based mask keyed by `seed`
+    (an int in [0, 2**64); None: drawn from rng, or the global generator):
+    give the same seed to the backward to train through it.
     Returns (..., L, Ev); with return_weights also the pre-dropout weights
     (..., L, S), with return_lse also each row's log-sum-exp of the scaled,
     masked scores (..., L) (what scaled_dot_product_attention_backward
     recomputes the weights from), in the order (out, weights, lse).
     """
-    return _C.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                           is_causal=is_causal, scale=scale, rng=rng, return_weights=return_weights,
-                                           return_lse=return_lse)
+    grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
+    if grouped:
+        query, key, value, attn_mask, attn_bias = grouped.inputs
+    result = _C.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                             is_causal=is_causal, scale=scale, rng=rng,
+                                             return_weights=return_weights, return_lse=return_lse,
+                                             attn_bias=attn_bias, causal_alignment=causal_alignment, window=window,
+                                             seed=seed)
+    if not grouped:
+        return result
+    if not isinstance(result, tuple):
+        return grouped.merge_heads(result, 2)
+    trailing = (2,) + ((2,) if return_weights else ()) + ((1,) if return_lse else ())  # out, weights, lse
+    return tuple(grouped.merge_heads(part, n) for part, n in zip(result, trailing))
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False,
-                                          scale=None, dropout_p=0.0):
+                                          scale=None, dropout_p=0.0, *, attn_bias=None, enable_gqa=False,
+                                          causal_alignment="top_left", window=None, seed=None):
     """(grad_query, grad_key, grad_value) of scaled_dot_product_attention,
     given grad_out (the gradient with respect to its output) and that
     forward's out and lse (return_lse=True), with the same query, key,
-    value, attn_mask, is_causal and scale.
+    value and score arguments (attn_mask, attn_bias, is_causal, scale,
+    enable_gqa, causal_alignment, window).
 
     Flash-style: the weights are recomputed tile by tile from lse, never
     stored; extra memory is O(L + S) per item. Each gradient has its
     input's shape, summed over the batch dims the input was broadcast
-    along, as autograd does. A masked position's score is the constant
-    -1e20, so it passes no gradient to query or key. Keys a causal query
-    cannot see get no gradient from it. dropout_p > 0 raises ValueError:
-    the forward's mask is not an argument here (a module's backward
-    repeats its forward's mask).
+    along (and over each group of query heads for key and value with
+    enable_gqa), as autograd does. A masked position's score is the
+    constant -1e20, so it passes no gradient to query or key; nor does a
+    key hidden from a query by is_causal or window. With dropout_p > 0,
+    `seed` must be the forward's (the mask is recomputed from it, never
+    stored); without it, ValueError.
     """
+    shapes = [np.shape(given) for given in (query, key, value)]
+    grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
+    if grouped:
+        query, key, value, attn_mask, attn_bias = grouped.inputs
+        grad_out, out, lse = (grouped.split_heads(part, n) for part, n in ((grad_out, 2), (out, 2), (lse, 1)))
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
-                                                     is_causal=is_causal, scale=scale, dropout_p=dropout_p)
-    return tuple(_sum_to_shape(grad, np.shape(given)) for grad, given in zip(grads, (query, key, value)))
+                                                     is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+                                                     attn_bias=attn_bias, causal_alignment=causal_alignment,
+                                                     window=window, seed=seed)
+    grads = [_sum_to_shape(grad, np.shape(given)) for grad, given in zip(grads, (query, key, value))]
+    return tuple(grad.reshape(shape) for grad, shape in zip(grads, shapes))
+
+
+class _Grouped:
+    """Grouped-query attention as broadcasting: query (..., H, L, E) viewed
+    as (..., Hkv, H // Hkv, L, E), key and value (..., Hkv, S, E) as
+    (..., Hkv, 1, S, E), masks and biases with a heads axis split alike;
+    results merged back to H heads. Views only: nothing is copied."""
+
+    def __init__(self, query, key, value, attn_mask, attn_bias):
+        query, key, value = (np.asarray(a) for a in (query, key, value))
+        for name, array in (("query", query), ("key", key), ("value", value)):
+            if array.ndim < 3:
+                raise ValueError(f"{name}: enable_gqa needs a heads axis, (..., heads, seq, dim); got shape "
+                                 f"{array.shape}")
+        heads, kv_heads = query.shape[-3], key.shape[-3]
+        if value.shape[-3] != kv_heads:
+            raise ValueError(f"value: expected {kv_heads} heads (as key), got {value.shape[-3]}")
+        if kv_heads == 0 or heads % kv_heads:
+            raise ValueError(f"key: {kv_heads} key/value heads do not divide the query's {heads} heads")
+        self.heads, self.kv_heads, self.group = heads, kv_heads, heads // kv_heads
+        masks = []
+        for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
+            if array is not None:
+                array = np.asarray(array)
+                if array.ndim >= 3 and array.shape[-3] not in (1, heads):
+                    raise ValueError(f"{name}: its heads axis (-3) has {array.shape[-3]} entries; expected 1 or "
+                                     f"the query's {heads}")
+            masks.append(self.split_heads(array, 2) if array is not None and array.ndim >= 3 else array)
+        self.inputs = (self.split_heads(query, 2), self._shared(key), self._shared(value), *masks)
+
+    def split_heads(self, array, trailing):
+        """(..., H, `trailing` dims) -> (..., Hkv, group, ...); a heads axis of 1 (a mask's) -> (..., 1, 1, ...)."""
+        array = np.asarray(array)
+        axis = array.ndim - 1 - trailing
+        if axis < 0:
+            return array  # too few dims to have a heads axis: the C layer names the shape error
+        heads = (1, 1) if array.shape[axis] == 1 and self.heads != 1 else (self.kv_heads, self.group)
+        return array.reshape(array.shape[:axis] + heads + array.shape[axis + 1:])
+
+    @staticmethod
+    def _shared(array):
+        """(..., Hkv, S, E) -> (..., Hkv, 1, S, E): one key/value head for its group."""
+        return array.reshape(array.shape[:-2] + (1,) + array.shape[-2:])
+
+    def merge_heads(self, array, trailing):
+        """(..., Hkv, group, `trailing` dims) -> (..., H, ...): out and weights (2), lse (1)."""
+        axis = array.ndim - 2 - trailing
+        return array.reshape(array.shape[:axis] + (self.heads,) + array.shape[axis + 2:])
 
 
 def _sum_to_shape(grad, shape):

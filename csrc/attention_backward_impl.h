@@ -134,11 +134,23 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
                               width_padded);
 }
 
+/* The keys whose score is the mask's fill in query i's row (its band's
+ * masked keys): the ones a row whose every other key is hidden (-inf)
+ * spreads its weight over, uniformly. */
+static idx_t FN(filled_keys)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i)
+{
+    idx_t begin = attnc_band_begin(&a->band, i, a->S), end = attnc_band_end(&a->band, i, a->S), filled = 0;
+    if (!item->mask) return end - begin;
+    for (idx_t j = begin; j < end; j++) filled += item->mask[i * a->mask_rs + j * a->mask_cs] == 0;
+    return filled;
+}
+
 /* The query tile's packs, D, and how P is recomputed from each row's lse:
  * exp(s - shift) * norm. A row of -inf (lse -inf) has P = 0: shift +inf.
- * A row whose visible keys are all masked has lse == -1e20 exactly (log
- * of the count is below the rounding of 1e20) and P = 1 / the keys it
- * sees; its scores are the constant fill, so its dS is 0 (ds_scale). */
+ * A row whose best score is the mask's fill (its visible keys are all
+ * masked, or hidden by a -inf bias) has lse == -1e20 exactly (log of the
+ * count is below the rounding of 1e20) and P = 1 / its filled keys; those
+ * scores are the constant fill, so its dS is 0 (ds_scale). */
 static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
                                 idx_t i0, idx_t nq)
 {
@@ -156,9 +168,8 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
         t->d[i] = d;
         real lse = item->lse[i0 + i];
         t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
-        idx_t seen = a->is_causal ? attnc_min(i0 + i + 1, a->S) : a->S;
         int all_masked = lse == (real)-1e20;
-        t->norm[i] = all_masked ? (real)1 / (real)seen : 1;
+        t->norm[i] = all_masked ? (real)1 / (real)FN(filled_keys)(a, &item->fwd, i0 + i) : 1;
         t->ds_scale[i] = all_masked ? 0 : (real)a->scale;
     }
 }
@@ -214,17 +225,22 @@ static void FN(write_grad_rows)(real *dst, idx_t dst_rs, const real *acc, idx_t 
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
-/* The first query tile a causal key block is seen by: queries i >= j0. */
-static inline idx_t FN(first_seeing_tile)(const attnc_attention_args *a, idx_t j0)
+/* 1 if some query of the tile at i0 sees some key of the block at j0 (its
+ * band meets the block). Both passes ask this of every (tile, block)
+ * pair, so they visit the same pairs: the bits never depend on the plan. */
+static inline int FN(pair_seen)(const attnc_attention_args *a, idx_t i0, idx_t j0)
 {
-    return a->is_causal ? j0 / BLOCK_Q : 0;
+    idx_t last_query = i0 + FN(tile_queries)(i0, a->L) - 1;
+    return attnc_band_begin(&a->band, i0, a->S) < j0 + FN(block_keys)(a, j0) &&
+           attnc_band_end(&a->band, last_query, a->S) > j0;
 }
 
-/* Query tiles [first, n_query_tiles) of the item into their slots. */
+/* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
 static void FN(prepare_query_slots)(const FN(grad_buffers) *t, const attnc_attention_backward_args *g,
-                                    const FN(grad_view) *item, idx_t first)
+                                    const FN(grad_view) *item, idx_t j0)
 {
-    for (idx_t i0 = first * BLOCK_Q; i0 < g->forward.L; i0 += BLOCK_Q) {
+    for (idx_t i0 = 0; i0 < g->forward.L; i0 += BLOCK_Q) {
+        if (j0 >= 0 && !FN(pair_seen)(&g->forward, i0, j0)) continue;
         FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
         FN(prepare_queries)(&slot, g, item, i0, FN(tile_queries)(i0, g->forward.L));
     }
@@ -241,7 +257,8 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
     FN(prepare_keys)(t, g, item, j0, nk, dq_item != NULL);
     memset(t->dk, 0, (size_t)(t->kb * t->E_padded) * sizeof(real));
     memset(t->dv, 0, (size_t)(t->kb * t->Ev_padded) * sizeof(real));
-    for (idx_t i0 = FN(first_seeing_tile)(a, j0) * BLOCK_Q; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
+    for (idx_t i0 = 0; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
+        if (!FN(pair_seen)(a, i0, j0)) continue;
         idx_t nq = FN(tile_queries)(i0, a->L);
         FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
         FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk);
@@ -266,7 +283,7 @@ static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_back
     FN(prepare_queries)(t, g, item, i0, nq);
     memset(t->dq, 0, (size_t)(t->qb * t->E_padded) * sizeof(real));
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
-        if (FN(first_seeing_tile)(a, j0) * BLOCK_Q > i0) break; /* causal: no query of the tile sees these keys */
+        if (!FN(pair_seen)(a, i0, j0)) continue;
         idx_t nk = FN(block_keys)(a, j0);
         FN(prepare_keys)(t, g, item, j0, nk, 1);
         FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
@@ -309,14 +326,14 @@ static void FN(grad_task)(void *ctx, idx_t task)
     if (job->pass == FUSED_PASS) {
         FN(grad_view) item = FN(grad_item_at)(g, task);
         memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
-        FN(prepare_query_slots)(&t, g, &item, 0);
+        FN(prepare_query_slots)(&t, g, &item, -1);
         for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K)
             FN(key_block_grads)(&t, g, &item, task, j0, t.dq);
         FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, a->L, a->E);
     } else if (job->pass == KEY_PASS) {
         idx_t b = task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
         FN(grad_view) item = FN(grad_item_at)(g, b);
-        FN(prepare_query_slots)(&t, g, &item, FN(first_seeing_tile)(a, j0));
+        FN(prepare_query_slots)(&t, g, &item, j0);
         FN(key_block_grads)(&t, g, &item, b, j0, NULL);
     } else {
         idx_t b = task / job->n_query_tiles;

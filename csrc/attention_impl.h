@@ -31,14 +31,15 @@ typedef struct {
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
-/* The keys queries [i0, i0 + nq) are computed against: j < key_end. A
- * causal query sees keys j <= i only, so the key loop may stop at the
- * tile's diagonal (skip_hidden), which is exact while the keys and values
- * past it are finite: see flash_queries. */
-static idx_t FN(key_end)(const attnc_attention_args *a, int skip_hidden, idx_t i0, idx_t nq)
+/* The keys queries [i0, i0 + nq) are computed against: [*begin, *end).
+ * A query sees only the keys of its band, so the key loop may skip the
+ * tiles outside the band of every query of the tile (skip_hidden), which
+ * is exact while those keys and values are finite: see flash_queries. */
+static void FN(key_range)(const attnc_attention_args *a, int skip_hidden, idx_t i0, idx_t nq, idx_t *begin,
+                          idx_t *end)
 {
-    if (!skip_hidden) return a->S;
-    return i0 + nq < a->S ? i0 + nq : a->S;
+    *begin = skip_hidden ? attnc_band_begin(&a->band, i0, a->S) : 0;
+    *end = skip_hidden ? attnc_band_end(&a->band, i0 + nq - 1, a->S) : a->S;
 }
 
 /* 1 if the n rows (cols elements each, rows rs apart) of x are all finite:
@@ -90,22 +91,30 @@ static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args 
 static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q; }
 
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
- * [i0, i0+nq): the product, then -1e20 where the mask is 0 (the documents'
- * masked_fill) and, for keys a causal query may not see, the score plus
- * -inf as in PyTorch's math path: -inf (an exactly-zero weight) for a
- * finite score, NaN for a NaN or +inf one. */
+ * [i0, i0+nq): the product, plus the bias, then -1e20 where the mask is 0
+ * (the documents' masked_fill) and, for keys outside a query's band, the
+ * score plus -inf as in PyTorch's math path: -inf (an exactly-zero weight)
+ * for a finite score, NaN for a NaN or +inf one. */
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
+    const attnc_band *band = &a->band;
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
+        if (item->bias) {
+            const real *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
+            for (idx_t i = 0; i < nq; i++) row[i] += bias[i * a->bias_rs];
+        }
         if (item->mask) {
             const uint8_t *m = item->mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
             for (idx_t i = 0; i < nq; i++) row[i] = m[i * a->mask_rs] ? row[i] : (real)-1e20;
         }
-        if (a->is_causal) /* query i0+i sees key j0+j only when j0+j <= i0+i */
-            for (idx_t i = 0; i < nq && i0 + i < j0 + j; i++) row[i] -= (real)INFINITY;
+        if (band->on) { /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
+            idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
+            for (idx_t i = 0; i < nq && i < first; i++) row[i] -= (real)INFINITY;
+            for (idx_t i = last + 1 > 0 ? last + 1 : 0; i < nq; i++) row[i] -= (real)INFINITY;
+        }
     }
 }
 
@@ -184,14 +193,15 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
- * see it. A causal tile stops at its diagonal when the item's keys and
- * values are finite. Otherwise every key is visited, so that NaN and inf
+ * see it. With a band (causal, window), a query tile skips the key tiles
+ * outside it when the item's keys and values are finite. Otherwise every
+ * key is visited, so that NaN and inf
  * reach every query as in PyTorch's math path (a hidden NaN key makes the
  * score NaN; a hidden NaN value is multiplied by its zero weight). */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
 {
-    int skip_hidden = a->is_causal && FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
+    int skip_hidden = a->band.on && FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
                       FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     for (idx_t tile = 0; tile < tiles; tile++) {
@@ -204,15 +214,18 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             view.run_sum[i] = 0;
         }
     }
-    idx_t end = FN(key_end)(a, skip_hidden, i0, i1 - i0);
-    for (idx_t j0 = 0; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
+    /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
+     * tile meets the same key tiles however the queries are split into tasks */
+    idx_t begin, end, tile_begin, tile_end;
+    FN(key_range)(a, skip_hidden, i0, i1 - i0, &begin, &end);
+    for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(end - j0, BLOCK_K);
         FN(pack_key_tile)(t, a, item, j0, nk);
         FN(pack_value_tile)(t, a, item, j0, nk);
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-            idx_t tile_end = FN(key_end)(a, skip_hidden, q0, nq);
-            if (j0 >= tile_end) continue; /* causal: no query of the tile sees these keys */
+            FN(key_range)(a, skip_hidden, q0, nq, &tile_begin, &tile_end);
+            if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
             FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));
         }

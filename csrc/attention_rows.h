@@ -5,7 +5,7 @@
  * and for head sizes too large for the flash path's tiles (its workspace
  * is one row of scores, whatever E and Ev).
  *
- *   scores (S) = scale * K (S, E) . q (E)     then mask, causal
+ *   scores (S) = scale * K (S, E) . q (E)     then bias, mask, band
  *   e (S)      = exp(scores - max)            sum = e's sum (before dropout)
  *   weights    = e / sum                      (written when asked for)
  *   out (Ev)   = dropout(e) . V (S, Ev) / sum
@@ -37,6 +37,7 @@ static inline real FN(dot)(const real *x, const real *y, idx_t n)
 typedef struct {
     const real *q, *k, *v;
     const uint8_t *mask;
+    const real *bias;
     real *out;
 } FN(item_view);
 
@@ -48,6 +49,7 @@ static FN(item_view) FN(item_at)(const attnc_attention_args *a, idx_t b)
         (const real *)a->k.data + attnc_item_offset(batch, a->k.batch_strides, b),
         (const real *)a->v.data + attnc_item_offset(batch, a->v.batch_strides, b),
         a->mask ? a->mask + attnc_item_offset(batch, a->mask_batch_strides, b) : NULL,
+        a->bias ? (const real *)a->bias + attnc_item_offset(batch, a->bias_batch_strides, b) : NULL,
         (real *)a->out.data + attnc_item_offset(batch, a->out.batch_strides, b),
     };
     return view;
@@ -72,12 +74,17 @@ static void FN(attend_row)(const attnc_attention_args *a, const FN(item_view) *i
     const real *q = item->q + i * a->q.row_stride;
     real scale = (real)a->scale;
     for (idx_t j = 0; j < S; j++) scores[j] = FN(dot)(q, item->k + j * a->k.row_stride, a->E) * scale;
+    if (item->bias) {
+        const real *bias = item->bias + i * a->bias_rs;
+        for (idx_t j = 0; j < S; j++) scores[j] += bias[j * a->bias_cs];
+    }
     if (item->mask) {
         const uint8_t *m = item->mask + i * a->mask_rs;
         for (idx_t j = 0; j < S; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
     }
-    if (a->is_causal) /* key j is hidden from query i when j > i: score + -inf */
-        for (idx_t j = i + 1; j < S; j++) scores[j] -= (real)INFINITY;
+    /* keys outside the query's band are hidden: score + -inf */
+    for (idx_t j = 0, begin = attnc_band_begin(&a->band, i, S); j < begin; j++) scores[j] -= (real)INFINITY;
+    for (idx_t j = attnc_band_end(&a->band, i, S); j < S; j++) scores[j] -= (real)INFINITY;
     real max = FN(row_max)(scores, S), sum = FN(exp_shift_sum)(scores, S, FN(safe_shift)(max));
     real inverse = FN(safe_inverse)(sum);
     if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);

@@ -130,12 +130,36 @@ typedef struct {
     void *c; idx_t c_rs;
 } attnc_gemm_args;
 
+/* The keys query i may see: j in [i + offset - left, i + offset + right],
+ * a band around its aligned diagonal i + offset (ATTNC_UNBOUNDED: that
+ * side is open). Causal is right = 0: offset 0 aligns it top-left (as
+ * torch's is_causal), S - L bottom-right (decode, chunked prefill). */
+#define ATTNC_UNBOUNDED (PTRDIFF_MAX / 4)
+typedef struct {
+    int on;
+    idx_t offset, left, right;
+} attnc_band;
+
+/* The keys query i sees are [attnc_band_begin, attnc_band_end), within [0, S). */
+static inline idx_t attnc_band_begin(const attnc_band *band, idx_t i, idx_t S)
+{
+    idx_t j = band->on ? i + band->offset - band->left : 0;
+    return j < 0 ? 0 : j > S ? S : j;
+}
+
+static inline idx_t attnc_band_end(const attnc_band *band, idx_t i, idx_t S)
+{
+    idx_t j = band->on ? i + band->offset + band->right + 1 : S;
+    return j < 0 ? 0 : j > S ? S : j;
+}
+
 /*
  * attention: for every item b of the batch (a batch element and head):
  *   scores (L, S) = scale * Q_b (L, E) . K_b (S, E)^T
+ *   scores[i, j] += bias_b[i, j]       where bias is given (torch's float attn_mask)
  *   scores[i, j]  = -1e20   where mask_b[i, j] == 0            (documents' masked_fill)
- *   scores[i, j] += -inf    where is_causal and j > i          (weight exactly 0 for a
- *                                      finite score; NaN, +inf and NaN values
+ *   scores[i, j] += -inf    where key j is outside query i's band (weight exactly 0
+ *                                      for a finite score; NaN, +inf and NaN values
  *                                      propagate as in PyTorch's math path)
  *   weights = softmax(scores, axis=-1); a row whose scores are all -inf gets
  *             weights 0 (PyTorch's math path)  -> written to `weights` if not NULL
@@ -143,7 +167,8 @@ typedef struct {
  * The output's bits do not depend on whether the weights are written, on
  * the thread count, or on the other items of the batch.
  * mask (uint8, 0 = masked) element (i, j) of item b is
- *   mask[offset(b) + i * mask_rs + j * mask_cs]   (zero strides broadcast).
+ *   mask[offset(b) + i * mask_rs + j * mask_cs]   (zero strides broadcast);
+ * bias (the dtype's reals) likewise with its own strides.
  * weights, when not NULL, is (n_items, L, S) contiguous; lse, when not
  * NULL, (n_items, L) contiguous: each row's log-sum-exp of its scores
  * (-inf for a row of -inf), what the backward recomputes weights from.
@@ -156,7 +181,9 @@ typedef struct {
     attnc_matrices q, k, v;  /* (L, E), (S, E), (S, Ev) per item */
     const uint8_t *mask;     /* NULL: no mask */
     idx_t mask_batch_strides[ATTNC_MAX_BATCH_DIMS], mask_rs, mask_cs;
-    int is_causal;
+    const void *bias;        /* NULL: no bias */
+    idx_t bias_batch_strides[ATTNC_MAX_BATCH_DIMS], bias_rs, bias_cs;
+    attnc_band band;         /* band.on == 0: every key */
     double scale;
     double dropout_p;
     uint64_t seed;
@@ -165,11 +192,11 @@ typedef struct {
 } attnc_attention_args;
 
 /*
- * attention backward: for every item b, with the forward's scores, mask,
- * causal rule and dropout factors m (0 or 1/(1-p), the same counter-based
+ * attention backward: for every item b, with the forward's scores, bias,
+ * mask, band and dropout factors m (0 or 1/(1-p), the same counter-based
  * mask) as above, and P recomputed from the forward's lse:
  *   P (L, S)  = exp(scores - lse)       (a row of -inf: 0; a row whose every
- *               visible key is masked, lse == -1e20: 1 / its visible keys)
+ *               key in its band is masked, lse == -1e20: 1 / those keys)
  *   D (L)     = rowsum(dO * O)
  *   dV        = (P * m)^T dO            (S, Ev)
  *   dS        = P * ((dO V^T) * m - D)  (L, S)
@@ -177,7 +204,7 @@ typedef struct {
  *   dK        = scale dS^T Q            (S, E)
  * forward: the forward's arguments (out = O; weights and lse unused);
  * grad_q/k/v are written, one distinct matrix per item (no broadcast).
- * Keys a causal query cannot see get no gradient from it, even when NaN.
+ * Keys outside a query's band get no gradient from it, even when NaN.
  * Extra memory O(L + S) per task; bits independent of the thread count.
  */
 typedef struct {

@@ -15,6 +15,7 @@
 #include <numpy/arrayobject.h>
 
 #include <math.h>
+#include <string.h>
 
 #include "attnc.h"
 
@@ -418,15 +419,17 @@ static int count_items(int nd, const idx_t *sizes, idx_t *count, const char *nam
 #define MAX_SCORES_DIMS (NPY_MAXDIMS + 1) /* batch of up to 62, heads, L, S */
 
 typedef struct {
-    PyArrayObject *keep;            /* bool, aligned; NULL when no mask */
-    idx_t strides[MAX_SCORES_DIMS]; /* per scores dim; 0 where broadcast */
+    PyArrayObject *keep;            /* bool (a mask) or the call's reals (a bias), aligned; NULL when none */
+    idx_t strides[MAX_SCORES_DIMS]; /* per scores dim, in elements; 0 where broadcast */
 } mask_view;
 
-/* A mask that broadcasts to the scores (nd dims: batch..., L, S), as a
- * bool array of its own (un-broadcast) size: zero-stride axes are collapsed
- * to length 1 before casting, so a broadcast view is never expanded.
- * Nonzero (NaN included) keeps a position, as bool(x) does. */
-static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape, mask_view *m)
+/* An array that broadcasts to the scores (nd dims: batch..., L, S), as an
+ * array of type_num of its own (un-broadcast) size: zero-stride axes are
+ * collapsed to length 1 before casting, so a broadcast view is never
+ * expanded. A mask (NPY_BOOL): nonzero (NaN included) keeps a position,
+ * as bool(x) does; a bias: the values, cast. */
+static int scores_operand(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape, int type_num,
+                          mask_view *m)
 {
     m->keep = NULL;
     if (obj == NULL || obj == Py_None) return 1;
@@ -466,13 +469,13 @@ static int mask_prepare(PyObject *obj, const char *name, int nd, const npy_intp 
         Py_DECREF(collapsed);
         return 0;
     }
-    m->keep = (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, PyArray_DescrFromType(NPY_BOOL), 0, 0,
-                                               NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
+    m->keep = (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, PyArray_DescrFromType(type_num), 0, 0,
+                                               NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST, NULL);
     Py_DECREF(collapsed);
     if (!m->keep) return 0;
-    for (int d = 0; d < nd; d++) { /* bool: byte strides are element strides */
+    for (int d = 0; d < nd; d++) {
         int a = d - (nd - md);
-        m->strides[d] = (a < 0 || PyArray_DIM(m->keep, a) == 1) ? 0 : PyArray_STRIDE(m->keep, a);
+        m->strides[d] = (a < 0 || PyArray_DIM(m->keep, a) == 1) ? 0 : elem_stride(m->keep, a);
     }
     return 1;
 }
@@ -647,18 +650,83 @@ done:
 /* ======================================================================== */
 /* attention operands, shared by the forward and the backward               */
 
+/* The arguments that shape the scores, as given (NULL or None: default). */
+typedef struct {
+    PyObject *mask, *bias, *scale, *alignment, *window;
+    int is_causal;
+} score_options;
+
+/* One side of a window: None (unbounded) or an integer >= 0. */
+static int window_side(PyObject *obj, idx_t *side)
+{
+    long value;
+    int overflow;
+    if (obj == Py_None) {
+        *side = ATTNC_UNBOUNDED;
+        return 1;
+    }
+    if (PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "window: expected None or an integer >= 0 for each side, got %R", obj);
+        return 0;
+    }
+    if (!as_long(obj, "window", &value, &overflow)) return 0;
+    if (overflow < 0 || (!overflow && value < 0)) {
+        PyErr_Format(PyExc_ValueError, "window: each side must be None or an integer >= 0, got %R", obj);
+        return 0;
+    }
+    *side = overflow > 0 || value > ATTNC_UNBOUNDED ? ATTNC_UNBOUNDED : (idx_t)value;
+    return 1;
+}
+
+/* band <- the keys each query sees: is_causal, causal_alignment
+ * ("top_left" or "bottom_right": the diagonal query i is aligned to is
+ * key i, or key i + S - L) and window ((left, right) around it). */
+static int band_arguments(const score_options *o, idx_t L, idx_t S, attnc_band *band)
+{
+    int bottom_right = 0;
+    if (o->alignment && o->alignment != Py_None) {
+        const char *text = PyUnicode_Check(o->alignment) ? PyUnicode_AsUTF8(o->alignment) : NULL;
+        if (text && (strcmp(text, "bottom_right") == 0 || strcmp(text, "top_left") == 0)) {
+            bottom_right = text[0] == 'b';
+        } else {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "causal_alignment: expected 'top_left' or 'bottom_right', got %R",
+                         o->alignment);
+            return 0;
+        }
+    }
+    int windowed = o->window && o->window != Py_None;
+    *band = (attnc_band){o->is_causal || windowed, bottom_right ? S - L : 0, ATTNC_UNBOUNDED, ATTNC_UNBOUNDED};
+    if (windowed) {
+        PyObject *sides = PySequence_Check(o->window) && !PyUnicode_Check(o->window)
+                              ? PySequence_Fast(o->window, "window") : NULL;
+        if (!sides || PySequence_Fast_GET_SIZE(sides) != 2) {
+            Py_XDECREF(sides);
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "window: expected None or a pair (left, right), got %R", o->window);
+            return 0;
+        }
+        int ok = window_side(PySequence_Fast_GET_ITEM(sides, 0), &band->left) &&
+                 window_side(PySequence_Fast_GET_ITEM(sides, 1), &band->right);
+        Py_DECREF(sides);
+        if (!ok) return 0;
+    }
+    if (o->is_causal && band->right > 0) band->right = 0;
+    return 1;
+}
+
 /* query, key and value (arr[3], converted to dt with unit-stride rows),
- * their broadcast batch, sizes, strides, scale and mask in a (mask holds
- * the mask array); shape <- (batch..., L, S). dt: as given, or the result
- * dtype of arr and the n_extra other inputs. */
-static int attention_operands(PyObject *const *objs, PyObject *mask_obj, PyObject *scale_obj, int is_causal,
-                              int dtype_given, attnc_dtype *dt, PyArrayObject *const *extra, int n_extra,
-                              PyArrayObject **arr, mask_view *mask, attnc_attention_args *a, npy_intp *shape)
+ * their broadcast batch, sizes, strides, scale, band, mask and bias in a
+ * (mask and bias hold their arrays); shape <- (batch..., L, S). dt: as
+ * given, or the result dtype of arr and the n_extra other inputs. */
+static int attention_operands(PyObject *const *objs, const score_options *o, int dtype_given, attnc_dtype *dt,
+                              PyArrayObject *const *extra, int n_extra, PyArrayObject **arr, mask_view *mask,
+                              mask_view *bias, attnc_attention_args *a, npy_intp *shape)
 {
     static const char *names[3] = {"query", "key", "value"};
     static const char *layouts[3] = {"(..., L, E)", "(..., S, E)", "(..., S, Ev)"};
     double scale = 0.0;
-    if (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)) return 0;
+    if (o->scale != Py_None && !finite_number(o->scale, "scale", &scale)) return 0;
     for (int i = 0; i < 3; i++)
         if (!(arr[i] = real_array(objs[i], names[i]))) return 0;
     if (!dtype_given) {
@@ -672,14 +740,13 @@ static int attention_operands(PyObject *const *objs, PyObject *mask_obj, PyObjec
     npy_intp S = PyArray_DIM(arr[1], PyArray_NDIM(arr[1]) - 2);
     npy_intp Ev = PyArray_DIM(arr[2], PyArray_NDIM(arr[2]) - 1);
     if (!check_dim(arr[1], "key", -1, E, "last dimension (E, as query)") ||
-        !check_dim(arr[2], "value", -2, S, "sequence dimension (S, as key)"))
+        !check_dim(arr[2], "value", -2, S, "sequence dimension (S, as key)") || !band_arguments(o, L, S, &a->band))
         return 0;
     a->L = L;
     a->S = S;
     a->E = E;
     a->Ev = Ev;
-    a->is_causal = is_causal;
-    a->scale = scale_obj != Py_None ? scale : E > 0 ? 1.0 / sqrt((double)E) : 1.0;
+    a->scale = o->scale != Py_None ? scale : E > 0 ? 1.0 / sqrt((double)E) : 1.0;
     idx_t n_items;
     if (!broadcast_batch(arr, names, 3, 2, &a->batch) ||
         !count_items(a->batch.ndim, a->batch.shape, &n_items, "query"))
@@ -690,7 +757,9 @@ static int attention_operands(PyObject *const *objs, PyObject *mask_obj, PyObjec
     for (int d = 0; d < nb; d++) shape[d] = a->batch.shape[d];
     shape[nb] = L;
     shape[nb + 1] = S;
-    if (!mask_prepare(mask_obj, "attn_mask", nb + 2, shape, mask)) return 0;
+    if (!scores_operand(o->mask, "attn_mask", nb + 2, shape, NPY_BOOL, mask) ||
+        !scores_operand(o->bias, "attn_bias", nb + 2, shape, npy_type(*dt), bias))
+        return 0;
     attnc_matrices *operands[3] = {&a->q, &a->k, &a->v};
     for (int i = 0; i < 3; i++) {
         operands[i]->data = PyArray_DATA(arr[i]);
@@ -702,6 +771,12 @@ static int attention_operands(PyObject *const *objs, PyObject *mask_obj, PyObjec
         for (int d = 0; d < nb; d++) a->mask_batch_strides[d] = mask->strides[d];
         a->mask_rs = mask->strides[nb];
         a->mask_cs = mask->strides[nb + 1];
+    }
+    if (bias->keep) {
+        a->bias = PyArray_DATA(bias->keep);
+        for (int d = 0; d < nb; d++) a->bias_batch_strides[d] = bias->strides[d];
+        a->bias_rs = bias->strides[nb];
+        a->bias_cs = bias->strides[nb + 1];
     }
     return 1;
 }
@@ -729,38 +804,41 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
 /* ======================================================================== */
 /* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
 /*     dropout_p=0.0, is_causal=False, scale=None, *, rng=None,              */
-/*     return_weights=False, return_lse=False, dtype=None)                   */
+/*     return_weights=False, return_lse=False, attn_bias=None,               */
+/*     causal_alignment="top_left", window=None, dtype=None)                 */
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                             "rng", "return_weights", "return_lse", "dtype", NULL};
-    PyObject *objs[3], *mask_obj = Py_None, *p_obj = NULL, *scale_obj = Py_None, *rng = Py_None, *dtype_obj = NULL;
-    int is_causal = 0, want_weights = 0, want_lse = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OppO:scaled_dot_product_attention", kwlist, &objs[0],
-                                     &objs[1], &objs[2], &mask_obj, &p_obj, &is_causal, &scale_obj, &rng,
-                                     &want_weights, &want_lse, &dtype_obj))
+    static char *kwlist[] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "rng",
+                             "return_weights", "return_lse", "attn_bias", "causal_alignment", "window", "dtype",
+                             "seed", NULL};
+    PyObject *objs[3], *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
+    score_options o = {Py_None, Py_None, Py_None, NULL, NULL, 0};
+    int want_weights = 0, want_lse = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OppOOOOO:scaled_dot_product_attention", kwlist,
+                                     &objs[0], &objs[1], &objs[2], &o.mask, &p_obj, &o.is_causal, &o.scale, &rng,
+                                     &want_weights, &want_lse, &o.bias, &o.alignment, &o.window, &dtype_obj,
+                                     &seed_obj))
         return NULL;
     double dropout_p = 0.0;
     uint64_t seed = 0;
     attnc_dtype dt = ATTNC_F32;
     int dtype_given;
     if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)) ||
-        !check_rng(rng))
+        !check_rng(rng) || !seed_argument(seed_obj, &seed))
         return NULL;
 
     PyArrayObject *arr[3] = {NULL, NULL, NULL};
     PyObject *out = NULL, *weights = NULL, *lse = NULL;
-    mask_view mask = {NULL};
+    mask_view mask = {NULL}, bias = {NULL};
     attnc_attention_args a = {.dropout_p = dropout_p};
     npy_intp shape[MAX_SCORES_DIMS];
-    if (!attention_operands(objs, mask_obj, scale_obj, is_causal, dtype_given, &dt, NULL, 0, arr, &mask, &a, shape))
-        goto done;
+    if (!attention_operands(objs, &o, dtype_given, &dt, NULL, 0, arr, &mask, &bias, &a, shape)) goto done;
     int nb = a.batch.ndim;
     if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
     if (want_lse && !(lse = batch_result(&a.batch, a.L, -1, dt, 0, NULL))) goto done;
     if (!(out = batch_result(&a.batch, a.L, a.Ev, dt, 0, &a.out))) goto done;
-    if (dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
+    if (dropout_p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) goto done;
     if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0) &&
         (!lse || PyArray_SIZE((PyArrayObject *)lse) == 0))
         goto done;
@@ -778,47 +856,50 @@ done:
     }
     for (int i = 0; i < 3; i++) Py_XDECREF(arr[i]);
     Py_XDECREF(mask.keep);
+    Py_XDECREF(bias.keep);
     return pack_result(out, weights, lse);
 }
 
 /* ======================================================================== */
 /* scaled_dot_product_attention_backward(grad_out, query, key, value, out,  */
 /*     lse, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, *,   */
-/*     dtype=None) -> (grad_query, grad_key, grad_value), each of the       */
-/*     broadcast batch's shape (attnc.functional sums them down)            */
+/*     attn_bias=None, causal_alignment="top_left", window=None, dtype=None) */
+/*     -> (grad_query, grad_key, grad_value), each of the broadcast batch's  */
+/*     shape (attnc.functional sums them down)                              */
 
 static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"grad_out", "query", "key", "value", "out", "lse", "attn_mask", "is_causal", "scale",
-                             "dropout_p", "dtype", NULL};
-    PyObject *grad_obj, *objs[3], *out_obj, *lse_obj, *mask_obj = Py_None, *scale_obj = Py_None, *p_obj = NULL,
-             *dtype_obj = NULL;
-    int is_causal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OpOO$O:scaled_dot_product_attention_backward", kwlist,
-                                     &grad_obj, &objs[0], &objs[1], &objs[2], &out_obj, &lse_obj, &mask_obj,
-                                     &is_causal, &scale_obj, &p_obj, &dtype_obj))
+                             "dropout_p", "attn_bias", "causal_alignment", "window", "dtype", "seed", NULL};
+    PyObject *grad_obj, *objs[3], *out_obj, *lse_obj, *p_obj = NULL, *dtype_obj = NULL, *seed_obj = Py_None;
+    score_options o = {Py_None, Py_None, Py_None, NULL, NULL, 0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OpOO$OOOOO:scaled_dot_product_attention_backward",
+                                     kwlist, &grad_obj, &objs[0], &objs[1], &objs[2], &out_obj, &lse_obj, &o.mask,
+                                     &o.is_causal, &o.scale, &p_obj, &o.bias, &o.alignment, &o.window, &dtype_obj,
+                                     &seed_obj))
         return NULL;
     double dropout_p = 0.0;
+    uint64_t seed = 0;
     attnc_dtype dt = ATTNC_F32;
     int dtype_given;
-    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)))
+    if (!dtype_argument(dtype_obj, &dtype_given, &dt) || (p_obj && !probability(p_obj, "dropout_p", &dropout_p)) ||
+        !seed_argument(seed_obj, &seed))
         return NULL;
-    if (dropout_p > 0)
-        return PyErr_Format(PyExc_ValueError, "dropout_p: the functional backward has no dropout (its mask is "
-                            "not an argument); a module's backward repeats its forward's mask");
+    if (dropout_p > 0 && seed_obj == Py_None)
+        return PyErr_Format(PyExc_ValueError, "dropout_p: the backward of dropout needs the forward's mask: give "
+                            "the seed the forward used (seed=); a module's backward does this itself");
 
     static const char *saved_names[3] = {"grad_out", "out", "lse"};
     PyObject *saved_objs[3] = {grad_obj, out_obj, lse_obj};
     PyArrayObject *saved[3] = {NULL, NULL, NULL}, *arr[3] = {NULL, NULL, NULL};
     PyObject *grads[3] = {NULL, NULL, NULL}, *result = NULL;
-    mask_view mask = {NULL};
-    attnc_attention_backward_args g = {.lse = NULL};
+    mask_view mask = {NULL}, bias = {NULL};
+    attnc_attention_backward_args g = {.forward = {.dropout_p = dropout_p, .seed = seed}};
     attnc_attention_args *a = &g.forward;
     npy_intp shape[MAX_SCORES_DIMS];
     for (int i = 0; i < 3; i++)
         if (!(saved[i] = real_array(saved_objs[i], saved_names[i]))) goto done;
-    if (!attention_operands(objs, mask_obj, scale_obj, is_causal, dtype_given, &dt, saved, 3, arr, &mask, a, shape))
-        goto done;
+    if (!attention_operands(objs, &o, dtype_given, &dt, saved, 3, arr, &mask, &bias, a, shape)) goto done;
     int nb = a->batch.ndim;
     shape[nb + 1] = a->Ev; /* grad_out and out: (batch..., L, Ev); lse: (batch..., L) */
     if (!check_shape(saved[0], "grad_out", nb + 2, shape) || !check_shape(saved[1], "out", nb + 2, shape) ||
@@ -849,6 +930,7 @@ done:
         Py_XDECREF(saved[i]);
     }
     Py_XDECREF(mask.keep);
+    Py_XDECREF(bias.keep);
     return result;
 }
 
@@ -1047,7 +1129,7 @@ static int module_input(module_call *c, PyObject *x_obj, PyObject *mask_obj, int
     for (int d = 0; d < nb; d++) c->shape[d] = PyArray_DIM(c->x, d);
     if (spec->heads_axis) c->shape[nb] = spec->n_heads;
     c->shape[c->ns - 2] = c->shape[c->ns - 1] = s->T;
-    if (!mask_prepare(mask_obj, "attention_mask", c->ns, c->shape, &c->mask)) return 0;
+    if (!scores_operand(mask_obj, "attention_mask", c->ns, c->shape, NPY_BOOL, &c->mask)) return 0;
     if (c->mask.keep) {
         s->mask = PyArray_DATA(c->mask.keep);
         for (int d = 0; d < nb; d++) s->mask_batch_strides[d] = c->mask.strides[d];
@@ -1351,12 +1433,16 @@ static PyMethodDef methods[] = {
      "seed: the mask's key (None: drawn from rng)."},
     {"scaled_dot_product_attention", FN(py_sdpa), KW,
      "scaled_dot_product_attention($module, /, query, key, value, attn_mask=None, dropout_p=0.0, "
-     "is_causal=False, scale=None, *, rng=None, return_weights=False, return_lse=False, dtype=None)\n--\n\n"
-     "attnc.functional.scaled_dot_product_attention; dtype None: the functional dtype rule."},
+     "is_causal=False, scale=None, *, rng=None, return_weights=False, return_lse=False, attn_bias=None, "
+     "causal_alignment='top_left', window=None, dtype=None, seed=None)\n--\n\n"
+     "attnc.functional.scaled_dot_product_attention; dtype None: the functional dtype rule; seed: the dropout "
+     "mask's key (None: drawn from rng)."},
     {"scaled_dot_product_attention_backward", FN(py_sdpa_backward), KW,
      "scaled_dot_product_attention_backward($module, /, grad_out, query, key, value, out, lse, attn_mask=None, "
-     "is_causal=False, scale=None, dropout_p=0.0, *, dtype=None)\n--\n\n"
-     "The gradients of query, key and value over the broadcast batch (not yet summed to their shapes)."},
+     "is_causal=False, scale=None, dropout_p=0.0, *, attn_bias=None, causal_alignment='top_left', window=None, "
+     "dtype=None, seed=None)\n--\n\n"
+     "The gradients of query, key and value over the broadcast batch (not yet summed to their shapes); dropout "
+     "needs the forward's seed."},
     {"self_attention", FN(py_self_attention), KW,
      "self_attention($module, /, x, params, spec, attention_mask=None, *, dtype, dropout_p=0.0, training=False, "
      "rng=None, return_weights=False, scale=None, save=False)\n--\n\n"
