@@ -118,30 +118,6 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     }
 }
 
-/* Item b's dropout mask from weight (i0, j0) on: weight (i0 + i, j0 + j)
- * is kept when attnc_uniform(seed, first + i * S + j) >= p (attnc.h). */
-typedef struct {
-    uint64_t seed, first, S;
-    double p;
-    real keep_scale; /* 1/(1-p), or 0 for p == 1 */
-} FN(dropout_mask);
-
-static inline FN(dropout_mask) FN(dropout_mask_at)(const attnc_attention_args *a, idx_t b, idx_t i0, idx_t j0)
-{
-    FN(dropout_mask) mask = {
-        a->seed, ((uint64_t)b * (uint64_t)a->L + (uint64_t)i0) * (uint64_t)a->S + (uint64_t)j0, (uint64_t)a->S,
-        a->dropout_p, a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p)),
-    };
-    return mask;
-}
-
-/* The factor of weight (i0 + i, j0 + j): 0 (dropped) or 1/(1-p) (kept). */
-static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t j)
-{
-    uint64_t index = mask->first + (uint64_t)i * mask->S + (uint64_t)j;
-    return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
-}
-
 /* scores_t (nk, BLOCK_Q) *= (kept ? 1/(1-p) : 0) for item b, keys from j0 */
 static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx_t b, idx_t i0, idx_t nq,
                               idx_t j0, idx_t nk)

@@ -65,99 +65,182 @@ static inline real FN(safe_inverse)(real sum) { return sum == 0 ? 0 : 1 / sum; }
  * -inf for a row of -inf (sum 0) */
 static inline real FN(log_sum_exp)(real max, real sum) { return FN(safe_shift)(max) + (real)log((double)sum); }
 
-/* Query i of item b: out row i, and weights row i when asked for.
- * scores is a buffer of S. */
-static void FN(attend_row)(const attnc_attention_args *a, const FN(item_view) *item, idx_t b, idx_t i,
-                           real *scores)
+/* Item b's dropout mask from weight (i0, j0) on: weight (i0 + i, j0 + j)
+ * is kept when attnc_uniform(seed, first + i * S + j) >= p (attnc.h). */
+typedef struct {
+    uint64_t seed, first, S;
+    double p;
+    real keep_scale; /* 1/(1-p), or 0 for p == 1 */
+} FN(dropout_mask);
+
+static inline FN(dropout_mask) FN(dropout_mask_at)(const attnc_attention_args *a, idx_t b, idx_t i0, idx_t j0)
 {
-    idx_t S = a->S, Ev = a->Ev;
-    const real *q = item->q + i * a->q.row_stride;
+    FN(dropout_mask) mask = {
+        a->seed, ((uint64_t)b * (uint64_t)a->L + (uint64_t)i0) * (uint64_t)a->S + (uint64_t)j0, (uint64_t)a->S,
+        a->dropout_p, a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p)),
+    };
+    return mask;
+}
+
+/* The factor of weight (i0 + i, j0 + j): 0 (dropped) or 1/(1-p) (kept). */
+static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t j)
+{
+    uint64_t index = mask->first + (uint64_t)i * mask->S + (uint64_t)j;
+    return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
+}
+
+/* Keys per chunk of the two passes: a chunk of K or V rows stays in L1
+ * while every row of the group uses it. Rows per group: query rows that
+ * share their keys and values (one item's queries, and the items K and V
+ * are broadcast over), read together in one pass. */
+#ifndef ATTNC_ROWS_SIZES
+#define ATTNC_ROWS_SIZES
+#define ROWS_CHUNK 16
+#define ROWS_GROUP 16
+#endif
+
+/* One query row of a group: its item, its index in the item, its view. */
+typedef struct {
+    idx_t b, i;
+    FN(item_view) item;
+    real *scores; /* (S): scores, then e = exp(score - max), dropped out */
+    real inverse; /* 1 / the sum of e before dropout (0 for a row of -inf) */
+} FN(group_row);
+
+/* scores <- the scores of every row against every key: each chunk of K
+ * rows is read once for the whole group. */
+static void FN(group_scores)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows)
+{
     real scale = (real)a->scale;
-    for (idx_t j = 0; j < S; j++) scores[j] = FN(dot)(q, item->k + j * a->k.row_stride, a->E) * scale;
-    if (item->bias) {
-        const real *bias = item->bias + i * a->bias_rs;
+    const real *k = rows[0].item.k; /* the group's rows share K */
+    for (idx_t j0 = 0; j0 < a->S; j0 += ROWS_CHUNK) {
+        idx_t j1 = attnc_min(j0 + ROWS_CHUNK, a->S);
+        for (idx_t r = 0; r < n_rows; r++) {
+            const real *q = rows[r].item.q + rows[r].i * a->q.row_stride;
+            for (idx_t j = j0; j < j1; j++) rows[r].scores[j] = FN(dot)(q, k + j * a->k.row_stride, a->E) * scale;
+        }
+    }
+}
+
+/* One row's softmax in place: bias, mask, band, then e = exp(s - max),
+ * its sum (the lse and weights when asked for), then dropout. */
+static void FN(row_softmax)(const attnc_attention_args *a, FN(group_row) *row)
+{
+    idx_t S = a->S, i = row->i;
+    real *scores = row->scores;
+    if (row->item.bias) {
+        const real *bias = row->item.bias + i * a->bias_rs;
         for (idx_t j = 0; j < S; j++) scores[j] += bias[j * a->bias_cs];
     }
-    if (item->mask) {
-        const uint8_t *m = item->mask + i * a->mask_rs;
+    if (row->item.mask) {
+        const uint8_t *m = row->item.mask + i * a->mask_rs;
         for (idx_t j = 0; j < S; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
     }
     /* keys outside the query's band are hidden: score + -inf */
     for (idx_t j = 0, begin = attnc_band_begin(&a->band, i, S); j < begin; j++) scores[j] -= (real)INFINITY;
     for (idx_t j = attnc_band_end(&a->band, i, S); j < S; j++) scores[j] -= (real)INFINITY;
     real max = FN(row_max)(scores, S), sum = FN(exp_shift_sum)(scores, S, FN(safe_shift)(max));
-    real inverse = FN(safe_inverse)(sum);
-    if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
+    row->inverse = FN(safe_inverse)(sum);
+    if (a->lse) ((real *)a->lse)[row->b * a->L + i] = FN(log_sum_exp)(max, sum);
     if (a->weights) {
-        real *w = (real *)a->weights + (b * a->L + i) * S;
-        for (idx_t j = 0; j < S; j++) w[j] = scores[j] * inverse;
+        real *w = (real *)a->weights + (row->b * a->L + i) * S;
+        for (idx_t j = 0; j < S; j++) w[j] = scores[j] * row->inverse;
     }
     if (a->dropout_p > 0) {
-        real keep_scale = a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p));
-        uint64_t first = ((uint64_t)b * (uint64_t)a->L + (uint64_t)i) * (uint64_t)S;
-        for (idx_t j = 0; j < S; j++)
-            scores[j] *= attnc_uniform(a->seed, first + (uint64_t)j) < a->dropout_p ? 0 : keep_scale;
+        FN(dropout_mask) mask = FN(dropout_mask_at)(a, row->b, i, 0);
+        for (idx_t j = 0; j < S; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
     }
-    /* out[c] = sum over every key j, in order, of e[j] * V[j, c] (every
-     * key, so that 0 * NaN reaches out): OUT_VECTORS vectors of out kept
-     * in registers over the keys, then the scalar tail */
-    real *out = item->out + i * a->out.row_stride;
-    const real *v = item->v;
-    idx_t vs = a->v.row_stride, c0 = 0;
-    enum { OUT_VECTORS = 4 };
-    for (; c0 + OUT_VECTORS * VLANES <= Ev; c0 += OUT_VECTORS * VLANES) {
-        vreal acc[OUT_VECTORS];
-        for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vzero();
-        for (idx_t j = 0; j < S; j++) {
-            vreal e = vset1(scores[j]);
-            for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vfma(e, vloadu(v + j * vs + c0 + u * VLANES), acc[u]);
-        }
-        for (int u = 0; u < OUT_VECTORS; u++) vstoreu(out + c0 + u * VLANES, acc[u]);
-    }
-    for (idx_t c = c0; c < Ev; c++) out[c] = 0;
-    for (idx_t j = 0; j < S && c0 < Ev; j++)
-        for (idx_t c = c0; c < Ev; c++) out[c] = sfma(scores[j], v[j * vs + c], out[c]);
-    for (idx_t c = 0; c < Ev; c++) out[c] *= inverse;
 }
 
-/* Rows per task: enough arithmetic to pay for handing out a task. */
-#ifndef ATTNC_ROW_TASK_FLOPS
-#define ATTNC_ROW_TASK_FLOPS 65536.0
-#endif
+/* out rows <- sum over every key j, in order, of e[j] * V[j] / sum (every
+ * key, so that 0 * NaN reaches out): each chunk of V rows is read once for
+ * the whole group; OUT_VECTORS vectors of a row's out are kept in
+ * registers over the chunk, then the scalar tail. */
+static void FN(group_values)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows)
+{
+    enum { OUT_VECTORS = 4 };
+    idx_t Ev = a->Ev, vs = a->v.row_stride, wide = Ev / (OUT_VECTORS * VLANES) * (OUT_VECTORS * VLANES);
+    const real *v = rows[0].item.v; /* the group's rows share V */
+    for (idx_t r = 0; r < n_rows; r++) {
+        real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
+        for (idx_t c = 0; c < Ev; c++) out[c] = 0;
+    }
+    for (idx_t j0 = 0; j0 < a->S; j0 += ROWS_CHUNK) {
+        idx_t j1 = attnc_min(j0 + ROWS_CHUNK, a->S);
+        for (idx_t r = 0; r < n_rows; r++) {
+            const real *e = rows[r].scores;
+            real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
+            for (idx_t c0 = 0; c0 < wide; c0 += OUT_VECTORS * VLANES) {
+                vreal acc[OUT_VECTORS];
+                for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vloadu(out + c0 + u * VLANES);
+                for (idx_t j = j0; j < j1; j++) {
+                    vreal ej = vset1(e[j]);
+                    for (int u = 0; u < OUT_VECTORS; u++)
+                        acc[u] = vfma(ej, vloadu(v + j * vs + c0 + u * VLANES), acc[u]);
+                }
+                for (int u = 0; u < OUT_VECTORS; u++) vstoreu(out + c0 + u * VLANES, acc[u]);
+            }
+            for (idx_t j = j0; j < j1; j++)
+                for (idx_t c = wide; c < Ev; c++) out[c] = sfma(e[j], v[j * vs + c], out[c]);
+        }
+    }
+    for (idx_t r = 0; r < n_rows; r++) {
+        real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
+        for (idx_t c = 0; c < Ev; c++) out[c] *= rows[r].inverse;
+    }
+}
 
 typedef struct {
     const attnc_attention_args *args;
-    idx_t n_rows, rows_per_task;
+    idx_t shared;         /* consecutive items sharing K and V (broadcast over the trailing batch dims) */
+    idx_t groups_per_kv;  /* row groups of the shared * L rows of one K/V */
     atomic_int failed;
 } FN(rows_job);
 
-/* Task t: rows [t * rows_per_task, ...) of the (n_items * L) query rows. */
+/* Items sharing K and V: the product of the trailing batch dims along
+ * which key and value do not move (grouped-query attention's views). */
+static idx_t FN(items_sharing_kv)(const attnc_attention_args *a)
+{
+    idx_t shared = 1;
+    for (int d = a->batch.ndim - 1; d >= 0 && a->k.batch_strides[d] == 0 && a->v.batch_strides[d] == 0; d--)
+        shared *= a->batch.shape[d];
+    return shared;
+}
+
+/* Task t: row group t, up to ROWS_GROUP rows of one K/V: rows r of the
+ * K/V's shared * L rows are query r % L of its item r / L. */
 static void FN(rows_task)(void *ctx, idx_t t)
 {
     FN(rows_job) *job = ctx;
     const attnc_attention_args *a = job->args;
-    real *scores = attnc_malloc((size_t)(a->S > 0 ? a->S : 1) * sizeof(real));
+    idx_t per_kv = job->shared * a->L, first = t % job->groups_per_kv * ROWS_GROUP;
+    idx_t n_rows = attnc_min(ROWS_GROUP, per_kv - first), first_item = t / job->groups_per_kv * job->shared;
+    real *scores = attnc_malloc((size_t)(n_rows * (a->S > 0 ? a->S : 1)) * sizeof(real));
     if (!scores) {
         atomic_store(&job->failed, 1);
         return;
     }
-    idx_t first = t * job->rows_per_task, last = attnc_min(job->n_rows, first + job->rows_per_task);
-    idx_t b = first / a->L;
-    FN(item_view) item = FN(item_at)(a, b);
-    for (idx_t r = first; r < last && !attnc_interrupted(); r++) {
-        if (r / a->L != b) item = FN(item_at)(a, b = r / a->L);
-        FN(attend_row)(a, &item, b, r % a->L, scores);
+    FN(group_row) rows[ROWS_GROUP];
+    for (idx_t r = 0; r < n_rows; r++) {
+        idx_t b = first_item + (first + r) / a->L;
+        rows[r] = (FN(group_row)){b, (first + r) % a->L, FN(item_at)(a, b), scores + r * (a->S > 0 ? a->S : 1), 0};
     }
+    FN(group_scores)(a, rows, n_rows);
+    for (idx_t r = 0; r < n_rows; r++) FN(row_softmax)(a, &rows[r]);
+    if (!attnc_interrupted()) FN(group_values)(a, rows, n_rows);
     attnc_free(scores);
 }
 
 static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_items)
 {
-    if ((size_t)a->S > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
-    double row_flops = 2.0 * (double)a->S * (double)(a->E + a->Ev) + 1.0;
-    idx_t rows_per_task = row_flops >= ATTNC_ROW_TASK_FLOPS ? 1 : (idx_t)(ATTNC_ROW_TASK_FLOPS / row_flops);
-    FN(rows_job) job = {a, n_items * a->L, rows_per_task, 0};
-    attnc_parallel_for(attnc_ceil_div(job.n_rows, rows_per_task), row_flops * (double)job.n_rows,
-                       FN(rows_task), &job);
+    idx_t scores_elems;
+    if (!attnc_mul_ok(ROWS_GROUP, a->S > 0 ? a->S : 1, &scores_elems) ||
+        (size_t)scores_elems > SIZE_MAX / sizeof(real))
+        return ATTNC_EOVERFLOW;
+    FN(rows_job) job = {a, FN(items_sharing_kv)(a), 0, 0};
+    job.groups_per_kv = attnc_ceil_div(job.shared * a->L, ROWS_GROUP);
+    idx_t n_tasks = n_items / job.shared * job.groups_per_kv;
+    double flops = 2.0 * (double)a->S * (double)(a->E + a->Ev) * (double)n_items * (double)a->L;
+    attnc_parallel_for(n_tasks, flops, FN(rows_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;
 }

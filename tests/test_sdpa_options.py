@@ -1,0 +1,362 @@
+"""scaled_dot_product_attention's score options (attn_bias, enable_gqa,
+causal_alignment, window, seed) and its backward, against torch in float64:
+a hand-built reference (scores = scale q k^T + bias, masked_fill(mask == 0,
+-1e20), -inf outside each query's band, softmax with rows of -inf giving 0;
+autograd for the gradients, torch.logsumexp for lse), cross-checked with
+torch's SDPA math path (float attn_mask, enable_gqa) where there is no
+attn_mask. Sizes cross the kernel's tiles (BLOCK_Q = 96 queries, BLOCK_K =
+192 keys) at every ISA level."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnc
+from attnc import functional as F
+
+MASKED_FILL = -1e20
+
+
+@pytest.fixture(autouse=True)
+def serial_torch():
+    """The torch oracles are small: one thread keeps them fast on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check(actual, expected, dtype, what="", elementwise=False):
+    """Same shape, `dtype`, the same infinities at the same places, and the finite
+    values within 1e-9 (float64) or 1e-4 (float32) of max(1, max|expected|), or of
+    max(1, |expected|) per element (elementwise: lse, whose masked rows are -1e20)."""
+    expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
+    assert not np.isnan(expected).any(), f"{what}: the oracle has NaN"
+    inf = np.isinf(expected)
+    np.testing.assert_array_equal(actual[inf], expected[inf], err_msg=f"{what}: infinities")
+    a, e = actual[~inf].astype(np.float64), expected[~inf]
+    if e.size == 0:
+        return
+    assert np.isfinite(a).all(), f"{what}: non-finite values where the oracle's are finite"
+    tol = 1e-9 if np.dtype(dtype) == np.float64 else 1e-4
+    bound = tol * (np.maximum(1.0, np.abs(e)) if elementwise else max(1.0, float(np.abs(e).max())))
+    err = np.abs(a - e)
+    assert np.all(err <= bound), f"{what}: max abs err {err.max():.3e} (worst excess {(err - bound).max():.3e})"
+
+
+def visible(L, S, causal=False, align="top_left", window=None):
+    """(L, S) bool: key j is in query i's band, built from the definition."""
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+    c = i + (S - L if align == "bottom_right" else 0)
+    vis = np.ones((L, S), bool)
+    if causal:
+        vis &= j <= c
+    if window is not None:
+        left, right = window
+        if left is not None:
+            vis &= j >= c - left
+        if right is not None:
+            vis &= j <= c + right
+    return vis
+
+
+def t64(a, grad=False):
+    return torch.tensor(np.asarray(a, np.float64), requires_grad=grad)
+
+
+def reference(q, k, v, mask=None, bias=None, causal=False, align="top_left", window=None, scale=None,
+              gqa=False, drop=None, grad_out=None):
+    """float64 torch: (out, weights, lse) and, given grad_out, (grad_q, grad_k, grad_v) by autograd.
+    drop: the dropout factors (0 or 1/(1-p)) applied to the weights before P V."""
+    qt, kt, vt = (t64(a, True) for a in (q, k, v))
+    kk, vv = kt, vt
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        kk, vv = kt.repeat_interleave(group, dim=-3), vt.repeat_interleave(group, dim=-3)
+    L, S = q.shape[-2], k.shape[-2]
+    s = qt @ kk.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if bias is not None:
+        s = s + t64(bias)
+    if mask is not None:
+        s = s.masked_fill(torch.from_numpy(np.asarray(mask) == 0), MASKED_FILL)
+    s = s.masked_fill(torch.from_numpy(~visible(L, S, causal, align, window)), -math.inf)
+    dead = (s == -math.inf).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)   # a row of -inf: 0
+    lse = torch.logsumexp(s, -1)
+    out = (p if drop is None else p * t64(drop)) @ vv
+    if grad_out is None:
+        return out, p, lse
+    out.backward(t64(grad_out))
+    return out, p, lse, (qt.grad, kt.grad, vt.grad)
+
+
+def torch_sdpa(q, k, v, bias=None, causal=False, align="top_left", window=None, gqa=False):
+    """torch's SDPA math path with a float attn_mask = bias + (-inf outside the band)."""
+    L, S = q.shape[-2], k.shape[-2]
+    float_mask = np.where(visible(L, S, causal, align, window), 0.0, -np.inf)
+    if bias is not None:
+        float_mask = float_mask + np.asarray(bias, np.float64)
+    batch = q.shape[:-3] if gqa else q.shape[:-2]
+    k, v = (np.broadcast_to(a, batch + a.shape[-3 if gqa else -2:]) for a in (k, v))
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        return TF.scaled_dot_product_attention(t64(q), t64(k), t64(v), attn_mask=t64(float_mask),
+                                               enable_gqa=gqa)
+
+
+def normal(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def with_holes(rng, shape, dtype, frac=0.3, dead_rows=()):
+    """A random bias with -inf entries (and whole rows of -inf)."""
+    b = normal(rng, shape, dtype)
+    b[rng.random(shape) < frac] = -np.inf
+    for r in dead_rows:
+        b[..., r, :] = -np.inf
+    return b
+
+
+def keep_mask(rng, shape, dead_rows=()):
+    m = rng.random(shape) < 0.6
+    for r in dead_rows:
+        m[..., r, :] = False      # masked everywhere: uniform over its band
+    return m
+
+
+# name: (q batch, kv batch, L, S, gqa, bias(rng, dtype, L, S), mask(rng, L, S), options)
+CASES = {
+    "bias": ((2, 3), (2, 3), 5, 193, False, lambda r, d, L, S: normal(r, (2, 3, L, S), d), None, {}),
+    "bias-inf-rows": ((2,), (2,), 97, 4, False,
+                      lambda r, d, L, S: with_holes(r, (L, S), d, dead_rows=(3, 96)), None, {}),
+    "mask+bias": ((2,), (2,), 95, 191, False, lambda r, d, L, S: with_holes(r, (L, S), d, 0.1),
+                  lambda r, L, S: keep_mask(r, (1, L, S), dead_rows=(0, 50)), {}),
+    "gqa8/2-biasH-maskH": ((2, 8), (2, 2), 4, 300, True, lambda r, d, L, S: with_holes(r, (2, 8, L, S), d, 0.2),
+                           lambda r, L, S: keep_mask(r, (8, L, S), dead_rows=(1,)), {}),
+    "gqa6/3-mask1-bias1-causal": ((2, 6), (2, 3), 97, 95, True, lambda r, d, L, S: normal(r, (2, 1, L, S), d),
+                                  lambda r, L, S: keep_mask(r, (2, 1, L, S), dead_rows=(7,)), {"is_causal": True}),
+    "gqa8/1-bias2d-br": ((8,), (1,), 5, 193, True, lambda r, d, L, S: normal(r, (L, S), d), None,
+                         {"is_causal": True, "causal_alignment": "bottom_right"}),
+    "gqa4/2-kv-broadcast": ((2, 4), (2,), 97, 5, True, lambda r, d, L, S: normal(r, (4, 1, S), d),
+                            lambda r, L, S: keep_mask(r, (L, S)), {"window": (3, 3)}),
+    "br-causal-L<S": ((3,), (3,), 5, 300, False, None, None,
+                      {"is_causal": True, "causal_alignment": "bottom_right"}),
+    "br-causal-L>S": ((2,), (2,), 193, 97, False, None, None,
+                      {"is_causal": True, "causal_alignment": "bottom_right"}),
+    "window-left": ((2,), (2,), 300, 193, False, None, None, {"window": (7, None)}),
+    "window-right": ((2,), (2,), 97, 191, False, lambda r, d, L, S: normal(r, (L, S), d), None,
+                     {"window": (None, 3)}),
+    "window-both-br": ((2,), (2,), 191, 300, False, None, None,
+                       {"window": (40, 5), "causal_alignment": "bottom_right"}),
+    "window+causal": ((2,), (2,), 193, 193, False, None, None, {"window": (50, 9), "is_causal": True}),
+    "window+causal-br-mask": ((2,), (2,), 95, 300, False, None,
+                              lambda r, L, S: keep_mask(r, (L, S), dead_rows=(0, 94)),
+                              {"window": (20, 4), "is_causal": True, "causal_alignment": "bottom_right"}),
+    "tiny-1x1": ((1,), (1,), 1, 1, False, lambda r, d, L, S: normal(r, (L, S), d), None,
+                 {"window": (0, 0)}),
+}
+
+
+def build(name, dtype, E=8, Ev=6):
+    qb, kb, L, S, gqa, bias_fn, mask_fn, opts = CASES[name]
+    rng = np.random.default_rng(sorted(CASES).index(name))
+    q, k, v = normal(rng, qb + (L, E), dtype), normal(rng, kb + (S, E), dtype), normal(rng, kb + (S, Ev), dtype)
+    bias = None if bias_fn is None else bias_fn(rng, dtype, L, S)
+    mask = None if mask_fn is None else mask_fn(rng, L, S)
+    return q, k, v, mask, bias, dict(opts, enable_gqa=gqa), rng
+
+
+def ref_kwargs(opts):
+    return dict(causal=opts.get("is_causal", False), align=opts.get("causal_alignment", "top_left"),
+                window=opts.get("window"), gqa=opts.get("enable_gqa", False))
+
+
+def forward_backward(q, k, v, mask, bias, opts, g, **extra):
+    out, w, lse = F.scaled_dot_product_attention(q, k, v, mask, attn_bias=bias, return_weights=True,
+                                                 return_lse=True, **opts, **extra)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, mask, attn_bias=bias, **opts, **extra)
+    return out, w, lse, grads
+
+
+def check_all(got, ref, dtype):
+    (out, w, lse, grads), (r_out, r_w, r_lse, r_grads) = got, ref
+    check(out, r_out, dtype, "out")
+    check(w, r_w.expand(out.shape[:-1] + (w.shape[-1],)), dtype, "weights")
+    check(lse, r_lse, dtype, "lse", elementwise=True)
+    for name, a, e in zip("qkv", grads, r_grads):
+        check(a, e, dtype, "grad_" + name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_backward_vs_torch(name, dtype, simd_mode):
+    q, k, v, mask, bias, opts, rng = build(name, dtype)
+    g = normal(rng, q.shape[:-1] + (v.shape[-1],), dtype)
+    got = forward_backward(q, k, v, mask, bias, opts, g)
+    ref = reference(q, k, v, mask, bias, grad_out=g, **ref_kwargs(opts))
+    check_all(got, ref, dtype)
+    if mask is None:   # the hand-built reference agrees with torch's own SDPA
+        check(got[0], torch_sdpa(q, k, v, bias, **ref_kwargs(opts)), dtype, "out vs torch sdpa")
+
+
+def test_dead_rows_give_zero_output_and_minus_inf_lse():
+    """Rows with no key (a bias row of -inf; bottom-right causal with L > S) are 0 with lse -inf,
+    and pass no gradient; torch's math path gives 0 there too (checked, not assumed)."""
+    q, k, v, _, bias, opts, rng = build("bias-inf-rows", np.float64)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+    t_out = torch_sdpa(q, k, v, bias).numpy()
+    for row in (3, 96):
+        assert np.all(t_out[:, row] == 0)
+        np.testing.assert_array_equal(out[:, row], t_out[:, row])
+        assert np.all(lse[:, row] == -np.inf)
+    L, S = 7, 4   # bottom-right: query i sees keys j <= i - 3
+    q, k, v = (normal(rng, (L if n == "q" else S, 5), np.float64) for n in "qkv")
+    out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                              return_lse=True)
+    gq, gk, gv = F.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, out, lse, is_causal=True,
+                                                         causal_alignment="bottom_right")
+    assert np.all(out[:3] == 0) and np.all(lse[:3] == -np.inf) and np.all(gq[:3] == 0)
+    check(out, torch_sdpa(q, k, v, causal=True, align="bottom_right"), np.float64)
+
+
+def test_bottom_right_causal_is_the_explicit_bias():
+    """is_causal + bottom_right == an explicit -inf bias above the diagonal shifted by S - L."""
+    rng = np.random.default_rng(5)
+    for L, S in ((5, 97), (97, 5), (193, 300)):
+        q, k, v = normal(rng, (2, L, 8), np.float64), normal(rng, (2, S, 8), np.float64), normal(rng, (2, S, 3),
+                                                                                              np.float64)
+        bias = np.where(np.tril(np.ones((L, S), bool), S - L), 0.0, -np.inf)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                           return_weights=True, return_lse=True)
+        b = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_weights=True, return_lse=True)
+        for x, y, what in zip(a, b, ("out", "weights", "lse")):
+            check(x, y, np.float64, what, elementwise=what == "lse")
+        check(a[0], torch_sdpa(q, k, v, bias), np.float64, "out vs torch")
+
+
+@pytest.mark.parametrize("huge", [2 ** 62, 2 ** 63 - 1, 2 ** 64, 2 ** 200])
+def test_huge_window_sides_are_unbounded(huge):
+    """A side past any sequence length (even past a C long) is None, with and without causal."""
+    rng = np.random.default_rng(8)
+    q, k, v = normal(rng, (2, 97, 4), np.float64), normal(rng, (2, 193, 4), np.float64), \
+        normal(rng, (2, 193, 3), np.float64)
+    for opts in ({"window": (huge, huge)}, {"window": (huge, 2), "is_causal": True,
+                                            "causal_alignment": "bottom_right"}):
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **opts)
+        none = tuple(None if side == huge else side for side in opts["window"])
+        r_out, _, r_lse = reference(q, k, v, **ref_kwargs(dict(opts, window=none)))
+        check(out, r_out, np.float64, "out")
+        check(lse, r_lse, np.float64, "lse", elementwise=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("window", [None, (300, None)], ids=["nowindow", "window300"])
+@pytest.mark.parametrize("L", [1, 4, 16])
+def test_decode_shapes_bottom_right_gqa(L, window, dtype, simd_mode):
+    """Decoding with a KV cache: a few queries, S = 4096 keys, 8 query heads on 2 kv heads."""
+    rng = np.random.default_rng(L)
+    S, E = 4096, 16
+    q, k, v = normal(rng, (1, 8, L, E), dtype), normal(rng, (1, 2, S, E), dtype), normal(rng, (1, 2, S, E), dtype)
+    opts = {"is_causal": True, "causal_alignment": "bottom_right", "window": window, "enable_gqa": True}
+    g = normal(rng, q.shape, dtype)
+    got = forward_backward(q, k, v, None, None, opts, g)
+    check_all(got, reference(q, k, v, grad_out=g, **ref_kwargs(opts)), dtype)
+    check(got[0], torch_sdpa(q, k, v, **ref_kwargs(opts)), dtype, "out vs torch sdpa")
+
+
+def test_same_bits_any_thread_count(restore_threads, simd_mode):
+    """A windowed + bias + GQA case across tiles: forward and backward bits for 1, 2 and 3 threads."""
+    rng = np.random.default_rng(21)
+    L, S, E = 200, 300, 16
+    q, k, v = normal(rng, (2, 6, L, E), np.float32), normal(rng, (2, 2, S, E), np.float32), \
+        normal(rng, (2, 2, S, E), np.float32)
+    bias = with_holes(rng, (6, L, S), np.float32, 0.05)
+    opts = {"window": (30, 10), "enable_gqa": True, "causal_alignment": "bottom_right"}
+    g = normal(rng, q.shape, np.float32)
+    runs = []
+    for n in (1, 2, 3):
+        attnc.set_num_threads(n)
+        runs.append(forward_backward(q, k, v, None, bias, opts, g))
+    first = runs[0]
+    for other in runs[1:]:
+        for a, b in zip(first[:3] + tuple(first[3]), other[:3] + tuple(other[3])):
+            np.testing.assert_array_equal(a, b)
+    check_all(first, reference(q, k, v, None, bias, grad_out=g, **ref_kwargs(opts)), np.float32)
+
+
+def dropout_factors(q_shape, k_shape, p, seed, gqa):
+    """attnc's own dropout factors (0 or 1/(1-p)) for these shapes: zero q and k make every
+    weight 1/S, and value = I makes out * S each key's factor (same seed, same item layout)."""
+    S = k_shape[-2]
+    eye = np.broadcast_to(np.eye(S), k_shape[:-1] + (S,))
+    out = F.scaled_dot_product_attention(np.zeros(q_shape), np.zeros(k_shape), eye, dropout_p=p, seed=seed,
+                                         enable_gqa=gqa)
+    keep = out > 0
+    check(out[keep] * S, np.full(keep.sum(), 1 / (1 - p)), np.float64, "kept factors")
+    return np.where(keep, 1 / (1 - p), 0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_dropout_with_seed(dtype, simd_mode):
+    rng = np.random.default_rng(31)
+    p, seed, L, S = 0.3, 2 ** 63 + 12345, 97, 193
+    q, k, v = normal(rng, (2, 4, L, 8), dtype), normal(rng, (2, 2, S, 8), dtype), normal(rng, (2, 2, S, 5), dtype)
+    bias = normal(rng, (4, L, S), dtype)
+    opts = {"window": (20, None), "is_causal": True, "enable_gqa": True}
+    run = lambda s: F.scaled_dot_product_attention(q, k, v, attn_bias=bias, dropout_p=p, seed=s,  # noqa: E731
+                                                   return_weights=True, return_lse=True, **opts)
+    out, w, lse = run(seed)
+    again = run(seed)
+    for a, b in zip((out, w, lse), again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(out, run(seed + 1)[0])
+    drop = dropout_factors(q.shape, k.shape, p, seed, True)
+    assert 0.2 < (drop == 0).mean() < 0.4
+    g = normal(rng, out.shape, dtype)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias, dropout_p=p, seed=seed,
+                                                    **opts)
+    ref = reference(q, k, v, None, bias, drop=drop, grad_out=g, **ref_kwargs(opts))
+    check_all((out, w, lse, grads), ref, dtype)
+
+
+ERRORS = [
+    ({"causal_alignment": "diagonal"}, ValueError, "causal_alignment"),
+    ({"window": (-1, 2)}, ValueError, "window"),
+    ({"window": (1,)}, (ValueError, TypeError), "window"),
+    ({"window": "ab"}, (ValueError, TypeError), "window"),
+    ({"window": (True, 1)}, (ValueError, TypeError), "window"),
+    ({"enable_gqa": True, "kv_heads": 3}, ValueError, "key"),
+    ({"attn_bias": np.zeros((3, 5))}, ValueError, "attn_bias"),
+    ({"enable_gqa": True, "attn_bias": np.zeros((3, 5, 7))}, ValueError, "attn_bias"),
+]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("kwargs, exc, prefix", ERRORS, ids=[f"{e[2]}{i}" for i, e in enumerate(ERRORS)])
+def test_errors_name_the_argument(kwargs, exc, prefix, backward):
+    rng = np.random.default_rng(0)
+    kwargs = dict(kwargs)
+    kv = kwargs.pop("kv_heads", 2 if kwargs.get("enable_gqa") else 4)
+    q, k, v = normal(rng, (2, 4, 5, 8), np.float64), normal(rng, (2, kv, 7, 8), np.float64), \
+        normal(rng, (2, kv, 7, 8), np.float64)
+    with pytest.raises(exc, match="^" + prefix):
+        if backward:
+            out = np.zeros((2, 4, 5, 8))
+            F.scaled_dot_product_attention_backward(out, q, k, v, out, np.zeros((2, 4, 5)), **kwargs)
+        else:
+            F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def test_backward_of_dropout_needs_the_seed():
+    rng = np.random.default_rng(1)
+    q = normal(rng, (2, 5, 4), np.float64)
+    out, lse = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, seed=9, return_lse=True)
+    with pytest.raises(ValueError, match="^dropout_p"):
+        F.scaled_dot_product_attention_backward(out, q, q, q, out, lse, dropout_p=0.3)
