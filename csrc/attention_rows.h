@@ -107,12 +107,11 @@ typedef struct {
     real inverse; /* 1 / the sum of e before dropout (0 for a row of -inf) */
 } FN(group_row);
 
-/* scores <- the scores of every row against every key: each chunk of K
- * rows is read once for the whole group. */
-static void FN(group_scores)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows)
+/* scores <- the scores of every row against every key of k (the group's
+ * shared keys): each chunk of K rows is read once for the whole group. */
+static void FN(group_scores)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows, const real *k)
 {
     real scale = (real)a->scale;
-    const real *k = rows[0].item.k; /* the group's rows share K */
     for (idx_t j0 = 0; j0 < a->S; j0 += ROWS_CHUNK) {
         idx_t j1 = attnc_min(j0 + ROWS_CHUNK, a->S);
         for (idx_t r = 0; r < n_rows; r++) {
@@ -152,15 +151,14 @@ static void FN(row_softmax)(const attnc_attention_args *a, FN(group_row) *row)
     }
 }
 
-/* out rows <- sum over every key j, in order, of e[j] * V[j] / sum (every
- * key, so that 0 * NaN reaches out): each chunk of V rows is read once for
- * the whole group; OUT_VECTORS vectors of a row's out are kept in
- * registers over the chunk, then the scalar tail. */
-static void FN(group_values)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows)
+/* out rows <- sum over every key j, in order, of e[j] * v[j] / sum (every
+ * key, so that 0 * NaN reaches out; v: the group's shared values): each
+ * chunk of V rows is read once for the whole group; OUT_VECTORS vectors of
+ * a row's out are kept in registers over the chunk, then the scalar tail. */
+static void FN(group_values)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows, const real *v)
 {
     enum { OUT_VECTORS = 4 };
     idx_t Ev = a->Ev, vs = a->v.row_stride, wide = Ev / (OUT_VECTORS * VLANES) * (OUT_VECTORS * VLANES);
-    const real *v = rows[0].item.v; /* the group's rows share V */
     for (idx_t r = 0; r < n_rows; r++) {
         real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
         for (idx_t c = 0; c < Ev; c++) out[c] = 0;
@@ -225,9 +223,10 @@ static void FN(rows_task)(void *ctx, idx_t t)
         idx_t b = first_item + (first + r) / a->L;
         rows[r] = (FN(group_row)){b, (first + r) % a->L, FN(item_at)(a, b), scores + r * (a->S > 0 ? a->S : 1), 0};
     }
-    FN(group_scores)(a, rows, n_rows);
+    FN(item_view) shared = FN(item_at)(a, first_item); /* K and V of every row of the group */
+    FN(group_scores)(a, rows, n_rows, shared.k);
     for (idx_t r = 0; r < n_rows; r++) FN(row_softmax)(a, &rows[r]);
-    if (!attnc_interrupted()) FN(group_values)(a, rows, n_rows);
+    if (!attnc_interrupted()) FN(group_values)(a, rows, n_rows, shared.v);
     attnc_free(scores);
 }
 
