@@ -23,13 +23,17 @@ def dropout(x: npt.ArrayLike, p: float = 0.5, *, training: bool = True, rng: _Rn
 def scaled_dot_product_attention(
     query: npt.ArrayLike, key: npt.ArrayLike, value: npt.ArrayLike, attn_mask: Optional[npt.ArrayLike] = None,
     dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, *, rng: _Rng = None,
-    return_weights: bool = False, return_lse: bool = False, dtype: Optional[npt.DTypeLike] = None,
+    return_weights: bool = False, return_lse: bool = False, attn_bias: Optional[npt.ArrayLike] = None,
+    causal_alignment: str = "top_left", window: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    dtype: Optional[npt.DTypeLike] = None, seed: Optional[int] = None,
 ) -> _Out: ...
 # the gradients over the broadcast batch (attnc.functional sums them to the inputs' shapes)
 def scaled_dot_product_attention_backward(
     grad_out: npt.ArrayLike, query: npt.ArrayLike, key: npt.ArrayLike, value: npt.ArrayLike, out: npt.ArrayLike,
     lse: npt.ArrayLike, attn_mask: Optional[npt.ArrayLike] = None, is_causal: bool = False,
-    scale: Optional[float] = None, dropout_p: float = 0.0, *, dtype: Optional[npt.DTypeLike] = None,
+    scale: Optional[float] = None, dropout_p: float = 0.0, *, attn_bias: Optional[npt.ArrayLike] = None,
+    causal_alignment: str = "top_left", window: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    dtype: Optional[npt.DTypeLike] = None, seed: Optional[int] = None,
 ) -> Tuple[_Array, _Array, _Array]: ...
 # (x, qkv, merged, lse, seed): what a training-mode forward keeps for its backward
 _Saved = Tuple[_Array, _Array, _Array, _Array, int]

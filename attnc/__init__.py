@@ -1,5 +1,5 @@
 """attnc: self-attention and multi-head attention for NumPy, computed in C."""
-from . import functional, optim
+from . import functional, nn, optim
 from ._C import get_num_threads, set_num_threads
 from ._random import manual_seed
 from .attention import (
@@ -12,6 +12,7 @@ from .attention import (
     SelfAttentionV3,
     SelfAttentionV4,
 )
+from .convert import from_torch
 from .module import Dropout, Linear, Module
 
 __version__ = "0.1.0"
@@ -20,5 +21,5 @@ __all__ = [
     "Module", "Linear", "Dropout",
     "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3", "SelfAttentionV4", "SelfAttentionInterview",
     "MultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
-    "functional", "optim", "manual_seed", "set_num_threads", "get_num_threads", "__version__",
+    "functional", "nn", "optim", "from_torch", "manual_seed", "set_num_threads", "get_num_threads", "__version__",
 ]

@@ -17,6 +17,13 @@ def _detached(value):
     return value.detach() if hasattr(value, "detach") else value
 
 
+def _grad_dtype(x, module_dtype):
+    """The dtype of the gradient with respect to input x: x's when it is a
+    floating array (as torch's x.grad), else the module's."""
+    dtype = getattr(x, "dtype", None)
+    return dtype if isinstance(dtype, np.dtype) and dtype.kind == "f" else module_dtype
+
+
 def _indent(text, spaces):
     lines = text.split("\n")
     return "\n".join([lines[0]] + [" " * spaces + line for line in lines[1:]])
@@ -185,9 +192,7 @@ class Module:
         earlier forward's), with the shape its grad_output must have and
         the dtype of the gradient it returns: x's when x is a floating
         array (as torch's x.grad), else the module's."""
-        dtype = getattr(x, "dtype", None)
-        grad_dtype = dtype if isinstance(dtype, np.dtype) and dtype.kind == "f" else self.dtype
-        object.__setattr__(self, "_saved", (state, tuple(output_shape), grad_dtype))
+        object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype)))
 
     def _kept(self, grad_output):
         """The kept forward state, with grad_output checked against the

@@ -1,0 +1,176 @@
+"""attnc.from_torch: the attnc twin of a torch module, with its weights and mode.
+
+Duck-typed: torch is never imported. A module is recognised by its class
+name and its state_dict keys; its weights are read with
+.detach().cpu().numpy(), its hyper-parameters from its weight shapes and
+attributes (head counts, dropout modules' p, torch.nn.MultiheadAttention's
+options).
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .attention import (MultiHeadAttention, MultiHeadSelfAttention, SelfAttention, SelfAttentionV1, SelfAttentionV2,
+                        SelfAttentionV3, SelfAttentionV4)
+from .module import Linear
+from .multihead import MultiheadAttention
+
+
+@dataclass(frozen=True)
+class _Twin:
+    """How one torch class becomes an attnc class.
+
+    layers: the torch module's Linear layers (state_dict prefixes) -> the
+    attnc module's; args: (torch module, its weights under attnc's keys)
+    -> the attnc constructor's positional arguments."""
+    cls: type
+    layers: dict
+    args: Callable
+
+    def matches(self, keys):
+        return {key.rpartition(".")[0] for key in keys} == set(self.layers)
+
+    def rename(self, key):
+        layer, _, name = key.rpartition(".")
+        return f"{self.layers[layer]}.{name}"
+
+
+def _in_dim(layer):
+    """The input size of an attnc layer, from its weight (out, in)."""
+    return lambda module, weights: (weights[f"{layer}.weight"].shape[1],)
+
+
+def _with_dropout(layer, dropout):
+    """(input size, p of the torch module's Dropout attribute `dropout`)."""
+    return lambda module, weights: (weights[f"{layer}.weight"].shape[1], float(getattr(module, dropout).p))
+
+
+def _self_attention(module, weights):
+    """SelfAttention's (dim_in, dim_k, dim_v, bias), all from the weights."""
+    dim_k, dim_in = weights["linear_q.weight"].shape
+    return dim_in, dim_k, weights["linear_v.weight"].shape[0], "linear_q.bias" in weights
+
+
+def _multi_head_self_attention(heads):
+    """MultiHeadSelfAttention's (dim_in, dim_k, dim_v, num_heads, bias); num_heads from attribute `heads`."""
+    def args(module, weights):
+        dim_in, dim_k, dim_v, bias = _self_attention(module, weights)
+        return dim_in, dim_k, dim_v, int(getattr(module, heads)), bias
+    return args
+
+
+_V1 = {"Q_proj": "Q_proj", "K_proj": "K_proj", "V_proj": "V_proj"}
+_FUSED = {"proj": "proj"}
+_V3 = {"proj": "proj", "output_proj": "output_proj"}
+_LINEAR_QKV = {"linear_q": "linear_q", "linear_k": "linear_k", "linear_v": "linear_v"}
+_QKV = {"q": "linear_q", "k": "linear_k", "v": "linear_v"}
+
+# the documents' classes under their own names: each name's versions (003 and 004 share two names)
+_TWINS = {
+    # 000
+    "SelfAttentionv1": [_Twin(SelfAttentionV1, _V1, _in_dim("Q_proj"))],
+    "SelfAttentionv2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
+    "SelfAttentionv3": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "attention_dropout"))],
+    "SelfAttentionInterview": [_Twin(SelfAttentionV4, {"query": "query", "key": "key", "value": "value"},
+                                     _with_dropout("query", "attention_dropout"))],
+    # 001
+    "EasyAttentionModule": [_Twin(SelfAttentionV1, {"query_linear": "Q_proj", "key_linear": "K_proj",
+                                                    "value_linear": "V_proj"}, _in_dim("Q_proj"))],
+    "AttentionModule": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
+    "Attention": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "dropout"))],
+    "MuitiHeadAttention": [_Twin(
+        MultiHeadAttention,
+        {name: name for name in ("query_linear", "key_linear", "value_linear", "output_linear")},
+        lambda module, weights: (weights["query_linear.weight"].shape[1], int(module.head_num),
+                                 float(module.dropout.p)))],
+    # 002
+    "SelfattentionV1": [_Twin(SelfAttentionV1, {"querry_proj": "Q_proj", "key_proj": "K_proj",
+                                                "value_proj": "V_proj"}, _in_dim("Q_proj"))],
+    "SelfattentionV2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
+    "slefattentionV3": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "attention_dropout"))],
+    # 003 (layers q, k, v with biases) and 004 (linear_q, linear_k, linear_v)
+    "SelfAttention": [_Twin(SelfAttention, _QKV, _self_attention),
+                      _Twin(SelfAttention, _LINEAR_QKV, _self_attention)],
+    "MultiHeadSelfAttention": [_Twin(MultiHeadSelfAttention, _QKV, _multi_head_self_attention("nums_head")),
+                               _Twin(MultiHeadSelfAttention, _LINEAR_QKV, _multi_head_self_attention("num_heads"))],
+}
+
+
+def _numpy(tensor):
+    """A tensor's values as a NumPy array; float16 and bfloat16 widened to
+    float32 (exactly), as NumPy has no bfloat16."""
+    tensor = tensor.detach().cpu()
+    if str(tensor.dtype) not in ("torch.float32", "torch.float64"):
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _torch_twin(module, name, dtype, rng):
+    """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None."""
+    if name in ("Linear", "NonDynamicallyQuantizableLinear"):
+        return Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype, rng=rng)
+    if name == "MultiheadAttention":
+        return MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
+                                  bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
+                                  add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim,
+                                  batch_first=module.batch_first, dtype=dtype, rng=rng)
+    return None
+
+
+def from_torch(module, *, dtype=None, rng=None):
+    """The attnc twin of a torch module: its class, hyper-parameters,
+    weights (copied) and mode (training or eval, from module.training).
+
+    Recognised, by class name: torch.nn.Linear -> attnc.Linear,
+    torch.nn.MultiheadAttention -> attnc.nn.MultiheadAttention (every
+    constructor option recovered from its attributes), and the documents'
+    classes under their own names, state_dict keys renamed where the
+    document names the layers differently:
+    000 SelfAttentionv1, 001 EasyAttentionModule (query_linear, ...) and
+    002 SelfattentionV1 (querry_proj, key_proj, value_proj) ->
+    SelfAttentionV1; 000 SelfAttentionv2, 001 AttentionModule, 002
+    SelfattentionV2 -> SelfAttentionV2; 000 SelfAttentionv3, 001 Attention
+    (dropout) and 002 slefattentionV3 -> SelfAttentionV3; 000
+    SelfAttentionInterview -> SelfAttentionV4; 001 MuitiHeadAttention ->
+    MultiHeadAttention; 003 SelfAttention (q, k, v) and 004 SelfAttention
+    (linear_q, ...) -> SelfAttention; 003 MultiHeadSelfAttention (q, k, v,
+    nums_head) and 004's (linear_*, num_heads) -> MultiHeadSelfAttention.
+    Sizes come from the weight shapes (biases from their presence), head
+    counts from the module's attribute, dropout rates from its Dropout's p.
+    attnc implements the documents' intent (see the errata): the twin of
+    003's MultiHeadSelfAttention attends over positions, not over its
+    feature channels as that document's code does, so its outputs differ.
+
+    dtype: the twin's; None: float64 if any weight is float64, else float32.
+    rng: the twin's generator (init, then dropout), as every constructor's.
+    Errors: TypeError naming the class when it is not one of these, or when
+    its parameters are not those of a version of that name (other layer
+    names, a missing bias); ValueError from the constructor or
+    load_state_dict for sizes that do not fit (a head count that does not
+    divide the dimension).
+    """
+    name = type(module).__name__
+    tensors = dict(module.state_dict())
+    if dtype is None:
+        dtype = np.float64 if any(str(t.dtype) == "torch.float64" for t in tensors.values()) else np.float32
+    weights = {key: _numpy(t) for key, t in tensors.items()}
+    twin = _torch_twin(module, name, dtype, rng)
+    if twin is None:
+        versions = _TWINS.get(name)
+        if versions is None:
+            known = ", ".join(sorted(_TWINS) + ["Linear", "MultiheadAttention"])
+            raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
+        version = next((v for v in versions if v.matches(weights)), None)
+        if version is None:
+            layouts = " or ".join(", ".join(v.layers) for v in versions)
+            raise TypeError(f"from_torch: {name} with parameters {list(weights)} matches none of the documents' "
+                            f"{name} (layers {layouts})")
+        weights = {version.rename(key): array for key, array in weights.items()}
+        twin = version.cls(*version.args(module, weights), dtype=dtype, rng=rng)
+    expected = [key for key, _ in twin.named_parameters()]
+    if sorted(expected) != sorted(weights):
+        raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
+                        f"{type(twin).__name__}, {expected}")
+    twin.load_state_dict(weights)
+    return twin.train(module.training)

@@ -1,0 +1,319 @@
+"""attnc.nn.MultiheadAttention: torch.nn.MultiheadAttention for NumPy arrays.
+
+Same constructor, parameters (names, shapes, initialisation, state_dict
+order), forward arguments, mask conventions and results as torch's, so a
+torch state_dict loads unchanged. The projections run on attnc's linear
+and the attention on attnc.functional.scaled_dot_product_attention, the
+torch-convention masks turned into one additive score bias.
+"""
+import math
+
+import numpy as np
+
+from . import _C
+from ._checks import divides, positive_int
+from ._random import draw_seed
+from .functional import linear, linear_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .module import Linear, Module, _detached, _grad_dtype
+
+
+_PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
+               "bias_v", "out_proj.weight", "out_proj.bias")
+
+
+def _xavier_uniform(draw, shape):
+    """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out))."""
+    receptive = math.prod(shape[2:])
+    bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
+    return draw.uniform(-bound, bound, shape)
+
+
+def _xavier_normal(draw, shape):
+    """torch.nn.init.xavier_normal_: normal with std sqrt(2 / (fan_in + fan_out))."""
+    receptive = math.prod(shape[2:])
+    return draw.normal(0.0, math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive)), shape)
+
+
+class MultiheadAttention(Module):
+    """torch.nn.MultiheadAttention's twin: num_heads heads of embed_dim //
+    num_heads features over a query (L, N, E), a key (S, N, kdim) and a
+    value (S, N, vdim) ((N, L, E) ... with batch_first; (L, E) ...
+    unbatched), then an output projection.
+
+    Parameters, in torch's state_dict order: in_proj_weight (3E, E) when
+    kdim == vdim == E, else q_proj_weight (E, E), k_proj_weight (E, kdim),
+    v_proj_weight (E, vdim); in_proj_bias (3E,) (bias=True); bias_k and
+    bias_v (1, 1, E) (add_bias_kv=True); out_proj (a Linear E -> E, with a
+    bias when bias=True). Absent ones are None attributes, as in torch.
+    Initialisation as torch's: xavier_uniform_ for the projection weights,
+    zeros for in_proj_bias and out_proj.bias, xavier_normal_ for bias_k and
+    bias_v, torch.nn.Linear's for out_proj.weight; drawn from rng (None:
+    the package's global generator).
+
+    Errors: TypeError/ValueError naming embed_dim, num_heads, kdim, vdim
+    or dropout for a bad value (num_heads must divide embed_dim; dropout
+    in [0, 1]); TypeError for a dtype other than float32/float64.
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, *, dtype=np.float32, rng=None):
+        super().__init__(dtype=dtype, rng=rng)
+        self.embed_dim = positive_int(embed_dim, "embed_dim")
+        self.num_heads = positive_int(num_heads, "num_heads")
+        divides(self.num_heads, self.embed_dim, "num_heads", "embed_dim")
+        self.head_dim = self.embed_dim // self.num_heads
+        self.kdim = self.embed_dim if kdim is None else positive_int(kdim, "kdim")
+        self.vdim = self.embed_dim if vdim is None else positive_int(vdim, "vdim")
+        self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
+        self.dropout = _C.probability(dropout, name="dropout")
+        self.batch_first = bool(batch_first)
+        self.add_zero_attn = bool(add_zero_attn)
+        e = self.embed_dim
+        draw = self._generator()
+        if self._qkv_same_embed_dim:
+            self.register_parameter("in_proj_weight", _xavier_uniform(draw, (3 * e, e)))
+            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(name, None)
+        else:
+            self.register_parameter("q_proj_weight", _xavier_uniform(draw, (e, e)))
+            self.register_parameter("k_proj_weight", _xavier_uniform(draw, (e, self.kdim)))
+            self.register_parameter("v_proj_weight", _xavier_uniform(draw, (e, self.vdim)))
+            self.register_parameter("in_proj_weight", None)
+        self.register_parameter("in_proj_bias", np.zeros(3 * e) if bias else None)
+        self.out_proj = Linear(e, e, bias=bias, dtype=dtype, rng=rng)
+        if bias:
+            self.out_proj.bias[...] = 0
+        self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
+        self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
+
+    # -- forward ---------------------------------------------------------------
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        """(attn_output, attn_weights) as torch.nn.MultiheadAttention returns them.
+
+        query (L, N, E), key (S, N, kdim), value (S, N, vdim); (N, L, E) ...
+        with batch_first; unbatched (L, E), (S, kdim), (S, vdim). Anything
+        np.asarray takes, converted to the module dtype.
+        key_padding_mask: (N, S) ((S,) unbatched); attn_mask: (L, S) or
+        (N * num_heads, L, S) ((num_heads, L, S) unbatched). Masks are bool
+        (True: the key is not allowed, a -inf score) or floating (added to
+        the scores); the two are summed when both are given. Integer masks
+        raise TypeError (their 0/1 meaning would be ambiguous).
+        add_bias_kv appends bias_k / bias_v as one more key / value, then
+        add_zero_attn a zero key / value per head; the masks allow both.
+        is_causal is torch's hint: it needs attn_mask (else ValueError);
+        with need_weights=False and no key_padding_mask the causal mask
+        (key j > query i hidden, top-left) replaces attn_mask, otherwise
+        attn_mask is used as given, as in torch.
+        In training mode the weights are dropped with probability dropout
+        (the mask drawn from the module's rng).
+
+        Returns attn_output (L, N, E) ((N, L, E) batch_first, (L, E)
+        unbatched), and with need_weights the attention weights after
+        dropout, averaged over the heads (N, L, S') when
+        average_attn_weights, else (N, num_heads, L, S') ((L, S') or
+        (num_heads, L, S') unbatched), S' = S plus the added keys; else
+        None. Module dtype, fresh arrays.
+        A query row whose every key is masked gets weights 0 and an
+        attention output of 0 before out_proj, as torch's need_weights=False
+        path; torch's need_weights=True path gives NaN there.
+
+        Errors: ValueError naming the argument for shapes that do not fit
+        (embedding sizes, sequence and batch sizes, mask shapes); TypeError
+        for inputs or masks of unsupported dtypes. A training-mode forward
+        keeps, for backward, private copies of query, key and value (one
+        for inputs given as the same object), their projections, the
+        attention output and row log-sum-exps, the score bias and the
+        dropout seed (never the (L, S) weights); an eval-mode one keeps
+        nothing.
+        """
+        params = {name: getattr(*self._owner_of(name)) for name in _PARAMETERS}
+        training = self.training  # read once: another thread may switch the mode
+        p = _C.probability(self.dropout, name="dropout") if training else 0.0
+        if is_causal and attn_mask is None:
+            raise ValueError("is_causal: needs attn_mask (torch's hint); give the causal mask as attn_mask")
+        batched, inputs = self._inputs(query, key, value, keep=training)
+        n, tgt_len, src_len = inputs[0].shape[0], inputs[0].shape[1], inputs[1].shape[1]
+        causal = bool(is_causal) and key_padding_mask is None and not need_weights
+        bias = self._score_bias(None if causal else attn_mask, key_padding_mask, batched, n, tgt_len, src_len)
+        q, k, v = self._project(inputs, params)
+        seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
+        result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
+                                              return_weights=bool(need_weights), return_lse=training)
+        out_heads, *rest = result if isinstance(result, tuple) else (result,)
+        out = linear(self._merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
+        output = self._to_layout(out, batched)
+        if training:
+            grad_dtypes = (_grad_dtype(key, self.dtype), _grad_dtype(value, self.dtype))
+            state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes)
+            self._keep_for_backward(state, output.shape, query)
+        if not need_weights:
+            return output, None
+        weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
+        if average_attn_weights:
+            weights = weights.mean(axis=1)
+        return output, weights if batched else weights[0]
+
+    def _inputs(self, query, key, value, keep):
+        """(batched, (query, key, value) batch first, (N, L or S, features),
+        in the module dtype): views of the converted inputs, or with `keep`
+        private C-contiguous copies for backward. An input given as the same
+        object as another is converted (and copied) once."""
+        converted = {}
+        for name, x, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if id(x) not in converted:
+                converted[id(x)] = _C.as_parameter(_detached(x), name=name, dtype=self.dtype)
+            a = converted[id(x)]
+            ndim = converted[id(query)].ndim
+            if a.ndim not in (2, 3) or a.ndim != ndim:
+                raise ValueError(f"{name}: expected 3 dimensions (batched) or 2 (unbatched), as many as query's "
+                                 f"{ndim}; got shape {a.shape}")
+            if a.shape[-1] != dim:
+                raise ValueError(f"{name}: expected {dim} features last, got shape {a.shape}")
+        batched = converted[id(query)].ndim == 3
+        batch_first = {i: self._from_layout(a, batched) for i, a in converted.items()}
+        if keep:
+            batch_first = {i: np.array(a, order="C") for i, a in batch_first.items()}
+        q_in, k_in, v_in = (batch_first[id(x)] for x in (query, key, value))
+        if k_in.shape[:2] != v_in.shape[:2]:
+            raise ValueError(f"value: expected key's batch and sequence sizes {k_in.shape[:2]}, got {v_in.shape[:2]}")
+        if q_in.shape[0] != k_in.shape[0]:
+            raise ValueError(f"key: expected query's batch size {q_in.shape[0]}, got {k_in.shape[0]}")
+        return batched, (q_in, k_in, v_in)
+
+    def _score_bias(self, attn_mask, key_padding_mask, batched, n, tgt_len, src_len):
+        """The masks as one additive score bias broadcastable to (N, H, L, S'),
+        S' = S plus the appended keys (allowed: bias 0); None without masks."""
+        heads = self.num_heads
+        bias = None
+        if attn_mask is not None:
+            mask = self._additive(attn_mask, "attn_mask")
+            stacked = (n * heads, tgt_len, src_len)
+            if mask.shape == (tgt_len, src_len):
+                bias = mask
+            elif mask.shape == stacked:
+                bias = mask.reshape(n, heads, tgt_len, src_len)
+            else:
+                expected = (f"(L, S) = {(tgt_len, src_len)} or " +
+                            (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
+                raise ValueError(f"attn_mask: expected shape {expected}, got {mask.shape}")
+        if key_padding_mask is not None:
+            mask = self._additive(key_padding_mask, "key_padding_mask")
+            expected = (n, src_len) if batched else (src_len,)
+            if mask.shape != expected:
+                raise ValueError(f"key_padding_mask: expected shape {expected} ({'(N, S)' if batched else '(S,)'}), "
+                                 f"got {mask.shape}")
+            padding = mask.reshape(n, 1, 1, src_len)
+            bias = padding if bias is None else bias + padding
+        extra = (self.bias_k is not None) + self.add_zero_attn
+        if bias is not None and extra:
+            bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
+        return bias
+
+    def _additive(self, mask, name):
+        """A torch-convention mask as scores to add: bool True -> -inf, floats as given."""
+        mask = np.asarray(_detached(mask))
+        if mask.dtype.kind == "b":
+            return np.where(mask, -np.inf, 0.0).astype(self.dtype)
+        if mask.dtype.kind == "f":
+            return mask.astype(self.dtype)
+        raise TypeError(f"{name}: expected a bool mask (True: not allowed) or a floating one (added to the "
+                        f"scores), got dtype {mask.dtype}")
+
+    def _project(self, inputs, params):
+        """The Q, K, V projections of the batch-first inputs split into heads,
+        (N, H, L or S', head_dim), with bias_k / bias_v and then the zero key /
+        value appended after the S keys / values."""
+        e = self.embed_dim
+        biases = ((None,) * 3 if params["in_proj_bias"] is None else
+                  tuple(params["in_proj_bias"][i * e:(i + 1) * e] for i in range(3)))
+        q, k, v = (linear(x, w, b) for x, w, b in zip(inputs, self._in_weights(params), biases))
+        n = q.shape[0]
+        keys, values = [k], [v]
+        if params["bias_k"] is not None:
+            keys.append(np.broadcast_to(params["bias_k"], (n, 1, e)))
+            values.append(np.broadcast_to(params["bias_v"], (n, 1, e)))
+        if self.add_zero_attn:
+            keys.append(np.zeros((n, 1, e), self.dtype))
+            values.append(np.zeros((n, 1, e), self.dtype))
+        if len(keys) > 1:
+            k, v = np.concatenate(keys, axis=1), np.concatenate(values, axis=1)
+        return tuple(self._split_heads(t) for t in (q, k, v))
+
+    def _split_heads(self, t):
+        """(N, T, E) -> (N, H, T, head_dim), a view."""
+        n, length, _ = t.shape
+        return t.reshape(n, length, self.num_heads, self.head_dim).swapaxes(1, 2)
+
+    def _merge_heads(self, t):
+        """(N, H, T, head_dim) -> (N, T, E), a C-contiguous copy."""
+        n, _, length, _ = t.shape
+        return np.ascontiguousarray(t.swapaxes(1, 2)).reshape(n, length, self.embed_dim)
+
+    def _to_layout(self, t, batched):
+        """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E)."""
+        if not batched:
+            return t[0]
+        return t if self.batch_first else np.ascontiguousarray(t.swapaxes(0, 1))
+
+    def _from_layout(self, t, batched):
+        """The caller's layout -> (N, T, E), a view."""
+        if not batched:
+            return t[np.newaxis]
+        return t if self.batch_first else t.swapaxes(0, 1)
+
+    # -- backward --------------------------------------------------------------
+    def backward(self, grad_output):
+        """(grad_query, grad_key, grad_value), always a tuple of three, for the
+        most recent training-mode forward, given grad_output, the gradient
+        with respect to its attn_output (its shape; converted to the module
+        dtype; the attn_weights are not differentiated). Each gradient has
+        its input's shape and dtype (the input's own when it was a floating
+        array, as torch's .grad, else the module's). For self-attention,
+        mha(x, x, x), the gradient with respect to x is their sum.
+        Every parameter's gradient (in_proj_weight or q/k/v_proj_weight,
+        in_proj_bias, bias_k, bias_v, out_proj.weight, out_proj.bias) is
+        added into its buffer (named_grads), as torch accumulates .grad. The
+        dropout mask is the forward's (recomputed from its seed).
+        One backward per forward: RuntimeError without a training-mode
+        forward, for a second backward, or for a parameter replaced since
+        the forward; ValueError for a grad_output of another shape (the
+        forward's state stays: a corrected call works)."""
+        grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
+        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched,
+         grad_dtypes) = self._kept(grad_output)
+        self._check_unchanged(params)
+        grad_out = self._from_layout(grad_output, batched)
+        grad_merged, grad_w_out, grad_b_out = linear_backward(
+            grad_out, self._merge_heads(out_heads), params["out_proj.weight"],
+            need_bias_grad=params["out_proj.bias"] is not None)
+        grad_q, grad_k, grad_v = (self._merge_heads(g) for g in scaled_dot_product_attention_backward(
+            self._split_heads(grad_merged), q, k, v, out_heads, lse, is_causal=causal, dropout_p=p,
+            attn_bias=bias, seed=seed))
+        src_len = inputs[1].shape[1]
+        grads = {}
+        if params["bias_k"] is not None:  # the key / value right after the S given ones
+            grads["bias_k"] = grad_k[:, src_len:src_len + 1].sum(axis=0, keepdims=True)
+            grads["bias_v"] = grad_v[:, src_len:src_len + 1].sum(axis=0, keepdims=True)
+        need_bias = params["in_proj_bias"] is not None
+        projected = [linear_backward(g[:, :x.shape[1]], x, w, need_bias_grad=need_bias)  # appended rows dropped
+                     for g, x, w in zip((grad_q, grad_k, grad_v), inputs, self._in_weights(params))]
+        grad_inputs = [part[0] for part in projected]
+        if self._qkv_same_embed_dim:
+            grads["in_proj_weight"] = np.concatenate([part[1] for part in projected])
+        else:
+            grads.update(zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), (part[1] for part in projected)))
+        if need_bias:
+            grads["in_proj_bias"] = np.concatenate([part[2] for part in projected])
+        grads["out_proj.weight"], grads["out_proj.bias"] = grad_w_out, grad_b_out
+        self._add_grads(grads)
+        grad_query, grad_key, grad_value = (self._to_layout(g, batched) for g in grad_inputs)
+        return (self._release_kept(grad_query), grad_key.astype(grad_dtypes[0], copy=False),
+                grad_value.astype(grad_dtypes[1], copy=False))
+
+    def _in_weights(self, params):
+        """The Q, K, V projection weights of `params`: row blocks of in_proj_weight, or the three."""
+        if self._qkv_same_embed_dim:
+            e = self.embed_dim
+            return tuple(params["in_proj_weight"][i * e:(i + 1) * e] for i in range(3))
+        return tuple(params[name] for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"))

@@ -1,0 +1,305 @@
+"""attnc.from_torch: each document class (tests/doc_models.py, plus the
+documents' other spellings below), torch.nn.Linear and
+torch.nn.MultiheadAttention become their attnc twins with the same weights,
+outputs and mode; unknown classes raise TypeError; attnc never imports torch."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import attnc
+from toolkit import assert_close, random_keep_mask, torch_dtype
+from toolkit import doc_models as dm
+
+B, T = 3, 5
+
+
+# ----------------------------------------------------------------------------
+# the documents' classes that tests/doc_models.py does not copy (001's and
+# 002's other spellings, 003's SelfAttention), their errata fixed and their
+# debugging prints removed, with the documents' names and parameter names
+
+
+class EasyAttentionModule(nn.Module):      # 001: SelfAttentionV1 with query_linear, key_linear, value_linear
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.query_linear = nn.Linear(hidden_dim, hidden_dim)
+        self.key_linear = nn.Linear(hidden_dim, hidden_dim)
+        self.value_linear = nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, X):
+        Q, K, V = self.query_linear(X), self.key_linear(X), self.value_linear(X)
+        attention_value = torch.matmul(Q, K.transpose(-2, -1))
+        attention_weight = torch.softmax(attention_value / math.sqrt(self.hidden_dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class AttentionModule(nn.Module):          # 001 (erratum fixed: self.dim, not self.hidden_dim)
+    def __init__(self, dim: int = 728) -> None:
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+
+    def forward(self, X):
+        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(self.dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class Attention(nn.Module):                # 001: dropout, attention_mask, output_proj
+    def __init__(self, dim, dropout) -> None:
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+        self.dropout = nn.Dropout(dropout)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, X, attention_mask=None):
+        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
+        attention_weight = Q @ K.transpose(-2, -1) / math.sqrt(self.dim)
+        if attention_mask is not None:
+            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
+        attention_weight = self.dropout(torch.softmax(attention_weight, dim=-1))
+        return self.output_proj(attention_weight @ V)
+
+
+class SelfattentionV1(nn.Module):          # 002: querry_proj, key_proj, value_proj
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.querry_proj = nn.Linear(hidden_dim, hidden_dim)
+        self.key_proj = nn.Linear(hidden_dim, hidden_dim)
+        self.value_proj = nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, x):
+        Q, K, V = self.querry_proj(x), self.key_proj(x), self.value_proj(x)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class SelfattentionV2(nn.Module):          # 002 (erratum fixed: dim=-1 in torch.split)
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.proj = nn.Linear(hidden_dim, hidden_dim * 3)
+
+    def forward(self, x):
+        Q, K, V = torch.split(self.proj(x), self.hidden_dim, dim=-1)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
+        return attention_weight @ V
+
+
+class slefattentionV3(nn.Module):          # 002 (errata fixed: self, droupout_rate, masked_fill, is not None, return)
+    def __init__(self, dim, droupout_rate=0.1):
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+        self.attention_dropout = nn.Dropout(droupout_rate)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, x, attention_mask=None):
+        Q, K, V = torch.split(self.proj(x), self.dim, dim=-1)
+        attention_weight = Q @ K.transpose(-1, -2) / math.sqrt(self.dim)
+        if attention_mask is not None:
+            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
+        attention_weight = self.attention_dropout(torch.softmax(attention_weight, dim=-1))
+        return self.output_proj(attention_weight @ V)
+
+
+class SelfAttention(nn.Module):            # 003: q, k, v with biases, an nn.Softmax
+    def __init__(self, input_dim, dim_k, dim_v):
+        super().__init__()
+        self.dim_k = dim_k
+        self.q = nn.Linear(input_dim, dim_k)
+        self.k = nn.Linear(input_dim, dim_k)
+        self.v = nn.Linear(input_dim, dim_v)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        Q, K, V = self.q(x), self.k(x), self.v(x)
+        return torch.bmm(self.softmax(torch.bmm(Q, K.permute(0, 2, 1)) / math.sqrt(self.dim_k)), V)
+
+
+# ----------------------------------------------------------------------------
+# (id, torch module factory, attnc class, mask shape (None: takes no mask))
+
+D = 6
+CASES = [
+    ("000-SelfAttentionv1", lambda: dm.SelfAttentionv1(D), attnc.SelfAttentionV1, None),
+    ("000-SelfAttentionv2", lambda: dm.SelfAttentionv2(D), attnc.SelfAttentionV2, None),
+    ("000-SelfAttentionv3", lambda: dm.SelfAttentionv3(D, 0.2), attnc.SelfAttentionV3, (B, T, T)),
+    ("000-SelfAttentionInterview", lambda: dm.SelfAttentionInterview(D, 0.3), attnc.SelfAttentionV4, (B, T, T)),
+    ("001-EasyAttentionModule", lambda: EasyAttentionModule(D), attnc.SelfAttentionV1, None),
+    ("001-AttentionModule", lambda: AttentionModule(D), attnc.SelfAttentionV2, None),
+    ("001-Attention", lambda: Attention(D, 0.01), attnc.SelfAttentionV3, (B, T, T)),
+    ("001-MuitiHeadAttention", lambda: dm.MuitiHeadAttention(D, 3, 0.2), attnc.MultiHeadAttention, (B, 1, 1, T)),
+    ("002-SelfattentionV1", lambda: SelfattentionV1(D), attnc.SelfAttentionV1, None),
+    ("002-SelfattentionV2", lambda: SelfattentionV2(D), attnc.SelfAttentionV2, None),
+    ("002-slefattentionV3", lambda: slefattentionV3(D, 0.4), attnc.SelfAttentionV3, (B, T, T)),
+    ("003-SelfAttention", lambda: SelfAttention(D, 4, 7), attnc.SelfAttention, None),
+    ("004-SelfAttention", lambda: dm.SelfAttention(D, 4, 7), attnc.SelfAttention, (B, T, T)),
+    ("004-SelfAttention-bias", lambda: dm.SelfAttention(D, 4, 7, bias=True), attnc.SelfAttention, (B, T, T)),
+    ("004-MultiHeadSelfAttention", lambda: dm.MultiHeadSelfAttention(D, 6, 9, 3), attnc.MultiHeadSelfAttention,
+     (B, 3, T, T)),
+    ("004-MultiHeadSelfAttention-bias", lambda: dm.MultiHeadSelfAttention(D, 4, 6, 2, bias=True),
+     attnc.MultiHeadSelfAttention, (B, 1, 1, T)),
+]
+IDS = [case[0] for case in CASES]
+
+
+def _make(factory, dtype, training=False, seed=0):
+    torch.manual_seed(seed)
+    return factory().to(torch_dtype(dtype)).train(training)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_document_classes(case, dtype):
+    _, factory, cls, mask_shape = case
+    tm = _make(factory, dtype)
+    twin = attnc.from_torch(tm)
+    assert type(twin) is cls and twin.dtype == dtype and twin.training is False
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, T, D)).astype(dtype)
+    with torch.no_grad():
+        assert_close(twin(x), tm(torch.from_numpy(x)), dtype, "no mask")
+        if mask_shape:
+            mask = random_keep_mask(rng, mask_shape)
+            assert_close(twin(x, mask), tm(torch.from_numpy(x), torch.from_numpy(mask)), dtype, "mask")
+    for (key, value), tensor in zip(twin.state_dict().items(), tm.state_dict().values()):
+        np.testing.assert_array_equal(value, tensor.numpy(), err_msg=key)
+
+
+def test_hyper_parameters_recovered():
+    t = attnc.from_torch(dm.MuitiHeadAttention(12, 4, 0.25))
+    assert (t.hidden_dim, t.head_num, t.dropout.p) == (12, 4, 0.25)
+    assert attnc.from_torch(dm.SelfAttentionv3(4, 0.3)).attention_dropout.p == 0.3
+    assert attnc.from_torch(Attention(4, 0.01)).attention_dropout.p == 0.01
+    assert attnc.from_torch(slefattentionV3(4, 0.4)).attention_dropout.p == 0.4
+    assert attnc.from_torch(dm.SelfAttentionInterview(4, 0.2)).attention_dropout.p == 0.2
+    t = attnc.from_torch(dm.MultiHeadSelfAttention(5, 6, 9, 3))
+    assert (t.dim_in, t.dim_k, t.dim_v, t.num_heads, t.linear_q.bias) == (5, 6, 9, 3, None)
+    t = attnc.from_torch(SelfAttention(5, 4, 7))
+    assert (t.dim_in, t.dim_k, t.dim_v) == (5, 4, 7) and t.linear_q.bias is not None
+    assert attnc.from_torch(SelfattentionV2(7)).dim == 7
+
+
+def test_003_multihead_is_converted_to_the_intent():
+    """003's MultiHeadSelfAttention (q, k, v, nums_head) becomes the corrected
+    class: its twin equals the errata-fixed torch class with the same weights,
+    not 003's code (which attends over feature channels)."""
+    doc003 = type("MultiHeadSelfAttention", (dm.MultiHeadSelfAttention003,), {})   # the document's name
+    torch.manual_seed(2)
+    tm = doc003(6, 6, 6, 2).double().eval()
+    twin = attnc.from_torch(tm)
+    assert type(twin) is attnc.MultiHeadSelfAttention and twin.num_heads == 2
+    fixed = dm.MultiHeadSelfAttention(6, 6, 6, 2, bias=True).double().eval()
+    fixed.load_state_dict({f"linear_{key}": value for key, value in tm.state_dict().items()})
+    x = np.random.default_rng(3).standard_normal((B, T, 6))
+    with torch.no_grad():
+        assert_close(twin(x), fixed(torch.from_numpy(x)), np.float64, "intent")
+        assert np.abs(twin(x) - tm(torch.from_numpy(x)).numpy()).max() > 1e-3
+
+
+@pytest.mark.parametrize("case", CASES[:8], ids=IDS[:8])
+def test_mode_is_carried_over(case):
+    tm = _make(case[1], np.float32, training=True)
+    twin = attnc.from_torch(tm)
+    assert twin.training is True
+    assert all(child.training for child in twin._modules.values())
+    assert attnc.from_torch(tm.eval()).training is False
+
+
+def test_weights_are_copies_and_dtypes():
+    tm = dm.SelfAttentionv1(4)
+    twin = attnc.from_torch(tm)
+    before = twin.Q_proj.weight.copy()
+    with torch.no_grad():
+        tm.Q_proj.weight.add_(1.0)
+    np.testing.assert_array_equal(twin.Q_proj.weight, before)
+    assert attnc.from_torch(tm.double()).dtype == np.float64
+    assert attnc.from_torch(tm, dtype=np.float32).dtype == np.float32
+    half = dm.SelfAttentionv1(4).to(torch.bfloat16)   # NumPy has no bfloat16: widened exactly
+    twin = attnc.from_torch(half)
+    assert twin.dtype == np.float32
+    np.testing.assert_array_equal(twin.K_proj.weight, half.K_proj.weight.detach().float().numpy())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(bias, dtype):
+    torch.manual_seed(4)
+    tm = nn.Linear(5, 3, bias=bias).to(torch_dtype(dtype))
+    twin = attnc.from_torch(tm)
+    assert type(twin) is attnc.Linear and (twin.bias is None) == (not bias) and twin.training is True
+    x = np.random.default_rng(5).standard_normal((2, 4, 5)).astype(dtype)
+    with torch.no_grad():
+        assert_close(twin(x), tm(torch.from_numpy(x)), dtype)
+
+
+MHA_OPTIONS = [
+    {}, dict(bias=False), dict(add_bias_kv=True, add_zero_attn=True), dict(kdim=3, vdim=5, dropout=0.2),
+    dict(batch_first=True, add_bias_kv=True),
+]
+
+
+@pytest.mark.parametrize("options", MHA_OPTIONS, ids=[str(sorted(o)) for o in MHA_OPTIONS])
+def test_multihead_attention(options, dtype):
+    torch.manual_seed(6)
+    tm = nn.MultiheadAttention(8, 2, **options).to(torch_dtype(dtype)).eval()
+    twin = attnc.from_torch(tm)
+    assert type(twin) is attnc.nn.MultiheadAttention and twin.training is False and twin.dtype == dtype
+    for attr in ("embed_dim", "num_heads", "dropout", "kdim", "vdim", "batch_first", "add_zero_attn"):
+        assert getattr(twin, attr) == getattr(tm, attr), attr
+    assert list(twin.state_dict()) == list(tm.state_dict())
+    rng = np.random.default_rng(7)
+
+    def sequence(length, features):
+        shape = (2, length, features) if options.get("batch_first") else (length, 2, features)
+        return rng.standard_normal(shape).astype(dtype)
+
+    q, k, v = sequence(4, 8), sequence(5, options.get("kdim", 8)), sequence(5, options.get("vdim", 8))
+    tensors = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]   # torch's documented (slow) path
+    t_out, t_w = tm(*tensors)
+    out, w = twin(q, k, v)
+    assert_close(out, t_out, dtype, "attn_output")
+    assert_close(w, t_w, dtype, "attn_weights")
+
+
+def test_unknown_classes_raise_type_error():
+    with pytest.raises(TypeError, match="Conv1d"):
+        attnc.from_torch(nn.Conv1d(2, 2, 1))
+    with pytest.raises(TypeError, match="MultiHeadSelfAttention003"):
+        attnc.from_torch(dm.MultiHeadSelfAttention003(4, 4, 4, 2))   # a test name, not a document's
+
+    class SelfAttentionV1(nn.Module):   # attnc's name, not a document's
+        pass
+
+    with pytest.raises(TypeError, match="SelfAttentionV1"):
+        attnc.from_torch(SelfAttentionV1())
+
+    class Attention(nn.Module):           # a document's name with other layers
+        def __init__(self):
+            super().__init__()
+            self.to_qkv = nn.Linear(4, 12)
+
+    with pytest.raises(TypeError, match="Attention.*to_qkv"):
+        attnc.from_torch(Attention())
+    no_bias = dm.SelfAttentionv1(4)
+    no_bias.Q_proj = nn.Linear(4, 4, bias=False)
+    with pytest.raises(TypeError, match="SelfAttentionv1.*Q_proj.bias"):
+        attnc.from_torch(no_bias)
+
+
+def test_attnc_never_imports_torch():
+    code = ("import sys, numpy as np, attnc, attnc.nn; from attnc import from_torch; "
+            "m = attnc.nn.MultiheadAttention(4, 2); x = np.ones((3, 2, 4)); out, w = m(x, x, x); "
+            "m.backward(np.ones_like(out)); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr

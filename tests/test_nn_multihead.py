@@ -1,0 +1,539 @@
+"""attnc.nn.MultiheadAttention against torch.nn.MultiheadAttention loaded with
+the same state_dict: parameters and their order, initialisation, every
+constructor option and forward argument, outputs and weights, backward
+(input and parameter gradients against torch autograd, dropout included),
+the backward protocol, and the errors. attnc.nn's exports."""
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnc
+from attnc.nn import MultiheadAttention
+
+E, HEADS, L, S, N = 6, 2, 4, 5, 3
+TOL = {np.float32: 1e-5, np.float64: 1e-10}        # outputs and weights, of the values' scale
+GRAD_TOL = {np.float32: 1e-4, np.float64: 1e-9}    # gradients
+
+CONFIGS = {
+    "default": {},
+    "nobias": dict(bias=False),
+    "bias_kv": dict(add_bias_kv=True),
+    "zero_attn": dict(add_zero_attn=True),
+    "bias_kv+zero_attn+nobias": dict(add_bias_kv=True, add_zero_attn=True, bias=False),
+    "kdim_vdim": dict(kdim=3, vdim=5),
+    "kdim_vdim+bias_kv+zero_attn": dict(kdim=3, vdim=5, add_bias_kv=True, add_zero_attn=True),
+    "batch_first": dict(batch_first=True),
+    "batch_first+kdim_vdim+nobias": dict(batch_first=True, kdim=4, vdim=2, bias=False),
+}
+MASKS = ["none", "attn_bool_2d", "attn_float_2d", "attn_bool_3d", "attn_float_3d", "kpm_bool", "kpm_float",
+         "attn_bool_2d+kpm_bool", "attn_float_3d+kpm_float"]
+
+
+def _close(actual, expected, dtype, what, tol=None):
+    """Same shape, the dtype, and max |actual - expected| <= tol * max(1, max |expected|)."""
+    if hasattr(expected, "detach"):
+        expected = expected.detach().numpy()
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
+    if expected.size == 0:
+        return
+    bound = (tol or TOL[np.dtype(dtype).type]) * max(1.0, float(np.abs(expected).max()))
+    err = float(np.abs(actual.astype(np.float64) - expected).max())
+    assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
+
+
+def _tdtype(dtype):
+    return torch.float32 if np.dtype(dtype) == np.float32 else torch.float64
+
+
+def _pair(dtype, seed=0, embed_dim=E, heads=HEADS, **options):
+    """torch's module (train mode, dtype) and attnc's loaded with its state_dict."""
+    torch.manual_seed(seed)
+    tm = torch.nn.MultiheadAttention(embed_dim, heads, **options).to(_tdtype(dtype))
+    am = MultiheadAttention(embed_dim, heads, **options, dtype=dtype, rng=np.random.default_rng(seed))
+    am.load_state_dict(tm.state_dict())
+    return tm, am
+
+
+def _layout(shape_lne, options, batched=True):
+    """(T, N, features) in the module's layout: batch first swaps, unbatched drops N."""
+    t, n, f = shape_lne
+    if not batched:
+        return (t, f)
+    return (n, t, f) if options.get("batch_first") else (t, n, f)
+
+
+def _qkv(rng, dtype, options, batched=True, self_attention=False):
+    q = rng.standard_normal(_layout((L, N, E), options, batched)).astype(dtype)
+    if self_attention:
+        return q, q, q
+    k = rng.standard_normal(_layout((S, N, options.get("kdim") or E), options, batched)).astype(dtype)
+    v = rng.standard_normal(_layout((S, N, options.get("vdim") or E), options, batched)).astype(dtype)
+    return q, k, v
+
+
+def _masks(rng, kind, dtype, batched=True, tgt=L, src=S, heads=HEADS):
+    """{key_padding_mask, attn_mask} of `kind`, torch conventions; key 0 is
+    always allowed, so no row is masked everywhere (torch's weights path
+    would give NaN there)."""
+    n = N if batched else 1
+    masks = {}
+    for part in kind.split("+"):
+        if part == "none":
+            continue
+        name, kind_, *dims = part.split("_")
+        if name == "attn":
+            shape = (tgt, src) if dims == ["2d"] else ((n * heads, tgt, src) if batched else (heads, tgt, src))
+            key = "attn_mask"
+        else:
+            shape = (n, src) if batched else (src,)
+            key = "key_padding_mask"
+        if kind_ == "bool":
+            mask = rng.random(shape) < 0.4
+            mask[..., 0] = False
+        else:
+            mask = rng.standard_normal(shape).astype(dtype)
+            mask[rng.random(shape) < 0.2] = -np.inf
+            mask[..., 0] = 0.5
+        masks[key] = mask
+    return masks
+
+
+def _torch_run(tm, q, k, v, masks, **kwargs):
+    """torch's (out, weights, (tq, tk, tv)) with gradients enabled (its slow
+    path, the one multi_head_attention_forward documents); an input given
+    as the same array as another is the same tensor."""
+    tensors = {}
+    for a in (q, k, v):
+        if id(a) not in tensors:
+            tensors[id(a)] = torch.tensor(a, requires_grad=True)
+    tq, tk, tv = (tensors[id(a)] for a in (q, k, v))
+    tmasks = {name: torch.from_numpy(np.array(m)) for name, m in masks.items()}
+    out, weights = tm(tq, tk, tv, **tmasks, **kwargs)
+    return out, weights, (tq, tk, tv)
+
+
+# ----------------------------------------------------------------------------
+# parameters
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
+def test_parameters_match_torch(config):
+    options = CONFIGS[config]
+    tm = torch.nn.MultiheadAttention(E, HEADS, **options)
+    am = MultiheadAttention(E, HEADS, **options)
+    assert list(am.state_dict()) == list(tm.state_dict())
+    assert [n for n, _ in am.named_parameters()] == [n for n, _ in tm.named_parameters()]
+    for (name, p), (_, tp) in zip(am.named_parameters(), tm.named_parameters()):
+        assert p.shape == tuple(tp.shape) and p.dtype == np.float32, name
+    for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
+                 "bias_v"):
+        assert (getattr(am, name) is None) == (getattr(tm, name) is None), name
+    for attr in ("embed_dim", "num_heads", "head_dim", "kdim", "vdim", "batch_first", "add_zero_attn",
+                 "_qkv_same_embed_dim"):
+        assert getattr(am, attr) == getattr(tm, attr), attr
+    assert am.dropout == tm.dropout
+    assert "(out_proj): Linear(in_features=6, out_features=6" in repr(am)
+
+
+def test_init_distributions():
+    e, kdim = 128, 64
+    am = MultiheadAttention(e, 4, add_bias_kv=True, rng=np.random.default_rng(3), dtype=np.float64)
+    bound = math.sqrt(6 / (e + 3 * e))       # xavier_uniform_ of (3E, E)
+    w = am.in_proj_weight
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.99 * bound
+    assert abs(w.std() - bound / math.sqrt(3)) < 0.03 * bound
+    assert abs(w.mean()) < 0.01 * bound
+    np.testing.assert_array_equal(am.in_proj_bias, 0)
+    np.testing.assert_array_equal(am.out_proj.bias, 0)
+    out_bound = 1 / math.sqrt(e)            # torch.nn.Linear's
+    assert out_bound * 0.98 < np.abs(am.out_proj.weight).max() <= out_bound
+    both = np.concatenate([am.bias_k.ravel(), am.bias_v.ravel()])   # xavier_normal_ of (1, 1, E): std sqrt(1/E)
+    assert abs(both.std() - math.sqrt(1 / e)) < 0.15 * math.sqrt(1 / e)
+    assert not np.array_equal(am.bias_k, am.bias_v)
+    sep = MultiheadAttention(e, 4, kdim=kdim, vdim=3 * kdim, rng=np.random.default_rng(4))
+    for name, fan_in in (("q_proj_weight", e), ("k_proj_weight", kdim), ("v_proj_weight", 3 * kdim)):
+        b = math.sqrt(6 / (e + fan_in))
+        w = getattr(sep, name)
+        assert np.abs(w).max() <= b * (1 + 1e-6) and np.abs(w).max() > 0.98 * b, name
+    np.testing.assert_array_equal(
+        MultiheadAttention(e, 4, rng=np.random.default_rng(5)).in_proj_weight,
+        MultiheadAttention(e, 4, rng=np.random.default_rng(5)).in_proj_weight)
+    attnc.manual_seed(7)
+    a = MultiheadAttention(8, 2).state_dict()
+    attnc.manual_seed(7)
+    b = MultiheadAttention(8, 2).state_dict()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+# ----------------------------------------------------------------------------
+# forward against torch
+
+
+@pytest.mark.parametrize("weights", ["average", "per_head", "none"])
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
+def test_forward_matches_torch(config, mask, weights, dtype):
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=1, **options)
+    tm.eval(), am.eval()
+    rng = np.random.default_rng(2)
+    q, k, v = _qkv(rng, dtype, options)
+    masks = _masks(rng, mask, dtype)
+    kwargs = dict(need_weights=weights != "none", average_attn_weights=weights == "average")
+    t_out, t_w, _ = _torch_run(tm, q, k, v, masks, **kwargs)
+    out, w = am(q, k, v, **masks, **kwargs)
+    _close(out, t_out, dtype, "attn_output")
+    if weights == "none":
+        assert w is None and t_w is None
+    else:
+        _close(w, t_w, dtype, "attn_weights")
+    assert out.flags.c_contiguous and not np.shares_memory(out, q)
+
+
+@pytest.mark.parametrize("mask", ["none", "attn_bool_2d", "attn_float_3d", "kpm_bool", "attn_bool_3d+kpm_bool"])
+@pytest.mark.parametrize("config", ["default", "bias_kv+zero_attn+nobias", "kdim_vdim", "batch_first"])
+def test_unbatched_matches_torch(config, mask, dtype):
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=3, **options)
+    rng = np.random.default_rng(4)
+    q, k, v = _qkv(rng, dtype, options, batched=False)
+    masks = _masks(rng, mask, dtype, batched=False)
+    for average in (True, False):
+        t_out, t_w, _ = _torch_run(tm.eval(), q, k, v, masks, average_attn_weights=average)
+        out, w = am.eval()(q, k, v, **masks, average_attn_weights=average)
+        _close(out, t_out, dtype, "attn_output")
+        _close(w, t_w, dtype, "attn_weights")
+    assert out.shape == (L, E) and w.shape == (HEADS, L, S + ("bias_kv" in config) + ("zero_attn" in config))
+
+
+@pytest.mark.parametrize("sizes", [(0, S, N), (L, 0, N), (L, S, 0)], ids=["L=0", "S=0", "N=0"])
+@pytest.mark.parametrize("config", ["default", "zero_attn"])
+def test_zero_sizes_match_torch(config, sizes):
+    options, (tgt, src, n) = CONFIGS[config], sizes
+    tm, am = _pair(np.float64, seed=30, **options)
+    rng = np.random.default_rng(31)
+    q, k = rng.standard_normal((tgt, n, E)), rng.standard_normal((src, n, E))
+    t_out, t_w, tensors = _torch_run(tm, q, k, k, {})
+    out, w = am(q, k, k)
+    _close(out, t_out, np.float64, "attn_output")
+    _close(w, t_w, np.float64, "attn_weights")
+    grads = am.backward(np.ones(out.shape))
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched")
+def test_mixed_mask_types_match_torch(dtype):
+    tm, am = _pair(dtype, seed=5)
+    rng = np.random.default_rng(6)
+    q, k, v = _qkv(rng, dtype, {})
+    masks = {**_masks(rng, "attn_float_2d", dtype), **_masks(rng, "kpm_bool", dtype)}
+    t_out, t_w, _ = _torch_run(tm.eval(), q, k, v, masks)
+    out, w = am.eval()(q, k, v, **masks)
+    _close(out, t_out, dtype, "attn_output")
+    _close(w, t_w, dtype, "attn_weights")
+
+
+@pytest.mark.parametrize("config", ["default", "bias_kv", "zero_attn", "batch_first"])
+def test_self_attention_same_array(config, dtype):
+    """query is key is value: torch's packed projection path; the same values."""
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=7, **options)
+    (x, _, _) = _qkv(np.random.default_rng(8), dtype, options, self_attention=True)
+    t_out, t_w, _ = _torch_run(tm.eval(), x, x, x, {})
+    out, w = am.eval()(x, x, x)
+    _close(out, t_out, dtype, "attn_output")
+    _close(w, t_w, dtype, "attn_weights")
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched")   # a float attn_mask with a bool key_padding_mask
+@pytest.mark.parametrize("config", ["default", "bias_kv", "zero_attn", "batch_first"])
+@pytest.mark.parametrize("extra", ["none", "kpm_bool"])
+def test_is_causal_as_torch(config, extra, dtype):
+    """is_causal is torch's hint: with need_weights=False and no
+    key_padding_mask the causal mask replaces attn_mask (even one that is not
+    causal), else attn_mask is used as given."""
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=9, **options)
+    rng = np.random.default_rng(10)
+    q, k, v = _qkv(rng, dtype, options)
+    causal = np.triu(np.ones((L, S), bool), 1)
+    other = rng.standard_normal((L, S)).astype(dtype)   # not causal: torch drops it when the hint applies
+    for attn_mask in (causal, other):
+        for need_weights in (False, True):
+            masks = {"attn_mask": attn_mask, **_masks(rng, extra, dtype)}
+            t_out, _, _ = _torch_run(tm.eval(), q, k, v, masks, is_causal=True, need_weights=need_weights)
+            out, _ = am.eval()(q, k, v, **masks, is_causal=True, need_weights=need_weights)
+            _close(out, t_out, dtype, f"is_causal need_weights={need_weights}")
+    with pytest.raises(RuntimeError):
+        tm(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), is_causal=True)
+    with pytest.raises(ValueError, match="is_causal"):
+        am(q, k, v, is_causal=True)
+
+
+def test_fully_masked_row_gives_zero_not_nan(dtype):
+    """A row with every key masked: attention output 0 before out_proj and
+    weights 0, as torch's need_weights=False path (its weights path gives NaN)."""
+    tm, am = _pair(dtype, seed=11)
+    with torch.no_grad():
+        tm.out_proj.bias.uniform_(-1, 1)
+    am.load_state_dict(tm.state_dict())
+    rng = np.random.default_rng(12)
+    q, k, v = _qkv(rng, dtype, {})
+    kpm = np.zeros((N, S), bool)
+    kpm[0] = True
+    t_out, _, _ = _torch_run(tm.eval(), q, k, v, {"key_padding_mask": kpm}, need_weights=False)
+    t_out_w, _, _ = _torch_run(tm, q, k, v, {"key_padding_mask": kpm})
+    assert torch.isnan(t_out_w[:, 0]).all()
+    out, w = am.eval()(q, k, v, key_padding_mask=kpm)
+    _close(out, t_out, dtype, "attn_output")
+    _close(out[:, 0], np.broadcast_to(tm.out_proj.bias.detach().numpy(), (L, E)), dtype, "out_proj(0)")
+    np.testing.assert_array_equal(w[0], 0)
+    am.train()
+    am(q, k, v, key_padding_mask=kpm)
+    grads = am.backward(np.ones((L, N, E)))
+    assert all(np.isfinite(g).all() for g in grads)
+
+
+# ----------------------------------------------------------------------------
+# backward against torch autograd
+
+
+def _check_grads(tm, am, t_out, tensors, dtype):
+    g = np.random.default_rng(99).standard_normal(t_out.shape).astype(dtype)
+    t_out.backward(torch.from_numpy(g))
+    result = am.backward(g)
+    assert isinstance(result, tuple) and len(result) == 3
+    tq, tk, tv = tensors
+    if tq is tk is tv:   # torch sums the three gradients into x.grad
+        _close(result[0] + result[1] + result[2], tq.grad, dtype, "grad x", GRAD_TOL[dtype.type])
+    else:
+        for name, got, t in zip(("query", "key", "value"), result, tensors):
+            _close(got, t.grad, dtype, f"grad {name}", GRAD_TOL[dtype.type])
+    torch_grads = {name: p.grad for name, p in tm.named_parameters()}
+    names = [name for name, _ in am.named_grads()]
+    assert names == list(torch_grads)
+    for name, grad in am.named_grads():
+        _close(grad, torch_grads[name], dtype, f"grad {name}", GRAD_TOL[dtype.type])
+
+
+@pytest.mark.parametrize("mask", ["none", "attn_float_3d", "attn_bool_2d+kpm_bool", "kpm_float"])
+@pytest.mark.parametrize("config", CONFIGS, ids=list(CONFIGS))
+def test_backward_matches_torch(config, mask, dtype):
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=13, **options)
+    rng = np.random.default_rng(14)
+    q, k, v = _qkv(rng, dtype, options)
+    masks = _masks(rng, mask, dtype)
+    t_out, _, tensors = _torch_run(tm, q, k, v, masks)
+    out, _ = am(q, k, v, **masks)
+    _close(out, t_out, dtype, "attn_output")
+    _check_grads(tm, am, t_out, tensors, dtype)
+
+
+@pytest.mark.parametrize("config", ["default", "bias_kv+zero_attn+nobias", "batch_first"])
+@pytest.mark.parametrize("case", ["self", "unbatched", "causal", "need_weights_false"])
+def test_backward_variants_match_torch(config, case, dtype):
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=15, **options)
+    rng = np.random.default_rng(16)
+    q, k, v = _qkv(rng, dtype, options, batched=case != "unbatched", self_attention=case == "self")
+    masks = _masks(rng, "attn_bool_2d" if case != "causal" else "none", dtype, batched=case != "unbatched",
+                   src=L if case == "self" else S)
+    kwargs = {}
+    if case == "causal":
+        masks["attn_mask"] = np.triu(np.ones((L, L), bool), 1)
+        kwargs = dict(is_causal=True, need_weights=False)
+    if case == "need_weights_false":
+        kwargs = dict(need_weights=False)
+    t_out, _, tensors = _torch_run(tm, q, k, v, masks, **kwargs)
+    am(q, k, v, **masks, **kwargs)
+    _check_grads(tm, am, t_out, tensors, dtype)
+
+
+# ----------------------------------------------------------------------------
+# dropout
+
+
+class _DropoutWith:
+    """torch.nn.functional.dropout replaced by multiplication with a given
+    keep mask (the one attnc used): torch's own multi_head_attention_forward
+    then runs with attnc's mask."""
+
+    def __init__(self, keep):
+        self.keep = keep
+
+    def __call__(self, x, p=0.5, training=True, inplace=False):
+        return x * self.keep / (1 - p)
+
+
+@pytest.mark.parametrize("config", ["default", "bias_kv+zero_attn+nobias", "kdim_vdim", "batch_first"])
+@pytest.mark.parametrize("mask", ["none", "attn_bool_2d+kpm_bool"])
+def test_dropout_forward_and_backward_match_torch_with_attnc_mask(config, mask, dtype, monkeypatch):
+    p = 0.3
+    options = dict(CONFIGS[config], dropout=p)
+    tm, am = _pair(dtype, seed=17, **options)
+    rng = np.random.default_rng(18)
+    q, k, v = _qkv(rng, dtype, options)
+    masks = _masks(rng, mask, dtype)
+    eval_w = am.eval()(q, k, v, **masks, average_attn_weights=False)[1]
+    out, dropped = am.train()(q, k, v, **masks, average_attn_weights=False)
+    # the returned weights are the eval weights, each dropped (0) or scaled by 1 / (1 - p)
+    keep = dropped != 0
+    assert 0.4 < keep[eval_w > 0].mean() < 0.95
+    _close(dropped, np.where(keep, eval_w / (1 - p), 0.0), dtype, "dropped weights")
+    keep_torch = torch.from_numpy(keep).reshape(-1, *keep.shape[2:])   # torch's (N * heads, L, S')
+    monkeypatch.setattr(torch.nn.functional, "dropout", _DropoutWith(keep_torch))
+    t_out, t_w, tensors = _torch_run(tm.train(), q, k, v, masks, average_attn_weights=False)
+    _close(out, t_out, dtype, "attn_output")
+    _close(dropped, t_w, dtype, "attn_weights")
+    _check_grads(tm, am, t_out, tensors, dtype)
+
+
+def test_dropout_weights_need_weights_and_average_agree():
+    """Two modules drawing the same dropout seeds: need_weights=False gives the
+    same output, and the averaged weights are the per-head ones' mean."""
+    p, dtype = 0.5, np.float64
+    make = lambda: MultiheadAttention(E, HEADS, dropout=p, dtype=dtype, rng=np.random.default_rng(19))
+    a, b, c = make(), make(), make()
+    q, k, v = _qkv(np.random.default_rng(20), dtype, {})
+    out_a, w_a = a(q, k, v, average_attn_weights=False)
+    out_b, none = b(q, k, v, need_weights=False)
+    out_c, w_c = c(q, k, v)
+    assert none is None
+    np.testing.assert_array_equal(out_a, out_b)
+    np.testing.assert_array_equal(out_a, out_c)
+    _close(w_c, w_a.mean(axis=1), dtype, "averaged weights")
+    out_a2, w_a2 = a(q, k, v, average_attn_weights=False)     # a fresh mask at each call
+    assert not np.array_equal(w_a, w_a2)
+    assert not np.array_equal(out_a, a.eval()(q, k, v)[0])
+
+
+def test_eval_mode_has_no_dropout(dtype):
+    tm, am = _pair(dtype, seed=21, dropout=0.9)
+    q, k, v = _qkv(np.random.default_rng(22), dtype, {})
+    t_out, t_w, _ = _torch_run(tm.eval(), q, k, v, {})
+    out, w = am.eval()(q, k, v)
+    _close(out, t_out, dtype, "attn_output")
+    _close(w, t_w, dtype, "attn_weights")
+
+
+# ----------------------------------------------------------------------------
+# the backward protocol
+
+
+def test_backward_protocol():
+    am = MultiheadAttention(E, HEADS, dtype=np.float64, rng=np.random.default_rng(23))
+    q, k, v = _qkv(np.random.default_rng(24), np.float64, {})
+    g = np.ones((L, N, E))
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        am.backward(g)
+    am.eval()(q, k, v)
+    with pytest.raises(RuntimeError):
+        am.backward(g)
+    am.train()(q, k, v)
+    with pytest.raises(ValueError, match="grad_output"):
+        am.backward(np.ones((N, L, E)))
+    first = am.backward(g)                       # the failed call kept the state
+    with pytest.raises(RuntimeError):
+        am.backward(g)
+    grads = {name: grad.copy() for name, grad in am.named_grads()}
+    q2 = q.copy()
+    am(q2, k, v)
+    q2[...] = 0                                  # the forward kept a private copy
+    second = am.backward(g)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    for name, grad in am.named_grads():           # accumulated, as torch's .grad
+        np.testing.assert_allclose(grad, 2 * grads[name], rtol=1e-12, atol=1e-15)
+    am.zero_grad()
+    am(q, k, v)
+    am.in_proj_weight = am.in_proj_weight.copy()
+    with pytest.raises(RuntimeError, match="in_proj_weight"):
+        am.backward(g)
+    am(q, k, v)
+    am.out_proj.weight = am.out_proj.weight.copy()
+    with pytest.raises(RuntimeError, match="out_proj.weight"):
+        am.backward(g)
+
+
+def test_backward_gradient_dtypes():
+    """Each gradient in its input's floating dtype, else the module's."""
+    am = MultiheadAttention(E, HEADS, dtype=np.float64, rng=np.random.default_rng(25))
+    q, k, v = _qkv(np.random.default_rng(26), np.float32, {})
+    out, _ = am(q, k.tolist(), v)
+    assert out.dtype == np.float64
+    grad_q, grad_k, grad_v = am.backward(np.ones_like(out))
+    assert (grad_q.dtype, grad_k.dtype, grad_v.dtype) == (np.float32, np.float64, np.float32)
+    assert grad_q.shape == q.shape and grad_k.shape == k.shape and grad_v.shape == v.shape
+
+
+def test_copies_and_dtype_conversion():
+    tm, am = _pair(np.float32, seed=27, add_bias_kv=True)
+    q, k, v = _qkv(np.random.default_rng(28), np.float32, {})
+    expected = am.eval()(q, k, v)[0]
+    np.testing.assert_array_equal(copy.deepcopy(am)(q, k, v)[0], expected)
+    wide = copy.deepcopy(am).to(np.float64)
+    assert wide.in_proj_weight.dtype == np.float64 and wide.bias_k.dtype == np.float64
+    _close(wide(q, k, v)[0].astype(np.float32), expected, np.float32, "float64 twin")
+
+
+# ----------------------------------------------------------------------------
+# errors
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="num_heads"):
+        MultiheadAttention(6, 4)
+    with pytest.raises(ValueError, match="embed_dim"):
+        MultiheadAttention(0, 1)
+    with pytest.raises(ValueError, match="dropout"):
+        MultiheadAttention(6, 2, dropout=1.5)
+    with pytest.raises(TypeError):
+        MultiheadAttention(6, 2, dtype=np.int32)
+    am = MultiheadAttention(E, HEADS, kdim=3, vdim=5).eval()
+    q, k, v = _qkv(np.random.default_rng(29), np.float32, dict(kdim=3, vdim=5))
+    with pytest.raises(ValueError, match="query"):
+        am(q[..., :-1], k, v)
+    with pytest.raises(ValueError, match="key"):
+        am(q, v, v)
+    with pytest.raises(ValueError, match="value"):
+        am(q, k, v[:-1])
+    with pytest.raises(ValueError, match="key"):
+        am(q, k[:, :-1], v[:, :-1])
+    with pytest.raises(ValueError, match="key"):
+        am(q, k[0], v[0])
+    with pytest.raises(ValueError, match="query"):
+        am(q[None], k[None], v[None])
+    with pytest.raises(ValueError, match="attn_mask"):
+        am(q, k, v, attn_mask=np.zeros((L, S + 1), bool))
+    with pytest.raises(ValueError, match="attn_mask"):
+        am(q, k, v, attn_mask=np.zeros((N, L, S), bool))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        am(q, k, v, key_padding_mask=np.zeros((S, N), bool))
+    with pytest.raises(TypeError, match="attn_mask"):
+        am(q, k, v, attn_mask=np.zeros((L, S), np.int64))
+    with pytest.raises(TypeError, match="query"):
+        am(q.astype(complex), k, v)
+
+
+# ----------------------------------------------------------------------------
+# attnc.nn
+
+
+def test_nn_exports():
+    expected = {"Module", "Linear", "Dropout", "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3",
+                "SelfAttentionV4", "SelfAttentionInterview", "SelfAttention", "MultiHeadSelfAttention",
+                "MultiheadAttention"}
+    assert set(attnc.nn.__all__) == expected
+    for name in expected - {"MultiheadAttention"}:
+        assert getattr(attnc.nn, name) is getattr(attnc, name), name
+    assert attnc.nn.MultiheadAttention is not attnc.MultiHeadAttention
+    assert not hasattr(attnc.nn, "MultiHeadAttention") and not hasattr(attnc, "MultiheadAttention")
+    for names in (attnc.__all__, attnc.nn.__all__):   # no two names differ only by case
+        assert len({name.lower() for name in names}) == len(names)
