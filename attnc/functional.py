@@ -79,12 +79,15 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     enable_gqa, causal_alignment, window).
 
     Flash-style: the weights are recomputed tile by tile from lse, never
-    stored; extra memory is O(L + S) per item. Each gradient has its
+    stored (a row whose |lse| is too large for that, e.g. masked everywhere
+    or under a large bias, from its recomputed max and sum); extra memory
+    is about twice the packed query and gradient rows of the items in
+    flight, never (L, S). Each gradient has its
     input's shape, summed over the batch dims the input was broadcast
     along (and over each group of query heads for key and value with
     enable_gqa), as autograd does. A masked position's score is the
-    constant -1e20, so it passes no gradient to query or key; nor does a
-    key hidden from a query by is_causal or window. With dropout_p > 0,
+    constant -1e20, so it passes no gradient to query or key; the tiles
+    outside every band of is_causal or window are not computed. With dropout_p > 0,
     `seed` must be the forward's (the mask is recomputed from it, never
     stored); without it, ValueError.
     """

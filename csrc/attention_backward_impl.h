@@ -29,7 +29,8 @@ typedef struct {
     real *do_rows;  /* slot: (BLOCK_Q / NR) slivers of (Ev, NR): dO_i, for V_j dO_i^T */
     real *q_cols;   /* slot: (E_padded / NR) slivers of (qb, NR): Q_i, for dK         */
     real *do_cols;  /* slot: (Ev_padded / NR) slivers of (qb, NR): dO_i, for dV       */
-    real *d, *shift, *norm, *ds_scale; /* slot: (BLOCK_Q) each: D, the lse as an exp shift, P's and dS's factors */
+    real *d, *shift, *norm; /* slot: (BLOCK_Q) each: D, and P = exp(s - shift) * norm                */
+    real *row_scores; /* (S): one row's scores, for a row whose lse is too large to recompute P from */
     real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                        */
     real *k_cols;   /* (E_padded / NR) slivers of (kb, NR): K_j, for dQ               */
     real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                      */
@@ -59,9 +60,9 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
     PART(d, BLOCK_Q);
     PART(shift, BLOCK_Q);
     PART(norm, BLOCK_Q);
-    PART(ds_scale, BLOCK_Q);
     t->slot_elems = used;
     used += (attnc_ceil_div(L, BLOCK_Q) - 1) * t->slot_elems;
+    PART(row_scores, S);
     PART(fwd.k_pack, kb * E);
     PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
     PART(v_rows, kb * Ev);
@@ -90,7 +91,6 @@ static FN(grad_buffers) FN(query_slot)(const FN(grad_buffers) *t, idx_t tile)
     v.d += offset;
     v.shift += offset;
     v.norm += offset;
-    v.ds_scale += offset;
     return v;
 }
 
@@ -134,23 +134,29 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
                               width_padded);
 }
 
-/* The keys whose score is the mask's fill in query i's row (its band's
- * masked keys): the ones a row whose every other key is hidden (-inf)
- * spreads its weight over, uniformly. */
-static idx_t FN(filled_keys)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i)
+/* P = exp(s - lse) is off by about |lse| ulps of the dtype (the rounding
+ * of lse), and entirely wrong once log(sum) is below lse's rounding (the
+ * mask's -1e20 fill, a large negative bias). Beyond this |lse| (an error of
+ * 1.5e-5 in float, 1.5e-11 in double) a row's max and sum are recomputed
+ * exactly instead (row_stats, once per prepared row). */
+#define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
+
+/* *max and *sum of exp(s - safe_shift(max)) of query i's row, from its
+ * scores recomputed into `scores` (S), as the forward's row path. */
+static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores, real *max,
+                          real *sum)
 {
-    idx_t begin = attnc_band_begin(&a->band, i, a->S), end = attnc_band_end(&a->band, i, a->S), filled = 0;
-    if (!item->mask) return end - begin;
-    for (idx_t j = begin; j < end; j++) filled += item->mask[i * a->mask_rs + j * a->mask_cs] == 0;
-    return filled;
+    const real *q = item->q + i * a->q.row_stride;
+    for (idx_t j = 0; j < a->S; j++) scores[j] = FN(dot)(q, item->k + j * a->k.row_stride, a->E) * (real)a->scale;
+    FN(finish_row_scores)(a, item, i, scores);
+    *max = FN(row_max)(scores, a->S);
+    *sum = FN(exp_shift_sum)(scores, a->S, FN(safe_shift)(*max));
 }
 
-/* The query tile's packs, D, and how P is recomputed from each row's lse:
- * exp(s - shift) * norm. A row of -inf (lse -inf) has P = 0: shift +inf.
- * A row whose best score is the mask's fill (its visible keys are all
- * masked, or hidden by a -inf bias) has lse == -1e20 exactly (log of the
- * count is below the rounding of 1e20) and P = 1 / its filled keys; those
- * scores are the constant fill, so its dS is 0 (ds_scale). */
+/* The query tile's packs, D, and how P is recomputed for each row:
+ * exp(s - shift) * norm, with shift = lse and norm 1; a row of -inf (lse
+ * -inf) has P = 0 (shift +inf); a row whose |lse| is beyond
+ * EXACT_LSE_LIMIT gets its exact max and 1/sum (row_stats). */
 static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
                                 idx_t i0, idx_t nq)
 {
@@ -166,11 +172,14 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
         real d = 0;
         for (idx_t c = 0; c < a->Ev; c++) d += d_o[c] * o[c];
         t->d[i] = d;
-        real lse = item->lse[i0 + i];
+        real lse = item->lse[i0 + i], max, sum;
         t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
-        int all_masked = lse == (real)-1e20;
-        t->norm[i] = all_masked ? (real)1 / (real)FN(filled_keys)(a, &item->fwd, i0 + i) : 1;
-        t->ds_scale[i] = all_masked ? 0 : (real)a->scale;
+        t->norm[i] = 1;
+        if (lse != -(real)INFINITY && (lse > (real)EXACT_LSE_LIMIT || lse < -(real)EXACT_LSE_LIMIT)) {
+            FN(row_stats)(a, &item->fwd, i0 + i, t->row_scores, &max, &sum);
+            t->shift[i] = FN(safe_shift)(max);
+            t->norm[i] = FN(safe_inverse)(sum);
+        }
     }
 }
 
@@ -192,6 +201,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
                           idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     const attnc_attention_args *a = &g->forward;
+    real scale = (real)a->scale;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
     FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev);
     for (idx_t j = 0; j < nk; j++) {
@@ -204,16 +214,22 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
             real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
             for (idx_t i = 0; i < nq; i++) {
                 real m = FN(keep_factor)(&mask, i, j);
-                ds[i] = p[i] * (ds[i] * m - t->d[i]) * t->ds_scale[i];
+                ds[i] = p[i] * (ds[i] * m - t->d[i]) * scale;
                 p[i] *= m;
             }
         }
-        return;
+    } else {
+        for (idx_t j = 0; j < nk; j++) {
+            real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
+            for (idx_t i = 0; i < nq; i++) ds[i] = p[i] * (ds[i] - t->d[i]) * scale;
+        }
     }
-    for (idx_t j = 0; j < nk; j++) {
-        real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
-        for (idx_t i = 0; i < nq; i++) ds[i] = p[i] * (ds[i] - t->d[i]) * t->ds_scale[i];
-    }
+    if (item->fwd.mask) /* a masked score is the constant fill: no gradient reaches Q or K through it */
+        for (idx_t j = 0; j < nk; j++) {
+            const uint8_t *keep = item->fwd.mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
+            real *ds = t->ds_t + j * BLOCK_Q;
+            for (idx_t i = 0; i < nq; i++) ds[i] = keep[i * a->mask_rs] ? ds[i] : 0;
+        }
 }
 
 /* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */

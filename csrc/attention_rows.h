@@ -121,23 +121,30 @@ static void FN(group_scores)(const attnc_attention_args *a, FN(group_row) *rows,
     }
 }
 
-/* One row's softmax in place: bias, mask, band, then e = exp(s - max),
+/* Query i's row of S scaled scores: + bias, the mask's fill, and + -inf
+ * for the keys outside its band. */
+static void FN(finish_row_scores)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores)
+{
+    idx_t S = a->S;
+    if (item->bias) {
+        const real *bias = item->bias + i * a->bias_rs;
+        for (idx_t j = 0; j < S; j++) scores[j] += bias[j * a->bias_cs];
+    }
+    if (item->mask) {
+        const uint8_t *m = item->mask + i * a->mask_rs;
+        for (idx_t j = 0; j < S; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
+    }
+    for (idx_t j = 0, begin = attnc_band_begin(&a->band, i, S); j < begin; j++) scores[j] -= (real)INFINITY;
+    for (idx_t j = attnc_band_end(&a->band, i, S); j < S; j++) scores[j] -= (real)INFINITY;
+}
+
+/* One row's softmax in place: the finished scores, then e = exp(s - max),
  * its sum (the lse and weights when asked for), then dropout. */
 static void FN(row_softmax)(const attnc_attention_args *a, FN(group_row) *row)
 {
     idx_t S = a->S, i = row->i;
     real *scores = row->scores;
-    if (row->item.bias) {
-        const real *bias = row->item.bias + i * a->bias_rs;
-        for (idx_t j = 0; j < S; j++) scores[j] += bias[j * a->bias_cs];
-    }
-    if (row->item.mask) {
-        const uint8_t *m = row->item.mask + i * a->mask_rs;
-        for (idx_t j = 0; j < S; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
-    }
-    /* keys outside the query's band are hidden: score + -inf */
-    for (idx_t j = 0, begin = attnc_band_begin(&a->band, i, S); j < begin; j++) scores[j] -= (real)INFINITY;
-    for (idx_t j = attnc_band_end(&a->band, i, S); j < S; j++) scores[j] -= (real)INFINITY;
+    FN(finish_row_scores)(a, &row->item, i, scores);
     real max = FN(row_max)(scores, S), sum = FN(exp_shift_sum)(scores, S, FN(safe_shift)(max));
     row->inverse = FN(safe_inverse)(sum);
     if (a->lse) ((real *)a->lse)[row->b * a->L + i] = FN(log_sum_exp)(max, sum);

@@ -195,17 +195,20 @@ typedef struct {
  * attention backward: for every item b, with the forward's scores, bias,
  * mask, band and dropout factors m (0 or 1/(1-p), the same counter-based
  * mask) as above, and P recomputed from the forward's lse:
- *   P (L, S)  = exp(scores - lse)       (a row of -inf: 0; a row whose every
- *               key in its band is masked, lse == -1e20: 1 / those keys)
+ *   P (L, S)  = exp(scores - lse)       (a row of -inf: 0; a row whose |lse| is
+ *               too large for that, e.g. the mask's -1e20 fill or a large
+ *               bias: exp(scores - max) / sum from its scores recomputed)
  *   D (L)     = rowsum(dO * O)
  *   dV        = (P * m)^T dO            (S, Ev)
- *   dS        = P * ((dO V^T) * m - D)  (L, S)
+ *   dS        = P * ((dO V^T) * m - D)  (L, S), 0 where the mask is 0 (a constant)
  *   dQ        = scale dS K              (L, E)
  *   dK        = scale dS^T Q            (S, E)
  * forward: the forward's arguments (out = O; weights and lse unused);
  * grad_q/k/v are written, one distinct matrix per item (no broadcast).
- * Keys outside a query's band get no gradient from it, even when NaN.
- * Extra memory O(L + S) per task; bits independent of the thread count.
+ * (Query tile, key block) pairs outside every band are skipped. Extra
+ * memory per task: the item's packed queries and dO (about 2 L (E + Ev)),
+ * a row of S and fixed tiles, never (L, S); bits independent of the
+ * thread count and of the pass plan.
  */
 typedef struct {
     attnc_attention_args forward;

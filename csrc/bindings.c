@@ -188,11 +188,14 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
 static int seed_argument(PyObject *obj, uint64_t *seed)
 {
     if (obj == Py_None) return 1;
-    if (!PyLong_Check(obj) || Py_IS_TYPE(obj, &PyBool_Type)) {
+    PyObject *index = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
+    if (!index) {
+        PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
         return 0;
     }
-    unsigned long long key = PyLong_AsUnsignedLongLong(obj);
+    unsigned long long key = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
     if (key == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "seed: expected an integer in [0, 2**64), got %R", obj);
@@ -757,6 +760,11 @@ static int attention_operands(PyObject *const *objs, const score_options *o, int
     for (int d = 0; d < nb; d++) shape[d] = a->batch.shape[d];
     shape[nb] = L;
     shape[nb + 1] = S;
+    if (o->bias != Py_None && PyArray_Check(o->bias) && PyArray_ISBOOL((PyArrayObject *)o->bias)) {
+        PyErr_Format(PyExc_TypeError, "attn_bias: expected floats added to the scores, got a bool array (a mask "
+                     "of keys to keep is attn_mask; torch's True-means-hidden masks become a -inf bias)");
+        return 0;
+    }
     if (!scores_operand(o->mask, "attn_mask", nb + 2, shape, NPY_BOOL, mask) ||
         !scores_operand(o->bias, "attn_bias", nb + 2, shape, npy_type(*dt), bias))
         return 0;
@@ -1186,7 +1194,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
         kept_shapes(&c, kept_shape);
         for (int i = 0; i < 3; i++)
             if (!(kept[i] = new_array(2, kept_shape[i], c.dt))) goto done;
-        if ((PyObject *)c.x == x_obj) {
+        if ((PyObject *)c.x == x_obj || !PyArray_CHKFLAGS(c.x, NPY_ARRAY_OWNDATA)) { /* the caller's memory */
             PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(c.x, NPY_CORDER);
             if (!copy) goto done;
             Py_SETREF(c.x, copy);
@@ -1203,6 +1211,8 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
         attnc_status status;
         RUN_KERNEL(status, attnc_self_attention(s));
         if (!kernel_ok(status, "self_attention")) goto done;
+    } else {
+        for (int i = 0; i < 3 && kept[i]; i++) PyArray_FILLWBYTE((PyArrayObject *)kept[i], 0);
     }
     if (save && !(saved = Py_BuildValue("(OOOOK)", c.x, kept[0], kept[1], kept[2], (unsigned long long)seed)))
         goto done;
@@ -1244,14 +1254,15 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     static char *kwlist[] = {"grad_output", "saved", "params", "spec", "attention_mask", "dtype", "dropout_p",
                              "scale", NULL};
     PyObject *grad_obj, *saved, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL,
-             *scale_obj = Py_None, *x_obj, *kept[3];
-    unsigned long long seed;
+             *scale_obj = Py_None, *x_obj, *kept[3], *seed_obj;
+    uint64_t seed = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!|O$OOO:self_attention_backward", kwlist, &grad_obj,
                                      &PyTuple_Type, &saved, &PyTuple_Type, &params, &PyTuple_Type, &spec_obj,
                                      &mask_obj, &dtype_obj, &p_obj, &scale_obj))
         return NULL;
-    if (!PyArg_ParseTuple(saved, "O!O!O!O!K:self_attention_backward saved", &PyArray_Type, &x_obj, &PyArray_Type,
-                          &kept[0], &PyArray_Type, &kept[1], &PyArray_Type, &kept[2], &seed))
+    if (!PyArg_ParseTuple(saved, "O!O!O!O!O:self_attention_backward saved", &PyArray_Type, &x_obj, &PyArray_Type,
+                          &kept[0], &PyArray_Type, &kept[1], &PyArray_Type, &kept[2], &seed_obj) ||
+        !seed_argument(seed_obj, &seed))
         return NULL;
     module_call c = {.held = {NULL}};
     PyArrayObject *grad = NULL;

@@ -494,3 +494,13 @@ def test_grad_x_has_the_dtype_of_a_floating_x(x_dtype):
     want_dtype = np.dtype(x_dtype) if np.dtype(x_dtype).kind == "f" else np.dtype(np.float32)
     assert got.dtype == want_dtype
     assert np.array_equal(got, expected.astype(want_dtype))
+
+
+def test_x_given_as_a_torch_tensor_is_copied_for_backward():
+    """Regression (review): x given as another library's array (a torch tensor) was kept by
+    reference, so an in-place edit after the forward changed the weight gradients."""
+    (x, g), am, ref = xg(), mha(), mha()
+    t = torch.tensor(x)
+    am(t)
+    t.add_(7.0)
+    assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(ref, x, g)])

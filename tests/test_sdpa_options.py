@@ -360,3 +360,36 @@ def test_backward_of_dropout_needs_the_seed():
     out, lse = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, seed=9, return_lse=True)
     with pytest.raises(ValueError, match="^dropout_p"):
         F.scaled_dot_product_attention_backward(out, q, q, q, out, lse, dropout_p=0.3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_rows_of_large_scores_recover_their_weights(dtype, simd_mode):
+    """Regression (a review of the backward): P = exp(s - lse) cannot be recomputed for a row
+    whose |lse| is large. A padding bias of -2^100 makes lse round to the row's max, so every P
+    came out 1 instead of 1/S (gradients S times too large), and a mask-filled row combined with
+    such keys spread its weight over the wrong keys; a +300 bias costs 300 ulps. Those rows'
+    max and sum are now recomputed exactly."""
+    rng = np.random.default_rng(41)
+    q, k, v = normal(rng, (2, 3, 30, 8), dtype), normal(rng, (2, 3, 40, 8), dtype), normal(rng, (2, 3, 40, 6), dtype)
+    g = normal(rng, (2, 3, 30, 6), dtype)
+    bias = np.zeros((2, 1, 30, 40), dtype)
+    bias[0, 0, 3, :] = -2.0 ** 100      # padding: every key equally far below
+    bias[1, 0, 5, :] = 300.0            # large scores, |lse| beyond the limit
+    bias[1, 0, 6, :7] = -2.0 ** 100
+    if dtype == np.float64:             # float32 drops the scores under -1e9, its float64 oracle does not
+        bias[0, 0, 9, ::2] = -1e9
+    mask = keep_mask(rng, (2, 1, 30, 40), dead_rows=(6,))
+    for m in (None, mask):
+        check_all(forward_backward(q, k, v, m, bias, {}, g), reference(q, k, v, m, bias, grad_out=g), dtype)
+
+
+def test_bool_bias_is_refused_and_numpy_seeds_are_taken():
+    """Regressions (review): a bool attn_bias was added as 0/1 (a torch-style bool mask passed as
+    a bias gave a silently wrong answer); a NumPy integer seed was refused."""
+    rng = np.random.default_rng(42)
+    q = normal(rng, (2, 5, 4), np.float64)
+    with pytest.raises(TypeError) as info:
+        F.scaled_dot_product_attention(q, q, q, attn_bias=np.ones((5, 5), bool))
+    assert str(info.value).startswith("attn_bias"), str(info.value)
+    plain = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=7)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=np.uint64(7)), plain)
