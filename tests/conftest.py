@@ -41,3 +41,17 @@ def restore_threads():
 @pytest.fixture(params=[np.float32, np.float64], ids=["f32", "f64"])
 def dtype(request):
     return np.dtype(request.param)
+
+
+@pytest.fixture
+def serial_torch():
+    """torch on one thread while a test runs (test files with tiny torch oracles
+    use it for all their tests): with torch's two threads such files ran ~10x
+    slower on a busy 2-core machine."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -8,7 +8,9 @@ Copied from the five documents (the tutorials) with only the Errata of API.md fi
 - 004 MultiHeadSelfAttention reshapes with `n` where it wrote `nh`.
 The documents' parameter names are kept so that state_dict keys match attnc's.
 `MultiHeadSelfAttention003` is 003's class unchanged: NOT an oracle (it attends over
-feature channels), kept only to show that attnc differs from it.
+feature channels), kept only to show that attnc differs from it. At the end, the
+documents' other spellings of the same models (001's and 002's classes, 003's
+SelfAttention as `SelfAttention003`), for attnc.from_torch's tests.
 """
 import math
 from math import sqrt
@@ -222,3 +224,110 @@ class MultiHeadSelfAttention003(nn.Module):
         attention = attention.transpose(1, 2)
         output = attention.reshape(-1, x.shape[1], x.shape[2])
         return output
+
+
+# ----------------------------------------------------------------------------
+# the documents' other spellings (001's and 002's classes, 003's SelfAttention),
+# their errata fixed and their debugging prints removed, with the documents'
+# names and parameter names
+
+
+class EasyAttentionModule(nn.Module):      # 001: SelfAttentionV1 with query_linear, key_linear, value_linear
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.query_linear = nn.Linear(hidden_dim, hidden_dim)
+        self.key_linear = nn.Linear(hidden_dim, hidden_dim)
+        self.value_linear = nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, X):
+        Q, K, V = self.query_linear(X), self.key_linear(X), self.value_linear(X)
+        attention_value = torch.matmul(Q, K.transpose(-2, -1))
+        attention_weight = torch.softmax(attention_value / math.sqrt(self.hidden_dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class AttentionModule(nn.Module):          # 001 (erratum fixed: self.dim, not self.hidden_dim)
+    def __init__(self, dim: int = 728) -> None:
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+
+    def forward(self, X):
+        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(self.dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class Attention(nn.Module):                # 001: dropout, attention_mask, output_proj
+    def __init__(self, dim, dropout) -> None:
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+        self.dropout = nn.Dropout(dropout)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, X, attention_mask=None):
+        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
+        attention_weight = Q @ K.transpose(-2, -1) / math.sqrt(self.dim)
+        if attention_mask is not None:
+            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
+        attention_weight = self.dropout(torch.softmax(attention_weight, dim=-1))
+        return self.output_proj(attention_weight @ V)
+
+
+class SelfattentionV1(nn.Module):          # 002: querry_proj, key_proj, value_proj
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.querry_proj = nn.Linear(hidden_dim, hidden_dim)
+        self.key_proj = nn.Linear(hidden_dim, hidden_dim)
+        self.value_proj = nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, x):
+        Q, K, V = self.querry_proj(x), self.key_proj(x), self.value_proj(x)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
+        return torch.matmul(attention_weight, V)
+
+
+class SelfattentionV2(nn.Module):          # 002 (erratum fixed: dim=-1 in torch.split)
+    def __init__(self, hidden_dim: int = 728) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.proj = nn.Linear(hidden_dim, hidden_dim * 3)
+
+    def forward(self, x):
+        Q, K, V = torch.split(self.proj(x), self.hidden_dim, dim=-1)
+        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
+        return attention_weight @ V
+
+
+class slefattentionV3(nn.Module):          # 002 (errata fixed: self, droupout_rate, masked_fill, is not None, return)
+    def __init__(self, dim, droupout_rate=0.1):
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, dim * 3)
+        self.attention_dropout = nn.Dropout(droupout_rate)
+        self.output_proj = nn.Linear(dim, dim)
+
+    def forward(self, x, attention_mask=None):
+        Q, K, V = torch.split(self.proj(x), self.dim, dim=-1)
+        attention_weight = Q @ K.transpose(-1, -2) / math.sqrt(self.dim)
+        if attention_mask is not None:
+            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
+        attention_weight = self.attention_dropout(torch.softmax(attention_weight, dim=-1))
+        return self.output_proj(attention_weight @ V)
+
+
+class SelfAttention003(nn.Module):         # 003 (its name: SelfAttention, as 004's): q, k, v with biases, an nn.Softmax
+    def __init__(self, input_dim, dim_k, dim_v):
+        super().__init__()
+        self.dim_k = dim_k
+        self.q = nn.Linear(input_dim, dim_k)
+        self.k = nn.Linear(input_dim, dim_k)
+        self.v = nn.Linear(input_dim, dim_v)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        Q, K, V = self.q(x), self.k(x), self.v(x)
+        return torch.bmm(self.softmax(torch.bmm(Q, K.permute(0, 2, 1)) / math.sqrt(self.dim_k)), V)

@@ -14,34 +14,12 @@ import attnc
 from attnc import functional as F
 from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads,
                      random_keep_mask, ref_attend, ref_forward, scores_shape)
+from toolkit import assert_grad_close as check
 
 DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
 
 
-@pytest.fixture(autouse=True)
-def serial_torch():
-    """The torch oracles run on one thread (their sizes are tiny): with torch's two
-    threads this file ran ~10x slower on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def check(actual, expected, dtype, what=""):
-    """actual has expected's shape and `dtype`, and is within 1e-9 (float64) or
-    1e-4 (float32) of max(1, max|expected|)."""
-    expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
-    actual = np.asarray(actual)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
-    if expected.size:
-        scale = max(1.0, float(np.abs(expected).max()))
-        err = float(np.abs(actual.astype(np.float64) - expected).max())
-        bound = (1e-9 if np.dtype(dtype) == np.float64 else 1e-4) * scale
-        assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
+pytestmark = pytest.mark.usefixtures("serial_torch")
 
 
 def normal(rng, shape, dtype=np.float64):

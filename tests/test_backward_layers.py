@@ -11,24 +11,11 @@ from hypothesis import strategies as st
 
 import attnc
 from attnc.functional import linear_backward, softmax_backward
+from toolkit import assert_grad_close as check
 from toolkit import ref_linear, ref_softmax, result_dtype
 
 SIZES = [(1, 3), (3, 1), (17, 33), (33, 65), (65, 17)]   # (in, out) across the GEMM's tile edges
 LEADS = [(), (65,), (3, 17), (2, 1, 33), (1, 3, 2, 5)]    # 0 to 4 leading dims
-
-
-def check(actual, expected, dtype, what=""):
-    """actual has expected's shape and `dtype`, and is within 1e-9 (float64) or
-    1e-4 (float32) of max(1, max|expected|)."""
-    expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
-    actual = np.asarray(actual)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, dtype)
-    if expected.size:
-        scale = max(1.0, float(np.abs(expected).max()))
-        err = float(np.abs(actual.astype(np.float64) - expected).max())
-        bound = (1e-9 if np.dtype(dtype) == np.float64 else 1e-4) * scale
-        assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
 
 
 def torch_linear_grads(g, x, w, b=None):

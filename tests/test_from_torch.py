@@ -1,8 +1,7 @@
-"""attnc.from_torch: each document class (tests/doc_models.py, plus the
-documents' other spellings below), torch.nn.Linear and
+"""attnc.from_torch: each document class under each of its spellings
+(tests/doc_models.py), torch.nn.Linear and
 torch.nn.MultiheadAttention become their attnc twins with the same weights,
 outputs and mode; unknown classes raise TypeError; attnc never imports torch."""
-import math
 import os
 import subprocess
 import sys
@@ -20,113 +19,6 @@ B, T = 3, 5
 
 
 # ----------------------------------------------------------------------------
-# the documents' classes that tests/doc_models.py does not copy (001's and
-# 002's other spellings, 003's SelfAttention), their errata fixed and their
-# debugging prints removed, with the documents' names and parameter names
-
-
-class EasyAttentionModule(nn.Module):      # 001: SelfAttentionV1 with query_linear, key_linear, value_linear
-    def __init__(self, hidden_dim: int = 728) -> None:
-        super().__init__()
-        self.hidden_dim = hidden_dim
-        self.query_linear = nn.Linear(hidden_dim, hidden_dim)
-        self.key_linear = nn.Linear(hidden_dim, hidden_dim)
-        self.value_linear = nn.Linear(hidden_dim, hidden_dim)
-
-    def forward(self, X):
-        Q, K, V = self.query_linear(X), self.key_linear(X), self.value_linear(X)
-        attention_value = torch.matmul(Q, K.transpose(-2, -1))
-        attention_weight = torch.softmax(attention_value / math.sqrt(self.hidden_dim), dim=-1)
-        return torch.matmul(attention_weight, V)
-
-
-class AttentionModule(nn.Module):          # 001 (erratum fixed: self.dim, not self.hidden_dim)
-    def __init__(self, dim: int = 728) -> None:
-        super().__init__()
-        self.dim = dim
-        self.proj = nn.Linear(dim, dim * 3)
-
-    def forward(self, X):
-        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
-        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(self.dim), dim=-1)
-        return torch.matmul(attention_weight, V)
-
-
-class Attention(nn.Module):                # 001: dropout, attention_mask, output_proj
-    def __init__(self, dim, dropout) -> None:
-        super().__init__()
-        self.dim = dim
-        self.proj = nn.Linear(dim, dim * 3)
-        self.dropout = nn.Dropout(dropout)
-        self.output_proj = nn.Linear(dim, dim)
-
-    def forward(self, X, attention_mask=None):
-        Q, K, V = torch.split(self.proj(X), self.dim, dim=-1)
-        attention_weight = Q @ K.transpose(-2, -1) / math.sqrt(self.dim)
-        if attention_mask is not None:
-            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
-        attention_weight = self.dropout(torch.softmax(attention_weight, dim=-1))
-        return self.output_proj(attention_weight @ V)
-
-
-class SelfattentionV1(nn.Module):          # 002: querry_proj, key_proj, value_proj
-    def __init__(self, hidden_dim: int = 728) -> None:
-        super().__init__()
-        self.hidden_dim = hidden_dim
-        self.querry_proj = nn.Linear(hidden_dim, hidden_dim)
-        self.key_proj = nn.Linear(hidden_dim, hidden_dim)
-        self.value_proj = nn.Linear(hidden_dim, hidden_dim)
-
-    def forward(self, x):
-        Q, K, V = self.querry_proj(x), self.key_proj(x), self.value_proj(x)
-        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
-        return torch.matmul(attention_weight, V)
-
-
-class SelfattentionV2(nn.Module):          # 002 (erratum fixed: dim=-1 in torch.split)
-    def __init__(self, hidden_dim: int = 728) -> None:
-        super().__init__()
-        self.hidden_dim = hidden_dim
-        self.proj = nn.Linear(hidden_dim, hidden_dim * 3)
-
-    def forward(self, x):
-        Q, K, V = torch.split(self.proj(x), self.hidden_dim, dim=-1)
-        attention_weight = torch.softmax(torch.matmul(Q, K.transpose(-1, -2)) / math.sqrt(self.hidden_dim), dim=-1)
-        return attention_weight @ V
-
-
-class slefattentionV3(nn.Module):          # 002 (errata fixed: self, droupout_rate, masked_fill, is not None, return)
-    def __init__(self, dim, droupout_rate=0.1):
-        super().__init__()
-        self.dim = dim
-        self.proj = nn.Linear(dim, dim * 3)
-        self.attention_dropout = nn.Dropout(droupout_rate)
-        self.output_proj = nn.Linear(dim, dim)
-
-    def forward(self, x, attention_mask=None):
-        Q, K, V = torch.split(self.proj(x), self.dim, dim=-1)
-        attention_weight = Q @ K.transpose(-1, -2) / math.sqrt(self.dim)
-        if attention_mask is not None:
-            attention_weight = attention_weight.masked_fill(attention_mask == 0, float("-1e20"))
-        attention_weight = self.attention_dropout(torch.softmax(attention_weight, dim=-1))
-        return self.output_proj(attention_weight @ V)
-
-
-class SelfAttention(nn.Module):            # 003: q, k, v with biases, an nn.Softmax
-    def __init__(self, input_dim, dim_k, dim_v):
-        super().__init__()
-        self.dim_k = dim_k
-        self.q = nn.Linear(input_dim, dim_k)
-        self.k = nn.Linear(input_dim, dim_k)
-        self.v = nn.Linear(input_dim, dim_v)
-        self.softmax = nn.Softmax(dim=-1)
-
-    def forward(self, x):
-        Q, K, V = self.q(x), self.k(x), self.v(x)
-        return torch.bmm(self.softmax(torch.bmm(Q, K.permute(0, 2, 1)) / math.sqrt(self.dim_k)), V)
-
-
-# ----------------------------------------------------------------------------
 # (id, torch module factory, attnc class, mask shape (None: takes no mask))
 
 D = 6
@@ -135,14 +27,15 @@ CASES = [
     ("000-SelfAttentionv2", lambda: dm.SelfAttentionv2(D), attnc.SelfAttentionV2, None),
     ("000-SelfAttentionv3", lambda: dm.SelfAttentionv3(D, 0.2), attnc.SelfAttentionV3, (B, T, T)),
     ("000-SelfAttentionInterview", lambda: dm.SelfAttentionInterview(D, 0.3), attnc.SelfAttentionV4, (B, T, T)),
-    ("001-EasyAttentionModule", lambda: EasyAttentionModule(D), attnc.SelfAttentionV1, None),
-    ("001-AttentionModule", lambda: AttentionModule(D), attnc.SelfAttentionV2, None),
-    ("001-Attention", lambda: Attention(D, 0.01), attnc.SelfAttentionV3, (B, T, T)),
+    ("001-EasyAttentionModule", lambda: dm.EasyAttentionModule(D), attnc.SelfAttentionV1, None),
+    ("001-AttentionModule", lambda: dm.AttentionModule(D), attnc.SelfAttentionV2, None),
+    ("001-Attention", lambda: dm.Attention(D, 0.01), attnc.SelfAttentionV3, (B, T, T)),
     ("001-MuitiHeadAttention", lambda: dm.MuitiHeadAttention(D, 3, 0.2), attnc.MultiHeadAttention, (B, 1, 1, T)),
-    ("002-SelfattentionV1", lambda: SelfattentionV1(D), attnc.SelfAttentionV1, None),
-    ("002-SelfattentionV2", lambda: SelfattentionV2(D), attnc.SelfAttentionV2, None),
-    ("002-slefattentionV3", lambda: slefattentionV3(D, 0.4), attnc.SelfAttentionV3, (B, T, T)),
-    ("003-SelfAttention", lambda: SelfAttention(D, 4, 7), attnc.SelfAttention, None),
+    ("002-SelfattentionV1", lambda: dm.SelfattentionV1(D), attnc.SelfAttentionV1, None),
+    ("002-SelfattentionV2", lambda: dm.SelfattentionV2(D), attnc.SelfAttentionV2, None),
+    ("002-slefattentionV3", lambda: dm.slefattentionV3(D, 0.4), attnc.SelfAttentionV3, (B, T, T)),
+    ("003-SelfAttention", lambda: type("SelfAttention", (dm.SelfAttention003,), {})(D, 4, 7), attnc.SelfAttention,
+     None),
     ("004-SelfAttention", lambda: dm.SelfAttention(D, 4, 7), attnc.SelfAttention, (B, T, T)),
     ("004-SelfAttention-bias", lambda: dm.SelfAttention(D, 4, 7, bias=True), attnc.SelfAttention, (B, T, T)),
     ("004-MultiHeadSelfAttention", lambda: dm.MultiHeadSelfAttention(D, 6, 9, 3), attnc.MultiHeadSelfAttention,
@@ -179,14 +72,14 @@ def test_hyper_parameters_recovered():
     t = attnc.from_torch(dm.MuitiHeadAttention(12, 4, 0.25))
     assert (t.hidden_dim, t.head_num, t.dropout.p) == (12, 4, 0.25)
     assert attnc.from_torch(dm.SelfAttentionv3(4, 0.3)).attention_dropout.p == 0.3
-    assert attnc.from_torch(Attention(4, 0.01)).attention_dropout.p == 0.01
-    assert attnc.from_torch(slefattentionV3(4, 0.4)).attention_dropout.p == 0.4
+    assert attnc.from_torch(dm.Attention(4, 0.01)).attention_dropout.p == 0.01
+    assert attnc.from_torch(dm.slefattentionV3(4, 0.4)).attention_dropout.p == 0.4
     assert attnc.from_torch(dm.SelfAttentionInterview(4, 0.2)).attention_dropout.p == 0.2
     t = attnc.from_torch(dm.MultiHeadSelfAttention(5, 6, 9, 3))
     assert (t.dim_in, t.dim_k, t.dim_v, t.num_heads, t.linear_q.bias) == (5, 6, 9, 3, None)
-    t = attnc.from_torch(SelfAttention(5, 4, 7))
+    t = attnc.from_torch(type("SelfAttention", (dm.SelfAttention003,), {})(5, 4, 7))
     assert (t.dim_in, t.dim_k, t.dim_v) == (5, 4, 7) and t.linear_q.bias is not None
-    assert attnc.from_torch(SelfattentionV2(7)).dim == 7
+    assert attnc.from_torch(dm.SelfattentionV2(7)).dim == 7
 
 
 def test_003_multihead_is_converted_to_the_intent():

@@ -16,19 +16,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnc
 from attnc import functional as F
+from toolkit import MASKED_FILL
 
-MASKED_FILL = -1e20
 
-
-@pytest.fixture(autouse=True)
-def serial_torch():
-    """The torch oracles are small: one thread keeps them fast on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("serial_torch")
 
 
 def check(actual, expected, dtype, what="", elementwise=False):

@@ -86,11 +86,11 @@ def tolerance(dtype):
     raise ValueError(f"no tolerance for results of dtype {dtype}")
 
 
-def assert_close(actual, expected, dtype, what=""):
+def assert_close(actual, expected, dtype, what="", tol=None):
     """actual (an attnc result) against expected (an oracle's float64 values,
     a NumPy array, a torch tensor or a list): same shape, dtype == `dtype`,
     NaN at the same places, the same infinities at the same places, and the
-    finite values within tolerance(dtype) * max(1, max|expected finite|)."""
+    finite values within tol (default tolerance(dtype)) * max(1, max|expected finite|)."""
     if hasattr(expected, "detach"):   # a torch tensor
         expected = expected.detach().numpy()
     actual = np.asarray(actual)
@@ -109,8 +109,16 @@ def assert_close(actual, expected, dtype, what=""):
         assert np.all(np.isfinite(a)), f"{what}: non-finite values where the oracle's are finite"
         scale = max(1.0, float(np.max(np.abs(e))))
         err = float(np.max(np.abs(a - e)))
-        bound = tolerance(dtype) * scale
+        bound = (tolerance(dtype) if tol is None else tol) * scale
         assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
+
+
+def assert_grad_close(actual, expected, dtype, what=""):
+    """assert_close at the training issue's gradient tolerance: 1e-9 (float64)
+    and 1e-4 (float32) of max(1, max|expected|). A gradient adds the
+    backward's reductions (dP, dS, then dQ/dK/dV and the projections) to the
+    forward's; a wrong term or scale still misses it by orders of magnitude."""
+    assert_close(actual, expected, dtype, what, tol=1e-9 if np.dtype(dtype) == np.float64 else 1e-4)
 
 
 def result_dtype(*dtypes):
