@@ -147,8 +147,8 @@ static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *it
                           real *sum)
 {
     const real *q = item->q + i * a->q.row_stride;
-    for (idx_t j = 0; j < a->S; j++) scores[j] = FN(dot)(q, item->k + j * a->k.row_stride, a->E) * (real)a->scale;
-    FN(finish_row_scores)(a, item, i, scores);
+    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, (real)a->scale, scores);
+    FN(finish_row_scores)(a, item, i, 0, a->S, scores);
     *max = FN(row_max)(scores, a->S);
     *sum = FN(exp_shift_sum)(scores, a->S, FN(safe_shift)(*max));
 }

@@ -11,17 +11,17 @@
  *          matrix never exists. When the weights are wanted, a second pass
  *          per query tile writes them: scores into the weights rows, then
  *          a softmax in place.
- *   rows (attention_rows.h): one query at a time, no packing: few queries
- *          per item (decode), or head sizes too large for the tiles.
+ *   rows (attention_rows.h): no packing, the key range split into fixed
+ *          splits merged by their log-sum-exp: few queries per item
+ *          (decode), or head sizes too large for the tiles.
  * Both read Q, K, V through batch strides (heads are strides, not copies)
  * and the mask through zero strides (broadcast, never expanded). */
 
-/* The rows path takes items of at most this many queries (the tiles would
- * be mostly padding), and head sizes E + Ev above FLASH_MAX_HEAD (the
+/* The rows path takes items of at most ROWS_MAX_QUERIES queries
+ * (attention_rows.h), and head sizes E + Ev above FLASH_MAX_HEAD (the
  * tiles' workspace grows with them). */
 #ifndef ATTNC_ATTENTION_PATHS
 #define ATTNC_ATTENTION_PATHS
-#define ROWS_MAX_QUERIES 4
 #define FLASH_MAX_HEAD 2048
 #endif
 
@@ -41,26 +41,6 @@ static void FN(key_range)(const attnc_attention_args *a, int skip_hidden, idx_t 
     *begin = skip_hidden ? attnc_band_begin(&a->band, i0, a->S) : 0;
     *end = skip_hidden ? attnc_band_end(&a->band, i0 + nq - 1, a->S) : a->S;
 }
-
-/* 1 if the n rows (cols elements each, rows rs apart) of x are all finite:
- * x * 0 is 0 for a finite x and NaN for NaN or +-inf. Summed in
- * FINITE_LANES independent lanes, which the compiler vectorises. */
-#define FINITE_LANES 16
-static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
-{
-    real lanes[FINITE_LANES] = {0};
-    for (idx_t j = 0; j < n; j++) {
-        const real *row = x + j * rs;
-        idx_t c = 0;
-        for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += row[c + u] * 0;
-        for (; c < cols; c++) lanes[0] += row[c] * 0;
-    }
-    real zero_or_nan = 0;
-    for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
-    return zero_or_nan == 0;
-}
-#undef FINITE_LANES
 
 /* k_pack <- keys [j0, j0+nk) of the item */
 static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,

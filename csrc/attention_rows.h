@@ -1,37 +1,22 @@
 /* The attention kernel's row path (dtype and ISA template; needs dtype.h,
- * simd.h and vexp.h): one query at a time, straight from the rows of Q, K
- * and V, with no packing. For few queries per item (decode: packing keys
- * and values into slivers for one query costs more than the arithmetic)
- * and for head sizes too large for the flash path's tiles (its workspace
- * is one row of scores, whatever E and Ev).
+ * simd.h and vexp.h): straight from the rows of Q, K and V, with no
+ * packing. For few queries per item (decode: packing keys and values into
+ * slivers for a few queries costs more than the arithmetic) and for head
+ * sizes too large for the flash path's tiles.
  *
- *   scores (S) = scale * K (S, E) . q (E)     then bias, mask, band
- *   e (S)      = exp(scores - max)            sum = e's sum (before dropout)
- *   weights    = e / sum                      (written when asked for)
- *   out (Ev)   = dropout(e) . V (S, Ev) / sum
- * A row whose scores are all -inf gets weights 0 and out 0 * V. */
-
-/* sum of x[p] * y[p], in DOT_LANES fixed lanes (the same for any caller
- * and ISA level): lane u adds up p = u, u + 16, ... by fused multiply-adds
- * (DOT_LANES / VLANES vectors), the tail goes to lane 0, then the lanes
- * are added in order. */
-#define DOT_LANES 16
-static inline real FN(dot)(const real *x, const real *y, idx_t n)
-{
-    vreal acc[DOT_LANES / VLANES];
-    for (int v = 0; v < DOT_LANES / VLANES; v++) acc[v] = vzero();
-    idx_t p = 0;
-    for (; p + DOT_LANES <= n; p += DOT_LANES)
-        for (int v = 0; v < DOT_LANES / VLANES; v++)
-            acc[v] = vfma(vloadu(x + p + v * VLANES), vloadu(y + p + v * VLANES), acc[v]);
-    real lanes[DOT_LANES];
-    for (int v = 0; v < DOT_LANES / VLANES; v++) vstoreu(lanes + v * VLANES, acc[v]);
-    for (; p < n; p++) lanes[0] = sfma(x[p], y[p], lanes[0]);
-    real sum = 0;
-    for (int u = 0; u < DOT_LANES; u++) sum += lanes[u];
-    return sum;
-}
-#undef DOT_LANES
+ * Task = a group of up to ROWS_GROUP query rows that share their keys and
+ * values (an item's queries, and the items K and V are broadcast over:
+ * grouped-query attention) and a split of SPLIT_KEYS keys [s0, s0 + n):
+ *   scores (G, n) = scale * Q_g (G, E) . K[s0:s0+n] (n, E)^T   then bias, mask, band
+ *   e (G, n)      = exp(scores - m)      m, l: each row's max, sum of e
+ *   part (G, Ev)  = dropout(e) . V[s0:s0+n] (n, Ev)
+ * K and V are read once per group and split, a chunk at a time while every
+ * row uses it. Then each row merges its splits in order:
+ *   M = max_c m_c,  f_c = exp(m_c - M),  out = sum_c f_c part_c / sum_c f_c l_c
+ *   weights (when asked for) = e * f_c / sum_c f_c l_c
+ * The splits depend on S alone, so the bits depend neither on the thread
+ * count nor on the batch. A row whose scores are all -inf gets weights 0
+ * and out 0 * V. */
 
 /* Where item b's matrices start. */
 typedef struct {
@@ -89,116 +74,204 @@ static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t 
     return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
 }
 
-/* Keys per chunk of the two passes: a chunk of K or V rows stays in L1
- * while every row of the group uses it. Rows per group: query rows that
- * share their keys and values (one item's queries, and the items K and V
- * are broadcast over), read together in one pass. */
+/* 1 if the n rows (cols elements each, rows rs apart) of x are all finite:
+ * x * 0 is 0 for a finite x and NaN for NaN or +-inf. Summed in
+ * FINITE_LANES independent lanes, which the compiler vectorises. */
+#define FINITE_LANES 16
+static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
+{
+    real lanes[FINITE_LANES] = {0};
+    for (idx_t j = 0; j < n; j++) {
+        const real *row = x + j * rs;
+        idx_t c = 0;
+        for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
+            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += row[c + u] * 0;
+        for (; c < cols; c++) lanes[0] += row[c] * 0;
+    }
+    real zero_or_nan = 0;
+    for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
+    return zero_or_nan == 0;
+}
+#undef FINITE_LANES
+
+/* Rows per group, keys per split, keys per chunk (a chunk of K or V rows
+ * stays in L1 while every row of the group uses it), the bytes of split
+ * state (each split's row stats and parts) one wave of groups may hold,
+ * and the most queries per item the row path takes (more fill the flash
+ * path's tiles). */
 #ifndef ATTNC_ROWS_SIZES
 #define ATTNC_ROWS_SIZES
-#define ROWS_CHUNK 16
 #define ROWS_GROUP 16
+#define SPLIT_KEYS 1024
+#define ROWS_CHUNK 32
+#define WAVE_BYTES (8 << 20)
+#define ROWS_MAX_QUERIES 16
+#define ROW_BLOCK 4
 #endif
+/* The register blocks: ROW_BLOCK rows x KEY_BLOCK keys of dot products,
+ * ROW_BLOCK rows x VALUE_VECTORS vectors of the parts (16 registers below
+ * AVX-512, 32 with it). */
+#undef KEY_BLOCK
+#undef VALUE_VECTORS
+#define KEY_BLOCK (SIMD_BYTES == 64 ? 4 : 2)
+#define VALUE_VECTORS (SIMD_BYTES == 64 ? 4 : 2)
 
-/* One query row of a group: its item, its index in the item, its view. */
-typedef struct {
-    idx_t b, i;
-    FN(item_view) item;
-    real *scores; /* (S): scores, then e = exp(score - max), dropped out */
-    real inverse; /* 1 / the sum of e before dropout (0 for a row of -inf) */
-} FN(group_row);
-
-/* scores <- the scores of every row against every key of k (the group's
- * shared keys): each chunk of K rows is read once for the whole group. */
-static void FN(group_scores)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows, const real *k)
+/* sums[d] <- the sum of acc[d]'s lanes, added in lane order, so that a dot
+ * has the same bits in any block: VLANES accumulators at a time by a
+ * transpose and vertical adds, the rest one at a time. */
+static inline __attribute__((always_inline)) void FN(lane_sums)(vreal *acc, int n, real *sums)
 {
-    real scale = (real)a->scale;
-    for (idx_t j0 = 0; j0 < a->S; j0 += ROWS_CHUNK) {
-        idx_t j1 = attnc_min(j0 + ROWS_CHUNK, a->S);
-        for (idx_t r = 0; r < n_rows; r++) {
-            const real *q = rows[r].item.q + rows[r].i * a->q.row_stride;
-            for (idx_t j = j0; j < j1; j++) rows[r].scores[j] = FN(dot)(q, k + j * a->k.row_stride, a->E) * scale;
-        }
+    int d = 0;
+    for (; d + VLANES <= n; d += VLANES) {
+        vtranspose(acc + d);
+        vreal sum = acc[d];
+        for (int u = 1; u < VLANES; u++) sum = vadd(sum, acc[d + u]);
+        vstoreu(sums + d, sum);
+    }
+    for (; d < n; d++) {
+        real lanes[VLANES];
+        vstoreu(lanes, acc[d]);
+        real sum = lanes[0];
+        for (int u = 1; u < VLANES; u++) sum += lanes[u];
+        sums[d] = sum;
     }
 }
 
-/* Query i's row of S scaled scores: + bias, the mask's fill, and + -inf
- * for the keys outside its band. */
-static void FN(finish_row_scores)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores)
+/* scores[r * ld + j] <- scale * q[r] . k[j] for n_rows rows x n_keys keys
+ * (ks apart): lane u of a dot adds up elements u, u + VLANES, ... by fused
+ * multiply-adds, the lanes are summed (lane_sums), then the tail of E.
+ * Always inlined with constant sizes: one specialised block per caller. */
+static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, int n_keys, const real *const *q,
+                                                                  const real *k, idx_t ks, idx_t E, real scale,
+                                                                  real *scores, idx_t ld)
 {
-    idx_t S = a->S;
+    vreal acc[ROW_BLOCK * KEY_BLOCK];
+    for (int d = 0; d < n_rows * n_keys; d++) acc[d] = vzero();
+    idx_t e = 0;
+    for (; e + VLANES <= E; e += VLANES) {
+        vreal keys[ROW_BLOCK * KEY_BLOCK];
+        for (int j = 0; j < n_keys; j++) keys[j] = vloadu(k + j * ks + e);
+        for (int r = 0; r < n_rows; r++) {
+            vreal query = vloadu(q[r] + e);
+            for (int j = 0; j < n_keys; j++) acc[r * n_keys + j] = vfma(query, keys[j], acc[r * n_keys + j]);
+        }
+    }
+    real dots[ROW_BLOCK * KEY_BLOCK];
+    FN(lane_sums)(acc, n_rows * n_keys, dots);
+    for (int r = 0; r < n_rows; r++)
+        for (int j = 0; j < n_keys; j++) {
+            real dot = dots[r * n_keys + j];
+            for (idx_t t = e; t < E; t++) dot = sfma(q[r][t], k[j * ks + t], dot);
+            scores[r * ld + j] = dot * scale;
+        }
+}
+
+/* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
+static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int n_keys, const real *const *q,
+                                                                 const real *k, idx_t ks, idx_t j0, idx_t j1,
+                                                                 idx_t E, real scale, real *scores, idx_t ld)
+{
+    idx_t j = j0;
+    for (; j + n_keys <= j1; j += n_keys) FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scale, scores + j, ld);
+    for (; j < j1; j++) FN(score_block)(n_rows, 1, q, k + j * ks, ks, E, scale, scores + j, ld);
+}
+
+/* scores (n_rows, n) <- scale * the query rows q . the n keys of k (rows
+ * ks apart): a chunk of keys at a time, ROW_BLOCK rows at a time, the
+ * rows left over one at a time against wider blocks of keys. */
+static void FN(group_scores)(const real *const *q, idx_t n_rows, const real *k, idx_t ks, idx_t n, idx_t E,
+                             real scale, real *scores)
+{
+    for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
+        idx_t j1 = attnc_min(j0 + ROWS_CHUNK, n), r = 0;
+        for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
+            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n);
+        for (; r < n_rows; r++)
+            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n);
+    }
+}
+
+/* part[r][c0 : c0 + n_vectors * VLANES] += sum over the n keys j, in
+ * order, of e[r * ld + j] * v[j] (rows vs apart), for n_rows rows. */
+static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, int n_vectors, const real *e, idx_t ld,
+                                                                  const real *v, idx_t vs, idx_t n, real *const *part,
+                                                                  idx_t c0)
+{
+    vreal acc[ROW_BLOCK * VALUE_VECTORS];
+    for (int r = 0; r < n_rows; r++)
+        for (int c = 0; c < n_vectors; c++) acc[r * n_vectors + c] = vloadu(part[r] + c0 + c * VLANES);
+    for (idx_t j = 0; j < n; j++) {
+        vreal values[ROW_BLOCK * VALUE_VECTORS];
+        for (int c = 0; c < n_vectors; c++) values[c] = vloadu(v + j * vs + c0 + c * VLANES);
+        for (int r = 0; r < n_rows; r++) {
+            vreal weight = vset1(e[r * ld + j]);
+            for (int c = 0; c < n_vectors; c++) acc[r * n_vectors + c] = vfma(weight, values[c], acc[r * n_vectors + c]);
+        }
+    }
+    for (int r = 0; r < n_rows; r++)
+        for (int c = 0; c < n_vectors; c++) vstoreu(part[r] + c0 + c * VLANES, acc[r * n_vectors + c]);
+}
+
+/* Every column of n_rows parts: blocks of n_vectors vectors, then single
+ * vectors, then single columns (the same fused multiply-adds in the same
+ * order, so the same bits). */
+static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int n_vectors, const real *e, idx_t ld,
+                                                                 const real *v, idx_t vs, idx_t n, real *const *part,
+                                                                 idx_t Ev)
+{
+    idx_t c0 = 0;
+    for (; c0 + n_vectors * VLANES <= Ev; c0 += n_vectors * VLANES)
+        FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0);
+    for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0);
+    for (; c0 < Ev; c0++)
+        for (int r = 0; r < n_rows; r++)
+            for (idx_t j = 0; j < n; j++) part[r][c0] = sfma(e[r * ld + j], v[j * vs + c0], part[r][c0]);
+}
+
+/* part rows (n_rows, Ev) <- e (n_rows, n) . the n values of v (rows vs
+ * apart): a chunk of values at a time, ROW_BLOCK rows at a time, the rows
+ * left over one at a time with wider blocks of columns. */
+static void FN(group_values)(const real *e, idx_t n_rows, idx_t n, const real *v, idx_t vs, idx_t Ev,
+                             real *const *part)
+{
+    for (idx_t r = 0; r < n_rows; r++)
+        for (idx_t c = 0; c < Ev; c++) part[r][c] = 0;
+    for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
+        idx_t nk = attnc_min(ROWS_CHUNK, n - j0), r = 0;
+        for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
+            FN(value_rows)(ROW_BLOCK, VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev);
+        for (; r < n_rows; r++)
+            FN(value_rows)(1, ROW_BLOCK * VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev);
+    }
+}
+
+/* Query i's scores against keys [s0, s0 + n): + bias, the mask's fill,
+ * and + -inf for the keys outside its band. */
+static void FN(finish_row_scores)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, idx_t s0,
+                                  idx_t n, real *scores)
+{
     if (item->bias) {
-        const real *bias = item->bias + i * a->bias_rs;
-        for (idx_t j = 0; j < S; j++) scores[j] += bias[j * a->bias_cs];
+        const real *bias = item->bias + i * a->bias_rs + s0 * a->bias_cs;
+        for (idx_t j = 0; j < n; j++) scores[j] += bias[j * a->bias_cs];
     }
     if (item->mask) {
-        const uint8_t *m = item->mask + i * a->mask_rs;
-        for (idx_t j = 0; j < S; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
+        const uint8_t *m = item->mask + i * a->mask_rs + s0 * a->mask_cs;
+        for (idx_t j = 0; j < n; j++) scores[j] = m[j * a->mask_cs] ? scores[j] : (real)-1e20;
     }
-    for (idx_t j = 0, begin = attnc_band_begin(&a->band, i, S); j < begin; j++) scores[j] -= (real)INFINITY;
-    for (idx_t j = attnc_band_end(&a->band, i, S); j < S; j++) scores[j] -= (real)INFINITY;
-}
-
-/* One row's softmax in place: the finished scores, then e = exp(s - max),
- * its sum (the lse and weights when asked for), then dropout. */
-static void FN(row_softmax)(const attnc_attention_args *a, FN(group_row) *row)
-{
-    idx_t S = a->S, i = row->i;
-    real *scores = row->scores;
-    FN(finish_row_scores)(a, &row->item, i, scores);
-    real max = FN(row_max)(scores, S), sum = FN(exp_shift_sum)(scores, S, FN(safe_shift)(max));
-    row->inverse = FN(safe_inverse)(sum);
-    if (a->lse) ((real *)a->lse)[row->b * a->L + i] = FN(log_sum_exp)(max, sum);
-    if (a->weights) {
-        real *w = (real *)a->weights + (row->b * a->L + i) * S;
-        for (idx_t j = 0; j < S; j++) w[j] = scores[j] * row->inverse;
-    }
-    if (a->dropout_p > 0) {
-        FN(dropout_mask) mask = FN(dropout_mask_at)(a, row->b, i, 0);
-        for (idx_t j = 0; j < S; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
-    }
-}
-
-/* out rows <- sum over every key j, in order, of e[j] * v[j] / sum (every
- * key, so that 0 * NaN reaches out; v: the group's shared values): each
- * chunk of V rows is read once for the whole group; OUT_VECTORS vectors of
- * a row's out are kept in registers over the chunk, then the scalar tail. */
-static void FN(group_values)(const attnc_attention_args *a, FN(group_row) *rows, idx_t n_rows, const real *v)
-{
-    enum { OUT_VECTORS = 4 };
-    idx_t Ev = a->Ev, vs = a->v.row_stride, wide = Ev / (OUT_VECTORS * VLANES) * (OUT_VECTORS * VLANES);
-    for (idx_t r = 0; r < n_rows; r++) {
-        real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
-        for (idx_t c = 0; c < Ev; c++) out[c] = 0;
-    }
-    for (idx_t j0 = 0; j0 < a->S; j0 += ROWS_CHUNK) {
-        idx_t j1 = attnc_min(j0 + ROWS_CHUNK, a->S);
-        for (idx_t r = 0; r < n_rows; r++) {
-            const real *e = rows[r].scores;
-            real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
-            for (idx_t c0 = 0; c0 < wide; c0 += OUT_VECTORS * VLANES) {
-                vreal acc[OUT_VECTORS];
-                for (int u = 0; u < OUT_VECTORS; u++) acc[u] = vloadu(out + c0 + u * VLANES);
-                for (idx_t j = j0; j < j1; j++) {
-                    vreal ej = vset1(e[j]);
-                    for (int u = 0; u < OUT_VECTORS; u++)
-                        acc[u] = vfma(ej, vloadu(v + j * vs + c0 + u * VLANES), acc[u]);
-                }
-                for (int u = 0; u < OUT_VECTORS; u++) vstoreu(out + c0 + u * VLANES, acc[u]);
-            }
-            for (idx_t j = j0; j < j1; j++)
-                for (idx_t c = wide; c < Ev; c++) out[c] = sfma(e[j], v[j * vs + c], out[c]);
-        }
-    }
-    for (idx_t r = 0; r < n_rows; r++) {
-        real *out = rows[r].item.out + rows[r].i * a->out.row_stride;
-        for (idx_t c = 0; c < Ev; c++) out[c] *= rows[r].inverse;
-    }
+    idx_t begin = attnc_band_begin(&a->band, i, a->S) - s0, end = attnc_band_end(&a->band, i, a->S) - s0;
+    for (idx_t j = 0; j < n && j < begin; j++) scores[j] -= (real)INFINITY;
+    for (idx_t j = end > 0 ? end : 0; j < n; j++) scores[j] -= (real)INFINITY;
 }
 
 typedef struct {
     const attnc_attention_args *args;
-    idx_t shared;         /* consecutive items sharing K and V (broadcast over the trailing batch dims) */
-    idx_t groups_per_kv;  /* row groups of the shared * L rows of one K/V */
+    idx_t shared;              /* consecutive items sharing K and V (broadcast over the trailing batch dims) */
+    idx_t groups_per_kv;       /* row groups of the shared * L rows of one K/V */
+    idx_t group_rows;          /* rows of a full group */
+    idx_t n_splits;            /* key splits of SPLIT_KEYS */
+    idx_t first_group, n_groups; /* the wave's groups */
+    real *stats;               /* (n_groups, group_rows, n_splits, 2): each split's row max m and sum l */
+    real *parts;               /* (n_groups, group_rows, n_splits, Ev): each split's part (n_splits > 1) */
     atomic_int failed;
 } FN(rows_job);
 
@@ -212,41 +285,182 @@ static idx_t FN(items_sharing_kv)(const attnc_attention_args *a)
     return shared;
 }
 
-/* Task t: row group t, up to ROWS_GROUP rows of one K/V: rows r of the
- * K/V's shared * L rows are query r % L of its item r / L. */
-static void FN(rows_task)(void *ctx, idx_t t)
+/* Row r of group g (of all the groups): query *i of item *b. A K/V's rows
+ * are query r % L of its item r / L. */
+static void FN(row_of_group)(const FN(rows_job) *job, idx_t g, idx_t r, idx_t *b, idx_t *i)
+{
+    idx_t L = job->args->L, row = g % job->groups_per_kv * job->group_rows + r;
+    *b = g / job->groups_per_kv * job->shared + row / L;
+    *i = row % L;
+}
+
+static idx_t FN(rows_in_group)(const FN(rows_job) *job, idx_t g)
+{
+    return attnc_min(job->group_rows, job->shared * job->args->L - g % job->groups_per_kv * job->group_rows);
+}
+
+/* Split c of row r of the wave's group w: its stats (m, l), and its part:
+ * the row of out itself when there is one split. */
+static real *FN(split_stats)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
+{
+    return job->stats + ((w * job->group_rows + r) * job->n_splits + c) * 2;
+}
+
+static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, real *out_row)
+{
+    if (job->n_splits == 1) return out_row;
+    return job->parts + ((w * job->group_rows + r) * job->n_splits + c) * job->args->Ev;
+}
+
+/* 1 when the split has no key, or no row of the group sees one of its
+ * keys and they and their values are finite: its e are all 0 then, and it
+ * is skipped (a hidden NaN or inf must still reach out: see flash_queries). */
+static int FN(split_hidden)(const attnc_attention_args *a, const idx_t *queries, idx_t n_rows, idx_t s0, idx_t n,
+                            const real *k, const real *v)
+{
+    if (n == 0) return 1;
+    if (!a->band.on) return 0;
+    for (idx_t r = 0; r < n_rows; r++)
+        if (attnc_band_begin(&a->band, queries[r], a->S) < s0 + n && attnc_band_end(&a->band, queries[r], a->S) > s0)
+            return 0;
+    return FN(rows_finite)(k, a->k.row_stride, n, a->E) && FN(rows_finite)(v, a->v.row_stride, n, a->Ev);
+}
+
+/* Row (b, i)'s e over the split from its scores: bias, mask, band, then
+ * e = exp(s - m) and stats (m, l); e copied into the weights when asked
+ * for, then dropped out. */
+static void FN(split_softmax)(const attnc_attention_args *a, const FN(item_view) *item, idx_t b, idx_t i, idx_t s0,
+                              idx_t n, real *scores, real *stats)
+{
+    FN(finish_row_scores)(a, item, i, s0, n, scores);
+    stats[0] = FN(row_max)(scores, n);
+    stats[1] = FN(exp_shift_sum)(scores, n, FN(safe_shift)(stats[0]));
+    if (a->weights) memcpy((real *)a->weights + (b * a->L + i) * a->S + s0, scores, (size_t)n * sizeof(real));
+    if (a->dropout_p > 0) {
+        FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i, s0);
+        for (idx_t j = 0; j < n; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
+    }
+}
+
+/* Row r of the wave's group w: out, lse and weights from its splits, in
+ * split order (f_c replaces m_c in the stats). */
+static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
+{
+    const attnc_attention_args *a = job->args;
+    idx_t b, i, Ev = a->Ev, n_splits = job->n_splits;
+    FN(row_of_group)(job, job->first_group + w, r, &b, &i);
+    real *out = FN(item_at)(a, b).out + i * a->out.row_stride;
+    real max = -(real)INFINITY, sum = 0;
+    for (idx_t c = 0; c < n_splits; c++) {
+        real m = FN(split_stats)(job, w, r, c)[0];
+        max = m > max ? m : max;
+    }
+    for (idx_t c = 0; c < n_splits; c++) {
+        real *stats = FN(split_stats)(job, w, r, c);
+        stats[0] = stats[0] == max ? 1 : FN(vexp)(stats[0] - max);
+        sum = sfma(stats[0], stats[1], sum);
+    }
+    real inverse = FN(safe_inverse)(sum);
+    for (idx_t c = 0; c < n_splits; c++) {
+        real factor = FN(split_stats)(job, w, r, c)[0];
+        const real *part = FN(split_part)(job, w, r, c, out);
+        if (c == 0)
+            for (idx_t col = 0; col < Ev; col++) out[col] = factor * part[col];
+        else
+            for (idx_t col = 0; col < Ev; col++) out[col] = sfma(factor, part[col], out[col]);
+    }
+    FN(scale_row)(out, Ev, inverse);
+    if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
+    if (a->weights)
+        for (idx_t c = 0; c < n_splits; c++) {
+            real *w_split = (real *)a->weights + (b * a->L + i) * a->S + c * SPLIT_KEYS;
+            FN(scale_row)(w_split, attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS), FN(split_stats)(job, w, r, c)[0] * inverse);
+        }
+}
+
+/* Task t: split t / n_groups of the wave's group t % n_groups (a split's
+ * groups run together: they share its keys and values); with one split,
+ * the task also finishes its rows. */
+static void FN(split_task)(void *ctx, idx_t t)
 {
     FN(rows_job) *job = ctx;
     const attnc_attention_args *a = job->args;
-    idx_t per_kv = job->shared * a->L, first = t % job->groups_per_kv * ROWS_GROUP;
-    idx_t n_rows = attnc_min(ROWS_GROUP, per_kv - first), first_item = t / job->groups_per_kv * job->shared;
-    real *scores = attnc_malloc((size_t)(n_rows * (a->S > 0 ? a->S : 1)) * sizeof(real));
-    if (!scores) {
-        atomic_store(&job->failed, 1);
-        return;
-    }
-    FN(group_row) rows[ROWS_GROUP];
+    idx_t w = t % job->n_groups, c = t / job->n_groups, g = job->first_group + w;
+    idx_t n_rows = FN(rows_in_group)(job, g), s0 = c * SPLIT_KEYS, n = attnc_min(SPLIT_KEYS, a->S - s0);
+    FN(item_view) items[ROWS_GROUP];
+    idx_t item_of[ROWS_GROUP], query_of[ROWS_GROUP];
+    const real *q[ROWS_GROUP];
+    real *part[ROWS_GROUP];
     for (idx_t r = 0; r < n_rows; r++) {
-        idx_t b = first_item + (first + r) / a->L;
-        rows[r] = (FN(group_row)){b, (first + r) % a->L, FN(item_at)(a, b), scores + r * (a->S > 0 ? a->S : 1), 0};
+        FN(row_of_group)(job, g, r, &item_of[r], &query_of[r]);
+        items[r] = FN(item_at)(a, item_of[r]);
+        q[r] = items[r].q + query_of[r] * a->q.row_stride;
+        part[r] = FN(split_part)(job, w, r, c, items[r].out + query_of[r] * a->out.row_stride);
     }
-    FN(item_view) shared = FN(item_at)(a, first_item); /* K and V of every row of the group */
-    FN(group_scores)(a, rows, n_rows, shared.k);
-    for (idx_t r = 0; r < n_rows; r++) FN(row_softmax)(a, &rows[r]);
-    if (!attnc_interrupted()) FN(group_values)(a, rows, n_rows, shared.v);
-    attnc_free(scores);
+    idx_t first_item, first_query; /* every row of the group has its K and V */
+    FN(row_of_group)(job, g, 0, &first_item, &first_query);
+    FN(item_view) shared = FN(item_at)(a, first_item);
+    const real *k = shared.k + s0 * a->k.row_stride, *v = shared.v + s0 * a->v.row_stride;
+    if (FN(split_hidden)(a, query_of, n_rows, s0, n, k, v)) {
+        for (idx_t r = 0; r < n_rows; r++) {
+            real *stats = FN(split_stats)(job, w, r, c);
+            stats[0] = -(real)INFINITY;
+            stats[1] = 0;
+            for (idx_t col = 0; col < a->Ev; col++) part[r][col] = 0;
+            if (a->weights)
+                for (idx_t j = 0; j < n; j++) ((real *)a->weights)[(item_of[r] * a->L + query_of[r]) * a->S + s0 + j] = 0;
+        }
+    } else {
+        real *scores = attnc_malloc((size_t)(n_rows * n) * sizeof(real));
+        if (!scores) {
+            atomic_store(&job->failed, 1);
+            return;
+        }
+        FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores);
+        for (idx_t r = 0; r < n_rows; r++)
+            FN(split_softmax)(a, &items[r], item_of[r], query_of[r], s0, n, scores + r * n, FN(split_stats)(job, w, r, c));
+        if (!attnc_interrupted()) FN(group_values)(scores, n_rows, n, v, a->v.row_stride, a->Ev, part);
+        attnc_free(scores);
+    }
+    if (job->n_splits == 1)
+        for (idx_t r = 0; r < n_rows; r++) FN(merge_row)(job, w, r);
 }
 
+/* Task w: the rows of the wave's group w merged (several splits). */
+static void FN(merge_task)(void *ctx, idx_t w)
+{
+    FN(rows_job) *job = ctx;
+    for (idx_t r = 0, n = FN(rows_in_group)(job, job->first_group + w); r < n; r++) FN(merge_row)(job, w, r);
+}
+
+/* The groups in waves whose split state fits in WAVE_BYTES (at least one
+ * group: a group's state is at most ROWS_GROUP / SPLIT_KEYS of its values). */
 static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_items)
 {
-    idx_t scores_elems;
-    if (!attnc_mul_ok(ROWS_GROUP, a->S > 0 ? a->S : 1, &scores_elems) ||
-        (size_t)scores_elems > SIZE_MAX / sizeof(real))
-        return ATTNC_EOVERFLOW;
-    FN(rows_job) job = {a, FN(items_sharing_kv)(a), 0, 0};
+    FN(rows_job) job = {.args = a, .shared = FN(items_sharing_kv)(a)};
+    job.group_rows = attnc_min(ROWS_GROUP, job.shared * a->L);
     job.groups_per_kv = attnc_ceil_div(job.shared * a->L, ROWS_GROUP);
-    idx_t n_tasks = n_items / job.shared * job.groups_per_kv;
-    double flops = 2.0 * (double)a->S * (double)(a->E + a->Ev) * (double)n_items * (double)a->L;
-    attnc_parallel_for(n_tasks, flops, FN(rows_task), &job);
-    return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;
+    job.n_splits = a->S > 0 ? attnc_ceil_div(a->S, SPLIT_KEYS) : 1;
+    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = 2 + (job.n_splits > 1 ? a->Ev : 0);
+    idx_t per_group; /* elements of a group's split state */
+    if (!attnc_mul_ok(job.group_rows * job.n_splits, per_split, &per_group) ||
+        (size_t)per_group > SIZE_MAX / sizeof(real))
+        return ATTNC_EOVERFLOW;
+    idx_t fit = WAVE_BYTES / ((idx_t)sizeof(real) * per_group), wave = attnc_min(n_groups, fit > 0 ? fit : 1);
+    job.stats = attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * 2) * sizeof(real));
+    job.parts = job.n_splits > 1 ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * a->Ev) * sizeof(real)) : NULL;
+    attnc_status status = ATTNC_OK;
+    if (!job.stats || (job.n_splits > 1 && !job.parts)) status = ATTNC_ENOMEM;
+    for (job.first_group = 0; status == ATTNC_OK && job.first_group < n_groups && !attnc_interrupted();
+         job.first_group += wave) {
+        job.n_groups = attnc_min(wave, n_groups - job.first_group);
+        double flops = 2.0 * (double)(job.n_groups * job.group_rows) * (double)a->S * (double)(a->E + a->Ev);
+        attnc_parallel_for(job.n_groups * job.n_splits, flops, FN(split_task), &job);
+        if (atomic_load(&job.failed)) status = ATTNC_ENOMEM;
+        else if (job.n_splits > 1)
+            attnc_parallel_for(job.n_groups, (double)(job.n_groups * per_group) * 2, FN(merge_task), &job);
+    }
+    attnc_free(job.stats);
+    attnc_free(job.parts);
+    return status;
 }
