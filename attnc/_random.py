@@ -6,9 +6,42 @@ _global = np.random.default_rng()
 
 
 def manual_seed(n):
-    """Reset the global generator used by modules and functions given rng=None."""
+    """Reset the package's global generator, used wherever ``rng=None``.
+
+    Modules and functions given ``rng=None`` draw their initial weights
+    and dropout seeds from the global generator at each draw; after
+    ``manual_seed(n)`` they draw the same values again.
+
+    Parameters
+    ----------
+    n : int or None
+        The seed, anything ``numpy.random.default_rng`` takes (an int >=
+        0, a sequence of them, a ``SeedSequence``); None: fresh entropy
+        from the operating system.
+
+    Raises
+    ------
+    ValueError
+        For a negative seed, naming `n` (with NumPy's message).
+    TypeError
+        For a seed that is not an integer, naming `n` (with NumPy's
+        message).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> attnc.manual_seed(0)
+    >>> first = attnc.Linear(2, 2).weight
+    >>> attnc.manual_seed(0)
+    >>> np.array_equal(first, attnc.Linear(2, 2).weight)
+    True
+    """
     global _global
-    _global = np.random.default_rng(n)
+    try:
+        _global = np.random.default_rng(n)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"manual_seed: n={n!r} is not a seed numpy.random.default_rng takes: {error}") from None
 
 
 def generator(rng=None):

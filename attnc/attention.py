@@ -56,18 +56,58 @@ class _Attention(Module):
         return result
 
     def backward(self, grad_output):
-        """The gradient with respect to x of the most recent training-mode
-        forward (x's shape; x's dtype when x is a floating array, as torch's
-        x.grad, else the module's), given grad_output (the gradient with respect to its
-        output, converted to the module dtype); every parameter's gradient
-        is added into its buffer (named_grads), as torch accumulates .grad.
-        The dropout mask is the forward's (recomputed from its seed).
-        One backward per forward: RuntimeError without a training-mode
-        forward, for a second backward, or for a parameter replaced since
-        the forward; ValueError for a grad_output of another shape. A
-        backward that raised (MemoryError, KeyboardInterrupt too) keeps the
-        forward's state: it can be called again. Parameters edited in place between the two are not detected: the
-        backward uses their values at backward time."""
+        """The gradient with respect to `x` of the last training-mode forward.
+
+        Also adds every parameter's gradient into its buffer (see
+        `named_grads`), as torch accumulates ``.grad``. The dropout mask
+        is the forward's (recomputed from its seed). One backward per
+        forward; a backward that raised (MemoryError and
+        KeyboardInterrupt too) keeps the forward's state, so it can be
+        called again.
+
+        Parameters
+        ----------
+        grad_output : array_like
+            The gradient with respect to that forward's output (its
+            shape); converted to the module dtype.
+
+        Returns
+        -------
+        ndarray
+            The gradient with respect to the forward's `x`: `x`'s shape,
+            and `x`'s dtype when `x` was a floating array (as torch's
+            ``x.grad``), else the module's.
+
+        Raises
+        ------
+        RuntimeError
+            Without a training-mode forward (an eval-mode forward keeps
+            nothing), for a second backward of one forward, or for a
+            parameter replaced since the forward (naming it).
+        ValueError
+            If `grad_output` does not have the forward output's shape.
+
+        Notes
+        -----
+        Parameters edited in place between the forward and the backward
+        are not detected: the backward uses their values at backward
+        time. The backward is one C call (output projection, flash
+        attention backward over the heads, projection gradients as
+        GEMMs); it never stores the ``(seq, seq)`` weights.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> net = attnc.SelfAttentionV1(4, rng=np.random.default_rng(0))
+        >>> x = np.random.default_rng(1).normal(size=(2, 3, 4))
+        >>> y = net(x)  # training mode: keeps what backward needs
+        >>> grad_x = net.backward(np.ones_like(y))
+        >>> grad_x.shape, grad_x.dtype
+        ((2, 3, 4), dtype('float64'))
+        >>> [name for name, grad in net.named_grads()][:2]
+        ['Q_proj.weight', 'Q_proj.bias']
+        """
         grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
         saved, params, mask, p = self._kept(grad_output)
         names = self._spec[0]
@@ -91,7 +131,65 @@ class _Attention(Module):
 
 
 class SelfAttentionV1(_Attention):
-    """000 level 1: separate Q, K, V projections; scale 1/sqrt(hidden_dim)."""
+    """Self-attention with separate Q, K, V projections (document 000, level 1).
+
+    ``softmax(Q @ K^T / sqrt(hidden_dim)) @ V`` with ``Q = Q_proj(x)``,
+    ``K = K_proj(x)``, ``V = V_proj(x)``; no mask, no dropout, no output
+    projection. The twin of document 000's ``SelfAttentionv1`` (and 001's
+    ``EasyAttentionModule``, 002's ``SelfattentionV1``).
+
+    Call it as ``net(x, return_weights=False)``: `x` ``(..., seq,
+    hidden_dim)`` gives the output ``(..., seq, hidden_dim)``, and with
+    `return_weights` also the weights ``(..., seq, seq)``; see `forward`.
+
+    Parameters
+    ----------
+    hidden_dim : int, default 728
+        The feature size of `x`, of Q, K, V and of the output; >= 1.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights; None: the package's global generator
+        (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    Q_proj, K_proj, V_proj : Linear
+        The projections, ``hidden_dim -> hidden_dim`` with biases
+        (state_dict keys ``"Q_proj.weight"``, ``"Q_proj.bias"``, ...).
+    hidden_dim : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If `hidden_dim` is < 1.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    The module computes in its own dtype: a float64 `x` given to a
+    float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.SelfAttentionV1(hidden_dim=4, rng=np.random.default_rng(0))
+    >>> net
+    SelfAttentionV1(
+      (Q_proj): Linear(in_features=4, out_features=4, bias=True)
+      (K_proj): Linear(in_features=4, out_features=4, bias=True)
+      (V_proj): Linear(in_features=4, out_features=4, bias=True)
+    )
+    >>> x = np.random.default_rng(1).normal(size=(3, 2, 4))  # (batch, seq, hidden_dim)
+    >>> output, weights = net(x, return_weights=True)
+    >>> output.shape, weights.shape, output.dtype
+    ((3, 2, 4), (3, 2, 2), dtype('float32'))
+    """
 
     def __init__(self, hidden_dim=728, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -102,12 +200,98 @@ class SelfAttentionV1(_Attention):
         self._spec = _spec(("Q_proj", "K_proj", "V_proj"), in_dim=hidden_dim, qk_dim=hidden_dim, v_dim=hidden_dim)
 
     def forward(self, x, *, return_weights=False):
+        """Attend over the sequence axis of `x`.
+
+        A training-mode forward keeps what `backward` needs; an eval-mode
+        forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, hidden_dim)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, hidden_dim)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(Q @ K^T / sqrt(hidden_dim))``; only with
+            ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not
+            `hidden_dim`.
+        TypeError
+            If `x` is complex, object or string.
+        """
         return self._attend(x, return_weights=return_weights)
 
 
 class SelfAttentionV2(_Attention):
-    """000 level 2: one fused projection (dim -> 3*dim, split Q, K, V in that
-    order; the C layer takes the row blocks in place); scale 1/sqrt(dim)."""
+    """Self-attention with one fused Q, K, V projection (document 000, level 2).
+
+    ``proj`` maps ``dim -> 3 * dim``, split into Q, K, V in that order (the
+    C layer takes the weight's row blocks in place); then
+    ``softmax(Q @ K^T / sqrt(dim)) @ V``. The twin of document 000's
+    ``SelfAttentionv2`` (and 001's ``AttentionModule``, 002's
+    ``SelfattentionV2``).
+
+    Call it as ``net(x, return_weights=False)``: `x` ``(..., seq, dim)``
+    gives the output ``(..., seq, dim)``, and with `return_weights` also the
+    weights ``(..., seq, seq)``; see `forward`.
+
+    Parameters
+    ----------
+    dim : int, default 728
+        The feature size of `x` and of the output; >= 1.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights; None: the package's global generator
+        (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    proj : Linear
+        ``dim -> 3 * dim``, with a bias: rows ``[0, dim)`` give Q,
+        ``[dim, 2 dim)`` K, ``[2 dim, 3 dim)`` V.
+    dim : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If `dim` is < 1.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    The module computes in its own dtype: a float64 `x` given to a
+    float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.SelfAttentionV2(dim=4, rng=np.random.default_rng(0))
+    >>> net.proj
+    Linear(in_features=4, out_features=12, bias=True)
+    >>> x = np.random.default_rng(1).normal(size=(3, 2, 4))  # (batch, seq, dim)
+    >>> output, weights = net(x, return_weights=True)
+    >>> output.shape, weights.shape
+    ((3, 2, 4), (3, 2, 2))
+    >>> np.allclose(weights.sum(axis=-1), 1)
+    True
+    """
 
     def __init__(self, dim=728, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -116,11 +300,106 @@ class SelfAttentionV2(_Attention):
         self._spec = _spec(("proj",), in_dim=dim, qk_dim=dim, v_dim=dim, fused=True)
 
     def forward(self, x, *, return_weights=False):
+        """Attend over the sequence axis of `x`.
+
+        A training-mode forward keeps what `backward` needs; an eval-mode
+        forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(Q @ K^T / sqrt(dim))``; only with
+            ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim`.
+        TypeError
+            If `x` is complex, object or string.
+        """
         return self._attend(x, return_weights=return_weights)
 
 
 class SelfAttentionV3(_Attention):
-    """000 level 3: fused projection, mask, dropout on the weights, output projection."""
+    """Self-attention with mask, dropout, output projection (document 000, level 3).
+
+    The fused projection of `SelfAttentionV2`, then the mask, the
+    softmax, dropout on the weights, the weighted sum of V and
+    ``output_proj``. The twin of document 000's ``SelfAttentionv3`` (and
+    001's ``Attention``, 002's ``slefattentionV3``).
+
+    Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
+    ``(..., seq, dim)`` gives the output ``(..., seq, dim)``, and with
+    `return_weights` also the weights ``(..., seq, seq)``. The mask
+    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
+    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
+    `forward`.
+
+    Parameters
+    ----------
+    dim : int, default 728
+        The feature size of `x` and of the output; >= 1.
+    dropout_rate : float, default 0.1
+        The probability of dropping each attention weight in training
+        mode, in ``[0, 1]``.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights and the dropout masks; None: the
+        package's global generator (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    proj : Linear
+        ``dim -> 3 * dim``, split into Q, K, V in that order.
+    attention_dropout : Dropout
+        Holds `dropout_rate` as its ``p``.
+    output_proj : Linear
+        ``dim -> dim``.
+    dim : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If `dim` is < 1, or `dropout_rate` is outside ``[0, 1]``.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    The module starts in training mode (dropout active), as torch's; call
+    `eval` for inference. It computes in its own dtype: a float64 `x`
+    given to a float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.SelfAttentionV3(dim=4, rng=np.random.default_rng(0)).eval()
+    >>> x = np.random.default_rng(1).normal(size=(2, 3, 4))  # (batch, seq, dim)
+    >>> # (batch, 1, seq), broadcast over the queries: item 1's key 2 is padding
+    >>> mask = np.array([[1, 1, 1], [1, 1, 0]])[:, None, :]
+    >>> output, weights = net(x, mask, return_weights=True)
+    >>> output.shape, weights.shape
+    ((2, 3, 4), (2, 3, 3))
+    >>> print(weights[1, :, 2])
+    [0. 0. 0.]
+    """
 
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -135,11 +414,114 @@ class SelfAttentionV3(_Attention):
         return self.attention_dropout.p
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Attend over the sequence axis of `x`, with a mask and dropout.
+
+        In training mode (the default after construction) dropout applies to
+        the weights; call `eval` for inference. A training-mode forward keeps
+        what `backward` needs; an eval-mode forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        attention_mask : array_like, optional
+            Which keys each query may attend to, broadcastable (NumPy
+            rules) to the scores' shape ``(..., seq, seq)`` (queries by
+            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
+            integer or floating. 0/False masks a position: its score
+            becomes -1e20 before the softmax, as the documents'
+            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
+            attends uniformly). Any other value keeps it; float masks are
+            not added to the scores.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
+            with ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim`; or
+            if `attention_mask` does not broadcast to the scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
         return self._attend(x, attention_mask, return_weights)
 
 
 class SelfAttentionV4(_Attention):
-    """000 level 4, the interview version: query, key, value, mask, dropout."""
+    """Self-attention, the interview version (document 000, level 4).
+
+    Separate ``query``, ``key``, ``value`` projections, the mask, the
+    softmax and dropout on the weights; no output projection. The twin
+    of document 000's ``SelfAttentionInterview``; ``SelfAttentionInterview``
+    is this class.
+
+    Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
+    ``(..., seq, dim)`` gives the output ``(..., seq, dim)``, and with
+    `return_weights` also the weights ``(..., seq, seq)``. The mask
+    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
+    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
+    `forward`.
+
+    Parameters
+    ----------
+    dim : int, default 728
+        The feature size of `x` and of the output; >= 1.
+    dropout_rate : float, default 0.1
+        The probability of dropping each attention weight in training
+        mode, in ``[0, 1]``.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights and the dropout masks; None: the
+        package's global generator (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    query, key, value : Linear
+        The projections, ``dim -> dim`` with biases.
+    attention_dropout : Dropout
+        Holds `dropout_rate` as its ``p``.
+    dim : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If `dim` is < 1, or `dropout_rate` is outside ``[0, 1]``.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    The module starts in training mode (dropout active), as torch's; call
+    `eval` for inference. It computes in its own dtype: a float64 `x`
+    given to a float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.SelfAttentionInterview(4, rng=np.random.default_rng(0)).eval()
+    >>> x = np.random.default_rng(1).normal(size=(3, 4, 4))  # (batch, seq, dim)
+    >>> causal = np.tril(np.ones((4, 4)))  # query i sees keys 0..i
+    >>> output, weights = net(x, causal, return_weights=True)
+    >>> output.shape
+    (3, 4, 4)
+    >>> print(weights[0, 0])
+    [1. 0. 0. 0.]
+    """
 
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -155,6 +537,46 @@ class SelfAttentionV4(_Attention):
         return self.attention_dropout.p
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Attend over the sequence axis of `x`, with a mask and dropout.
+
+        In training mode (the default after construction) dropout applies to
+        the weights; call `eval` for inference. A training-mode forward keeps
+        what `backward` needs; an eval-mode forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        attention_mask : array_like, optional
+            Which keys each query may attend to, broadcastable (NumPy
+            rules) to the scores' shape ``(..., seq, seq)`` (queries by
+            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
+            integer or floating. 0/False masks a position: its score
+            becomes -1e20 before the softmax, as the documents'
+            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
+            attends uniformly). Any other value keeps it; float masks are
+            not added to the scores.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
+            with ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim`; or
+            if `attention_mask` does not broadcast to the scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
         return self._attend(x, attention_mask, return_weights)
 
 
@@ -162,8 +584,94 @@ SelfAttentionInterview = SelfAttentionV4
 
 
 class MultiHeadAttention(_Attention):
-    """001 MuitiHeadAttention: head_num heads of hidden_dim // head_num,
-    dropout on the weights, output projection."""
+    """Multi-head self-attention with an output projection (document 001).
+
+    ``head_num`` heads of ``head_dim = hidden_dim // head_num`` features:
+    Q, K, V projections, each split into heads, scaled scores, the mask,
+    the softmax, dropout on the weights, the heads' weighted sums of V
+    merged back and ``output_linear``. The twin of document 001's
+    ``MuitiHeadAttention``; torch's ``nn.MultiheadAttention`` is
+    ``attnc.nn.MultiheadAttention``.
+
+    Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
+    ``(..., seq, hidden_dim)`` gives the output ``(..., seq, hidden_dim)``,
+    and with `return_weights` also the weights ``(..., head_num, seq,
+    seq)``. The mask broadcasts to ``(..., head_num, seq, seq)``: give it a
+    heads axis, ``(batch, 1, 1, seq)`` for padded keys, ``(batch, 1, seq,
+    seq)`` or ``(seq, seq)``; 1/True keeps a key, 0/False masks it. See
+    `forward`.
+
+    Parameters
+    ----------
+    hidden_dim : int
+        The feature size of `x` and of the output; >= 1.
+    head_num : int
+        The number of heads; >= 1 and divides `hidden_dim`.
+    dropout : float, default 0.1
+        The probability of dropping each attention weight in training
+        mode, in ``[0, 1]``.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights and the dropout masks; None: the
+        package's global generator (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    query_linear, key_linear, value_linear, output_linear : Linear
+        The projections, ``hidden_dim -> hidden_dim`` with biases.
+    dropout : Dropout
+        Holds the `dropout` probability as its ``p``.
+    hidden_dim, head_num : int
+        As given.
+    head_dim : int
+        ``hidden_dim // head_num``.
+
+    Raises
+    ------
+    ValueError
+        If `hidden_dim` or `head_num` is < 1, `head_num` does not divide
+        `hidden_dim`, or `dropout` is outside ``[0, 1]``.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    See Also
+    --------
+    attnc.nn.MultiheadAttention : ``torch.nn.MultiheadAttention``'s twin
+        (query, key and value inputs; True in a mask hides a key).
+
+    Notes
+    -----
+    The scores are ``Q @ K^T / sqrt(head_dim)`` per head. Heads are split
+    as ``reshape(batch, seq, head_num, head_dim)`` and merged back the
+    same way. Mask convention: 1/True keeps a key, 0/False masks it (the
+    document's ``masked_fill(mask == 0, -1e20)``), the opposite of
+    ``torch.nn.MultiheadAttention``'s bool masks.
+
+    The module starts in training mode (dropout active), as torch's; call
+    `eval` for inference. It computes in its own dtype: a float64 `x`
+    given to a float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> rng = np.random.default_rng(0)
+    >>> net = attnc.MultiHeadAttention(hidden_dim=8, head_num=2, rng=rng).eval()
+    >>> x = rng.standard_normal((3, 5, 8))  # (batch, seq, hidden_dim)
+    >>> # (batch, heads, queries, keys), broadcast over heads and queries
+    >>> mask = np.ones((3, 1, 1, 5), dtype=bool)
+    >>> mask[2, ..., 3:] = False  # item 2: keys 3 and 4 are padding
+    >>> output, weights = net(x, mask, return_weights=True)
+    >>> output.shape, weights.shape
+    ((3, 5, 8), (3, 2, 5, 5))
+    >>> print(weights[2, 0, 0, 3:])
+    [0. 0.]
+    >>> net(x.astype(np.float64)).dtype  # the module's dtype
+    dtype('float32')
+    """
 
     def __init__(self, hidden_dim, head_num, dropout=0.1, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -184,11 +692,117 @@ class MultiHeadAttention(_Attention):
         return self.dropout.p
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Multi-head attention over the sequence axis of `x`, with mask and dropout.
+
+        In training mode (the default after construction) dropout applies to
+        the weights; call `eval` for inference. A training-mode forward keeps
+        what `backward` needs; an eval-mode forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, hidden_dim)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        attention_mask : array_like, optional
+            Which keys each query may attend to, broadcastable (NumPy
+            rules) to the scores' shape ``(..., head_num, seq, seq)``; give
+            it a heads axis: ``(batch, 1, 1, seq)`` to mask padded keys,
+            ``(batch, 1, seq, seq)``, or ``(seq, seq)`` (a ``(batch, 1,
+            seq)`` mask would line its batch axis up with the heads).
+            Bool, integer or floating. 0/False masks a position: its score
+            becomes -1e20 before the softmax, as the documents'
+            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
+            attends uniformly). Any other value keeps it; float masks are
+            not added to the scores.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, hidden_dim)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., head_num, seq, seq)
+            Per head, ``softmax(masked(Q @ K^T / sqrt(head_dim)))`` (before
+            dropout); only with ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not
+            `hidden_dim`; or if `attention_mask` does not broadcast to the
+            scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
         return self._attend(x, attention_mask, return_weights)
 
 
 class SelfAttention(_Attention):
-    """003/004 SelfAttention: dim_in -> dim_k (Q, K) and dim_v (V); scale 1/sqrt(dim_k)."""
+    """Self-attention with separate key and value sizes (documents 003 and 004).
+
+    ``softmax(Q @ K^T / sqrt(dim_k)) @ V`` with Q and K projected from
+    ``dim_in`` to ``dim_k`` and V to ``dim_v``; no dropout, no output
+    projection. The twin of the ``SelfAttention`` of documents 003 and
+    004 (which take no mask; attnc adds one, as the other documents
+    have).
+
+    Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
+    ``(..., seq, dim_in)`` gives the output ``(..., seq, dim_v)``, and with
+    `return_weights` also the weights ``(..., seq, seq)``. The mask
+    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
+    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
+    `forward`.
+
+    Parameters
+    ----------
+    dim_in : int
+        The feature size of `x`; >= 1.
+    dim_k : int
+        The size of Q and K; >= 1.
+    dim_v : int
+        The size of V and of the output; >= 1.
+    bias : bool, default False
+        Whether the projections have biases (003's have, 004's have not).
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights; None: the package's global generator
+        (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    linear_q, linear_k : Linear
+        ``dim_in -> dim_k``.
+    linear_v : Linear
+        ``dim_in -> dim_v``.
+    dim_in, dim_k, dim_v : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If a size is < 1.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    The module computes in its own dtype: a float64 `x` given to a
+    float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.SelfAttention(dim_in=4, dim_k=6, dim_v=3, rng=np.random.default_rng(0))
+    >>> x = np.random.default_rng(1).normal(size=(2, 5, 4))  # (batch, seq, dim_in)
+    >>> output, weights = net(x, return_weights=True)
+    >>> output.shape, weights.shape
+    ((2, 5, 3), (2, 5, 5))
+    """
 
     def __init__(self, dim_in, dim_k, dim_v, bias=False, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -202,12 +816,121 @@ class SelfAttention(_Attention):
         self._spec = _spec(("linear_q", "linear_k", "linear_v"), in_dim=dim_in, qk_dim=dim_k, v_dim=dim_v)
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Attend over the sequence axis of `x`, with an optional mask.
+
+        A training-mode forward keeps what `backward` needs; an eval-mode
+        forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim_in)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        attention_mask : array_like, optional
+            Which keys each query may attend to, broadcastable (NumPy
+            rules) to the scores' shape ``(..., seq, seq)`` (queries by
+            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
+            integer or floating. 0/False masks a position: its score
+            becomes -1e20 before the softmax, as the documents'
+            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
+            attends uniformly). Any other value keeps it; float masks are
+            not added to the scores.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim_v)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(masked(Q @ K^T / sqrt(dim_k)))``; only with
+            ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim_in`;
+            or if `attention_mask` does not broadcast to the scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
         return self._attend(x, attention_mask, return_weights)
 
 
 class MultiHeadSelfAttention(_Attention):
-    """004 MultiHeadSelfAttention (errata fixed): num_heads heads, scale
-    1/sqrt(dim_k // num_heads), heads merged back to dim_v, no output projection."""
+    """Multi-head self-attention, no output projection (documents 003 and 004).
+
+    Q and K are projected to ``dim_k``, V to ``dim_v``, each split into
+    ``num_heads`` heads; per head ``softmax(Q @ K^T / sqrt(dim_k //
+    num_heads)) @ V``; the heads merged back to ``dim_v``. The twin of the
+    ``MultiHeadSelfAttention`` of documents 003 and 004, with their
+    errata fixed (003 attends over feature channels and scales by
+    ``sqrt(dim_k)``; 004 reshapes with the wrong size).
+
+    Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
+    ``(..., seq, dim_in)`` gives the output ``(..., seq, dim_v)``, and with
+    `return_weights` also the weights ``(..., num_heads, seq, seq)``. The
+    mask broadcasts to ``(..., num_heads, seq, seq)``: give it a heads axis,
+    ``(batch, 1, 1, seq)`` for padded keys, ``(batch, 1, seq, seq)`` or
+    ``(seq, seq)``; 1/True keeps a key, 0/False masks it. See `forward`.
+
+    Parameters
+    ----------
+    dim_in : int
+        The feature size of `x`; >= 1.
+    dim_k : int
+        The size of Q and K over all heads; >= 1, divisible by
+        `num_heads`.
+    dim_v : int
+        The size of V and of the output over all heads; >= 1, divisible
+        by `num_heads`.
+    num_heads : int, default 8
+        The number of heads; >= 1.
+    bias : bool, default False
+        Whether the projections have biases (003's have, 004's have not).
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights; None: the package's global generator
+        (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    linear_q, linear_k : Linear
+        ``dim_in -> dim_k``.
+    linear_v : Linear
+        ``dim_in -> dim_v``.
+    dim_in, dim_k, dim_v, num_heads : int
+        As given.
+
+    Raises
+    ------
+    ValueError
+        If a size or `num_heads` is < 1, or `num_heads` does not divide
+        `dim_k` or `dim_v`.
+    TypeError
+        If a size is not an integer, `dtype` is not float32 or float64,
+        or `rng` is neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    Heads are split as ``reshape(batch, seq, num_heads, head_size)`` and
+    merged back the same way. The module computes in its own dtype: a
+    float64 `x` given to a float32 module gives a float32 output.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> net = attnc.MultiHeadSelfAttention(dim_in=4, dim_k=6, dim_v=4, num_heads=2,
+    ...                                    rng=np.random.default_rng(0))
+    >>> x = np.random.default_rng(1).normal(size=(2, 5, 4))  # (batch, seq, dim_in)
+    >>> output, weights = net(x, return_weights=True)
+    >>> output.shape, weights.shape
+    ((2, 5, 4), (2, 2, 5, 5))
+    """
 
     def __init__(self, dim_in, dim_k, dim_v, num_heads=8, bias=False, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -225,4 +948,45 @@ class MultiHeadSelfAttention(_Attention):
                            n_heads=num_heads, heads_axis=True)
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Multi-head attention over the sequence axis of `x`, with optional mask.
+
+        A training-mode forward keeps what `backward` needs; an eval-mode
+        forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim_in)
+            Leading dims are batch dims; bool, integer or floating,
+            converted to the module dtype.
+        attention_mask : array_like, optional
+            Which keys each query may attend to, broadcastable (NumPy
+            rules) to the scores' shape ``(..., num_heads, seq, seq)``; give
+            it a heads axis: ``(batch, 1, 1, seq)`` to mask padded keys,
+            ``(batch, 1, seq, seq)``, or ``(seq, seq)`` (a ``(batch, 1,
+            seq)`` mask would line its batch axis up with the heads).
+            Bool, integer or floating. 0/False masks a position: its score
+            becomes -1e20 before the softmax, as the documents'
+            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
+            attends uniformly). Any other value keeps it; float masks are
+            not added to the scores.
+        return_weights : bool, default False
+            Also return the attention weights, as ``(output, weights)``.
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim_v)
+            A new array in the module dtype (float32 for a float64 `x` given to
+            a float32 module).
+        weights : ndarray, shape (..., num_heads, seq, seq)
+            Per head, ``softmax(masked(Q @ K^T / sqrt(dim_k // num_heads)))``;
+            only with ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim_in`;
+            or if `attention_mask` does not broadcast to the scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
         return self._attend(x, attention_mask, return_weights)

@@ -106,9 +106,12 @@ def _numpy(tensor):
     return tensor.numpy()
 
 
+_TORCH_CLASSES = ("Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
+
+
 def _torch_twin(module, name, dtype, rng):
     """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None."""
-    if name in ("Linear", "NonDynamicallyQuantizableLinear"):
+    if name in _TORCH_CLASSES[:2]:
         return Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype, rng=rng)
     if name == "MultiheadAttention":
         return MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
@@ -119,48 +122,99 @@ def _torch_twin(module, name, dtype, rng):
 
 
 def from_torch(module, *, dtype=None, rng=None):
-    """The attnc twin of a torch module: its class, hyper-parameters,
-    weights (copied) and mode (training or eval, from module.training).
+    """The attnc twin of a torch module: its class, hyper-parameters, weights and mode.
 
-    Recognised, by class name: torch.nn.Linear -> attnc.Linear,
-    torch.nn.MultiheadAttention -> attnc.nn.MultiheadAttention (every
-    constructor option recovered from its attributes), and the documents'
-    classes under their own names, state_dict keys renamed where the
-    document names the layers differently:
-    000 SelfAttentionv1, 001 EasyAttentionModule (query_linear, ...) and
-    002 SelfattentionV1 (querry_proj, key_proj, value_proj) ->
-    SelfAttentionV1; 000 SelfAttentionv2, 001 AttentionModule, 002
-    SelfattentionV2 -> SelfAttentionV2; 000 SelfAttentionv3, 001 Attention
-    (dropout) and 002 slefattentionV3 -> SelfAttentionV3; 000
-    SelfAttentionInterview -> SelfAttentionV4; 001 MuitiHeadAttention ->
-    MultiHeadAttention; 003 SelfAttention (q, k, v) and 004 SelfAttention
-    (linear_q, ...) -> SelfAttention; 003 MultiHeadSelfAttention (q, k, v,
-    nums_head) and 004's (linear_*, num_heads) -> MultiHeadSelfAttention.
+    torch is not imported: the module is recognised by its class name and
+    state_dict keys, its weights are read with ``.detach().cpu().numpy()``
+    and copied, and the twin is put in the module's mode
+    (``module.training``).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        One of the classes listed in the Notes.
+    dtype : data-type, optional
+        The twin's dtype, float32 or float64; None (the default): float64
+        if any weight is float64, else float32 (float16 and bfloat16 are
+        widened exactly).
+    rng : numpy.random.Generator, optional
+        The twin's generator (initialisation, then dropout), as every
+        constructor's; None: the package's global generator.
+
+    Returns
+    -------
+    attnc.Module
+        The twin, with the module's weights loaded.
+
+    Raises
+    ------
+    TypeError
+        Naming the class, when it is not one of those below, or when its
+        parameters are not those of a version of that name (other layer
+        names, a missing bias); also for a `dtype` other than float32 or
+        float64.
+    ValueError
+        From the twin's constructor or `load_state_dict`, for sizes that
+        do not fit (a head count that does not divide the dimension).
+
+    Notes
+    -----
+    Recognised, by class name: ``torch.nn.Linear`` -> `attnc.Linear`;
+    ``torch.nn.MultiheadAttention`` -> `attnc.nn.MultiheadAttention`
+    (every constructor option recovered from its attributes); and the
+    documents' classes under their own names, state_dict keys renamed
+    where a document names the layers differently:
+
+    - 000 ``SelfAttentionv1``, 001 ``EasyAttentionModule`` (``query_linear``,
+      ...) and 002 ``SelfattentionV1`` (``querry_proj``, ``key_proj``,
+      ``value_proj``) -> `attnc.SelfAttentionV1`;
+    - 000 ``SelfAttentionv2``, 001 ``AttentionModule``, 002
+      ``SelfattentionV2`` -> `attnc.SelfAttentionV2`;
+    - 000 ``SelfAttentionv3``, 001 ``Attention`` and 002
+      ``slefattentionV3`` -> `attnc.SelfAttentionV3`;
+    - 000 ``SelfAttentionInterview`` -> `attnc.SelfAttentionV4`;
+    - 001 ``MuitiHeadAttention`` -> `attnc.MultiHeadAttention`;
+    - 003 ``SelfAttention`` (``q``, ``k``, ``v``) and 004's (``linear_q``,
+      ...) -> `attnc.SelfAttention`;
+    - 003 ``MultiHeadSelfAttention`` (``q``, ``k``, ``v``, ``nums_head``)
+      and 004's (``linear_*``, ``num_heads``) ->
+      `attnc.MultiHeadSelfAttention`.
+
     Sizes come from the weight shapes (biases from their presence), head
-    counts from the module's attribute, dropout rates from its Dropout's p.
-    attnc implements the documents' intent (see the errata): the twin of
-    003's MultiHeadSelfAttention attends over positions, not over its
-    feature channels as that document's code does, so its outputs differ.
+    counts from the module's attribute, dropout rates from its Dropout's
+    ``p``. attnc implements the documents' intent (see the errata): the
+    twin of 003's ``MultiHeadSelfAttention`` attends over positions, not
+    over its feature channels as that document's code does, so its
+    outputs differ.
 
-    dtype: the twin's; None: float64 if any weight is float64, else float32.
-    rng: the twin's generator (init, then dropout), as every constructor's.
-    Errors: TypeError naming the class when it is not one of these, or when
-    its parameters are not those of a version of that name (other layer
-    names, a missing bias); ValueError from the constructor or
-    load_state_dict for sizes that do not fit (a head count that does not
-    divide the dimension).
+    Examples
+    --------
+    With PyTorch installed, ``net = attnc.from_torch(torch_module)`` gives
+    the twin, and ``net(x)`` matches
+    ``torch_module(torch.from_numpy(x))``. A class without a twin is
+    refused, naming it:
+
+    >>> import attnc
+    >>> class Conv2d:  # stands in for a torch module attnc does not know
+    ...     training = True
+    ...     def state_dict(self):
+    ...         return {}
+    >>> attnc.from_torch(Conv2d())  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    TypeError: from_torch: no attnc twin for Conv2d (known classes: ...)
     """
     name = type(module).__name__
+    if name not in _TWINS and name not in _TORCH_CLASSES:
+        known = ", ".join(sorted(set(_TWINS) | {"Linear", "MultiheadAttention"}))
+        raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
     tensors = dict(module.state_dict())
     if dtype is None:
         dtype = np.float64 if any(str(t.dtype) == "torch.float64" for t in tensors.values()) else np.float32
     weights = {key: _numpy(t) for key, t in tensors.items()}
     twin = _torch_twin(module, name, dtype, rng)
     if twin is None:
-        versions = _TWINS.get(name)
-        if versions is None:
-            known = ", ".join(sorted(_TWINS) + ["Linear", "MultiheadAttention"])
-            raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
+        versions = _TWINS[name]
         version = next((v for v in versions if v.matches(weights)), None)
         if version is None:
             layouts = " or ".join(", ".join(v.layers) for v in versions)

@@ -4,7 +4,11 @@ and computes.
 
 Result dtype: float64 if any floating input (x/weight/bias, or
 query/key/value, or the gradients and saved outputs a backward takes) is
-float64, else float32; a mask never changes it.
+float64 (in any byte order), else float32; integer and bool inputs count
+as float32; a mask never changes it. Complex, object and string inputs
+raise TypeError. Inputs may be views, non-contiguous, Fortran-ordered,
+read-only or byte-swapped; they are never modified, and every result is
+a new C-contiguous array.
 """
 import operator
 
@@ -12,46 +16,231 @@ import numpy as np
 
 from . import _C
 
+__all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
+           "scaled_dot_product_attention_backward"]
+
 
 def linear(x, weight, bias=None):
-    """x @ weight.T + bias over any leading dims of x; weight (out, in)."""
+    """Apply ``x @ weight.T + bias`` over the leading dims of `x`.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., in_features)
+        The input, at least 1-D; bool, integer or floating.
+    weight : array_like, shape (out_features, in_features)
+        The weight, as ``torch.nn.Linear`` stores it.
+    bias : array_like, shape (out_features,), optional
+        Added to every row; None (the default) adds nothing.
+
+    Returns
+    -------
+    ndarray, shape (..., out_features)
+        A new array: float64 if any of `x`, `weight`, `bias` is float64,
+        else float32.
+
+    Raises
+    ------
+    ValueError
+        If `x` is 0-d or its last dimension is not ``in_features``, if
+        `weight` is not 2-D, or if `bias` is not ``(out_features,)``; the
+        message names the argument.
+    TypeError
+        If an input is complex, object or string.
+
+    See Also
+    --------
+    linear_backward : Its gradients.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> x = np.arange(6.0).reshape(2, 3)
+    >>> weight = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    >>> F.linear(x, weight, bias=np.array([0.5, -1.0]))
+    array([[ 0.5,  2. ],
+           [ 3.5, 11. ]])
+    """
     return _C.linear(x, weight, bias)
 
 
 def softmax(x, axis=-1):
-    """Numerically stable softmax (the row maximum is subtracted first)."""
+    """Softmax along one axis, numerically stable (the maximum is subtracted first).
+
+    Parameters
+    ----------
+    x : array_like
+        Any shape; bool, integer or floating. A 0-d `x` is one row of one
+        element.
+    axis : int, default -1
+        The axis the softmax normalises, in ``[-ndim, ndim)``.
+
+    Returns
+    -------
+    ndarray
+        The shape of `x`; float64 if `x` is float64, else float32. A row
+        of all ``-inf`` gives NaN, as ``torch.softmax``.
+
+    Raises
+    ------
+    ValueError
+        If `axis` is out of range.
+    TypeError
+        If `axis` is not an integer, or `x` is complex, object or string.
+
+    See Also
+    --------
+    softmax_backward : Its gradient.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> print(np.round(F.softmax(np.log([[1.0, 2.0, 5.0]])), 6))
+    [[0.125 0.25  0.625]]
+    >>> print(F.softmax(np.array([1000.0, 1000.0])))
+    [0.5 0.5]
+    """
     return _C.softmax(x, axis=axis)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  *, rng=None, return_weights=False, return_lse=False, attn_bias=None,
                                  enable_gqa=False, causal_alignment="top_left", window=None, seed=None):
-    """softmax(query @ key^T * scale + attn_bias, masked) @ value over broadcast batch dims.
+    """Attention: ``softmax(scale * query @ key^T + attn_bias, masked) @ value``.
 
-    query (..., L, E), key (..., S, E), value (..., S, Ev).
-    attn_bias: floats broadcastable to (..., L, S), added to the scaled
-    scores (torch's float attn_mask: -inf hides a key).
-    attn_mask: broadcastable to (..., L, S); 0/False positions get -1e20
-    (the documents' masked_fill: a row masked everywhere attends
-    uniformly), anything else is kept.
-    is_causal: query i sees keys j <= its aligned diagonal c: c = i
-    (causal_alignment "top_left", torch's) or i + S - L ("bottom_right":
-    the last query sees the last key, as in decoding with a KV cache).
-    window (left, right): query i sees keys in [c - left, c + right] (each
-    side an int >= 0, or None: unbounded), sliding-window attention; with
-    is_causal too, right is at most 0.
-    A row left with no key by attn_bias, is_causal or window gives output
-    0 (and lse -inf), as torch's math path.
-    enable_gqa: grouped-query attention: query heads H on axis -3, key and
-    value heads Hkv dividing H; query head h attends with key/value head
-    h // (H // Hkv), as torch. No copy of key or value is made.
-    dropout_p > 0 drops weights by a counter-based mask keyed by `seed`
-    (an int in [0, 2**64); None: drawn from rng, or the global generator):
-    give the same seed to the backward to train through it.
-    Returns (..., L, Ev); with return_weights also the pre-dropout weights
-    (..., L, S), with return_lse also each row's log-sum-exp of the scaled,
-    masked scores (..., L) (what scaled_dot_product_attention_backward
-    recomputes the weights from), in the order (out, weights, lse).
+    Computed by a flash-attention kernel (tiles and an online softmax:
+    the ``(L, S)`` weights are only stored when `return_weights` asks for
+    them), over broadcast batch dims.
+
+    Parameters
+    ----------
+    query : array_like, shape (..., L, E)
+        L queries of E features; the leading dims of `query`, `key` and
+        `value` broadcast against each other (NumPy rules).
+    key : array_like, shape (..., S, E)
+        S keys.
+    value : array_like, shape (..., S, Ev)
+        One value per key.
+    attn_mask : array_like, optional
+        Which keys each query may see, broadcastable to ``(..., L, S)``;
+        bool, integer or floating. A position whose value is 0 or False
+        gets the score -1e20 (the documents' ``masked_fill(mask == 0,
+        -1e20)``: a row masked everywhere attends uniformly); any other
+        value, NaN included, keeps it. Not additive: a float score bias
+        is `attn_bias`.
+    dropout_p : float, default 0.0
+        Probability in ``[0, 1]`` of dropping each weight (the rest are
+        scaled by ``1/(1 - dropout_p)``); applied whenever > 0 (there is
+        no training flag here).
+    is_causal : bool, default False
+        Hide the keys after each query's aligned diagonal (see Notes).
+    scale : float, optional
+        Multiplies ``query @ key^T``; finite. None (the default):
+        ``1/sqrt(E)``.
+    rng : numpy.random.Generator, optional
+        Draws the dropout `seed` when `seed` is None; None: the package's
+        global generator (see ``attnc.manual_seed``).
+    return_weights : bool, default False
+        Also return the attention weights, before dropout.
+    return_lse : bool, default False
+        Also return each row's log-sum-exp of its scores, what
+        `scaled_dot_product_attention_backward` needs.
+    attn_bias : array_like, optional
+        Floats broadcastable to ``(..., L, S)``, added to the scaled
+        scores (torch's float ``attn_mask``; ``-inf`` hides a key). Its
+        dtype never changes the result's.
+    enable_gqa : bool, default False
+        Grouped-query attention: `query` has H heads on axis -3, `key` and
+        `value` Hkv heads dividing H; query head h uses key/value head
+        ``h // (H // Hkv)``, as torch. No copy of `key` or `value` is
+        made. A mask or bias with a heads axis has H or 1 entries on it.
+    causal_alignment : {"top_left", "bottom_right"}, default "top_left"
+        Where query i's diagonal is: key ``c = i`` (torch's `is_causal`),
+        or ``c = i + S - L`` (the last query sees the last key, as in
+        decoding with a KV cache).
+    window : tuple (left, right), optional
+        Sliding-window attention: query i sees the keys in ``[c - left,
+        c + right]``; each side an int >= 0, or None (unbounded). With
+        `is_causal`, `right` is at most 0.
+    seed : int, optional
+        The key of the counter-based dropout mask, in ``[0, 2**64)``; the
+        same seed gives the same mask for any thread count. Give it to
+        the backward to train through dropout. None: drawn from `rng`.
+
+    Returns
+    -------
+    out : ndarray, shape (..., L, Ev)
+        The attended values, over the broadcast batch dims; float64 if
+        any of `query`, `key`, `value` is float64, else float32 (as every
+        result). Alone, or first of the tuple ``(out, weights, lse)``
+        that the ``return_*`` flags select.
+    weights : ndarray, shape (..., L, S)
+        The weights before dropout; only with ``return_weights=True``.
+    lse : ndarray, shape (..., L)
+        Each row's log-sum-exp of its scaled, biased, masked scores; only
+        with ``return_lse=True``.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument: `query`, `key` or `value` with fewer than 2
+        dims or sizes that do not fit (E, S, the batch dims), `attn_mask`
+        or `attn_bias` not broadcastable to ``(..., L, S)``, `dropout_p`
+        outside ``[0, 1]``, `scale` not finite, `seed` outside ``[0,
+        2**64)``, `causal_alignment` not one of the two, a `window` side
+        negative; with `enable_gqa`, inputs without a heads axis or head
+        counts that do not divide.
+    TypeError
+        Naming the argument: a complex, object or string input or mask, a
+        bool `attn_bias`, a `window` that is not a pair, a `seed` or
+        `scale` that is not a number, an `rng` that is not a
+        ``numpy.random.Generator``.
+
+    See Also
+    --------
+    scaled_dot_product_attention_backward : Its gradients.
+
+    Notes
+    -----
+    The scores, in this order: ``scale * query @ key^T``; plus
+    `attn_bias`; `attn_mask`'s 0/False positions set to -1e20; then the
+    keys outside the band of `is_causal` and `window` set to ``-inf``
+    (their weight is exactly 0, and tiles of keys outside every band are
+    not computed). A row left with no key by `attn_bias`, `is_causal` or
+    `window` gives weights 0, output 0 and lse ``-inf``, as PyTorch's math
+    path; a row masked everywhere by `attn_mask` attends uniformly.
+
+    Mask conventions: `attn_mask` keeps 1/True, as a bool ``attn_mask``
+    of ``torch.nn.functional.scaled_dot_product_attention`` does; torch's
+    float ``attn_mask`` is additive, which here is `attn_bias`.
+    ``torch.nn.MultiheadAttention``'s bool masks are the other way round
+    (True = hidden); see ``attnc.nn.MultiheadAttention``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> rng = np.random.default_rng(0)
+    >>> query = rng.standard_normal((2, 4, 8))
+    >>> key = rng.standard_normal((2, 6, 8))
+    >>> value = rng.standard_normal((2, 6, 3))
+    >>> out, weights = F.scaled_dot_product_attention(query, key, value, is_causal=True,
+    ...                                               return_weights=True)
+    >>> out.shape, weights.shape
+    ((2, 4, 3), (2, 4, 6))
+    >>> print(weights[0, 0])  # causal: the first query sees the first key only
+    [1. 0. 0. 0. 0. 0.]
+
+    A mask keeps the keys where it is True (one row here, broadcast to
+    every query):
+
+    >>> keep = np.array([True, True, False, True, True, True])
+    >>> out, weights = F.scaled_dot_product_attention(query, key, value, attn_mask=keep,
+    ...                                               return_weights=True)
+    >>> print(weights[..., 2])
+    [[0. 0. 0. 0.]
+     [0. 0. 0. 0.]]
     """
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
     if grouped:
@@ -72,24 +261,99 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False,
                                           scale=None, dropout_p=0.0, *, attn_bias=None, enable_gqa=False,
                                           causal_alignment="top_left", window=None, seed=None):
-    """(grad_query, grad_key, grad_value) of scaled_dot_product_attention,
-    given grad_out (the gradient with respect to its output) and that
-    forward's out and lse (return_lse=True), with the same query, key,
-    value and score arguments (attn_mask, attn_bias, is_causal, scale,
-    enable_gqa, causal_alignment, window).
+    """The gradients of `scaled_dot_product_attention` with respect to query, key and value.
 
-    Flash-style: the weights are recomputed tile by tile from lse, never
-    stored (a row whose |lse| is too large for that, e.g. masked everywhere
-    or under a large bias, from its recomputed max and sum); extra memory
-    is about twice the packed query and gradient rows of the items in
-    flight, never (L, S). Each gradient has its
-    input's shape, summed over the batch dims the input was broadcast
-    along (and over each group of query heads for key and value with
-    enable_gqa), as autograd does. A masked position's score is the
-    constant -1e20, so it passes no gradient to query or key; the tiles
-    outside every band of is_causal or window are not computed. With dropout_p > 0,
-    `seed` must be the forward's (the mask is recomputed from it, never
-    stored); without it, ValueError.
+    Flash-style: the weights are recomputed tile by tile from `lse`,
+    never stored (a row whose lse is too large in magnitude for that,
+    e.g. masked everywhere or under a large bias, from its recomputed
+    maximum and sum); extra memory is about twice the packed query and
+    gradient rows of the items in flight, never ``(L, S)``.
+
+    Parameters
+    ----------
+    grad_out : array_like, shape (batch..., L, Ev)
+        The gradient with respect to the forward's output; ``batch...``
+        is the broadcast batch of `query`, `key` and `value`.
+    query : array_like, shape (..., L, E)
+        The forward's query.
+    key : array_like, shape (..., S, E)
+        The forward's key.
+    value : array_like, shape (..., S, Ev)
+        The forward's value.
+    out : array_like, shape (batch..., L, Ev)
+        The forward's output.
+    lse : array_like, shape (batch..., L)
+        The forward's log-sum-exp (``return_lse=True``).
+    attn_mask : array_like, optional
+        The forward's `attn_mask`.
+    is_causal : bool, default False
+        The forward's `is_causal`.
+    scale : float, optional
+        The forward's `scale`.
+    dropout_p : float, default 0.0
+        The forward's `dropout_p`; when > 0, `seed` is required.
+    attn_bias : array_like, optional
+        The forward's `attn_bias`.
+    enable_gqa : bool, default False
+        The forward's `enable_gqa`.
+    causal_alignment : {"top_left", "bottom_right"}, default "top_left"
+        The forward's `causal_alignment`.
+    window : tuple (left, right), optional
+        The forward's `window`.
+    seed : int, optional
+        The forward's dropout seed: the mask is recomputed from it.
+
+    Returns
+    -------
+    grad_query : ndarray
+        The shape of `query`: summed over the batch dims `query` was
+        broadcast along, as autograd does (so are the other two); float64
+        if any floating input is float64, else float32 (so are the
+        other two).
+    grad_key : ndarray
+        The shape of `key`; with `enable_gqa` also summed over each group
+        of query heads.
+    grad_value : ndarray
+        The shape of `value`, summed as `grad_key`.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument: `grad_out`, `out` or `lse` of another shape
+        than the forward's result; ``dropout_p > 0`` without `seed`; and
+        every ValueError of the forward for the same arguments.
+    TypeError
+        As the forward, for inputs of unsupported types.
+
+    See Also
+    --------
+    scaled_dot_product_attention : The forward.
+
+    Notes
+    -----
+    A position masked by `attn_mask` has the constant score -1e20, so it
+    passes no gradient to query or key (a fully masked row still passes
+    its uniform weights' gradient to value). The tiles outside every band
+    of `is_causal` or `window` are not computed. The gradients are
+    bit-identical for any thread count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> rng = np.random.default_rng(0)
+    >>> query = rng.standard_normal((2, 4, 8))
+    >>> key = rng.standard_normal((2, 6, 8))
+    >>> value = rng.standard_normal((2, 6, 3))
+    >>> out, weights, lse = F.scaled_dot_product_attention(
+    ...     query, key, value, return_weights=True, return_lse=True)
+    >>> grad_out = np.ones_like(out)
+    >>> grad_query, grad_key, grad_value = F.scaled_dot_product_attention_backward(
+    ...     grad_out, query, key, value, out, lse)
+    >>> grad_query.shape, grad_key.shape, grad_value.shape
+    ((2, 4, 8), (2, 6, 8), (2, 6, 3))
+    >>> np.allclose(grad_value, np.swapaxes(weights, -1, -2) @ grad_out)
+    True
     """
     shapes = [np.shape(given) for given in (query, key, value)]
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
@@ -177,15 +441,57 @@ def _result_dtype(named):
 
 
 def linear_backward(grad_out, x, weight, need_bias_grad=True):
-    """The gradients of linear(x, weight, bias) given grad_out, the gradient
-    with respect to its output: (grad_x, grad_weight, grad_bias).
+    """The gradients of `linear` with respect to x, weight and bias.
 
-    grad_out (..., out), x (..., in) with the same leading dims, weight
-    (out, in). grad_x = grad_out @ weight has x's shape; grad_weight =
-    sum over the leading dims of grad_out^T x (out, in); grad_bias = the
-    sum of grad_out over the leading dims (out,), or None when
-    need_bias_grad is False. The products run on the GEMM of linear (bit
-    for bit the same for any thread count). Result dtype as linear's.
+    Parameters
+    ----------
+    grad_out : array_like, shape (..., out_features)
+        The gradient with respect to the output of ``linear(x, weight,
+        bias)``.
+    x : array_like, shape (..., in_features)
+        The forward's input, with the leading dims of `grad_out`.
+    weight : array_like, shape (out_features, in_features)
+        The forward's weight.
+    need_bias_grad : bool, default True
+        Whether to compute the bias gradient.
+
+    Returns
+    -------
+    grad_x : ndarray, shape (..., in_features)
+        ``grad_out @ weight``; float64 if any input is float64, else
+        float32 (as the other two).
+    grad_weight : ndarray, shape (out_features, in_features)
+        ``grad_out^T @ x`` summed over the leading dims.
+    grad_bias : ndarray, shape (out_features,) or None
+        `grad_out` summed over the leading dims; None when
+        `need_bias_grad` is False.
+
+    Raises
+    ------
+    ValueError
+        If `weight` is not 2-D, the last dimension of `x` is not
+        ``in_features``, or `grad_out` is not ``x.shape[:-1] +
+        (out_features,)``; the message names the argument.
+    TypeError
+        If an input is complex, object or string.
+
+    Notes
+    -----
+    The products run on the GEMM of `linear`: bit for bit the same for
+    any thread count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> x = np.array([[1.0, 2.0]])
+    >>> weight = np.array([[1.0, 0.0], [0.0, 3.0]])
+    >>> grad_x, grad_weight, grad_bias = F.linear_backward(np.array([[1.0, 1.0]]), x, weight)
+    >>> print(grad_x, grad_bias)
+    [[1. 3.]] [1. 1.]
+    >>> print(grad_weight)
+    [[1. 2.]
+     [1. 2.]]
     """
     dt, (g, xa, w) = _result_dtype({"grad_out": grad_out, "x": x, "weight": weight})
     if w.ndim != 2:
@@ -207,12 +513,43 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
 
 
 def softmax_backward(grad_out, out, axis=-1):
-    """The gradient of softmax(x, axis) with respect to x, given its output
-    `out` and grad_out, the gradient with respect to that output:
-    out * (grad_out - sum(grad_out * out, axis)). grad_out and out have the
-    same shape; axis is taken as softmax takes it (any integer in
-    [-ndim, ndim); a 0-d out is one row of one element).
-    Result dtype: float64 if either input is float64, else float32.
+    """The gradient of `softmax` with respect to its input, from its output.
+
+    Computes ``out * (grad_out - sum(grad_out * out, axis))``.
+
+    Parameters
+    ----------
+    grad_out : array_like
+        The gradient with respect to the softmax's output; the shape of
+        `out`.
+    out : array_like
+        The output of ``softmax(x, axis)``.
+    axis : int, default -1
+        The softmax's axis, in ``[-ndim, ndim)`` (a 0-d `out` is one row
+        of one element).
+
+    Returns
+    -------
+    ndarray
+        The shape of `out`; float64 if either input is float64, else
+        float32.
+
+    Raises
+    ------
+    ValueError
+        If `grad_out` and `out` differ in shape, or `axis` is out of
+        range.
+    TypeError
+        If `axis` is not an integer, or an input is complex, object or
+        string.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnc import functional as F
+    >>> out = np.array([0.125, 0.25, 0.625])
+    >>> print(F.softmax_backward(np.array([1.0, 0.0, 0.0]), out))
+    [ 0.109375 -0.03125  -0.078125]
     """
     _, (g, y) = _result_dtype({"grad_out": grad_out, "out": out})
     if g.shape != y.shape:

@@ -9,7 +9,7 @@ from ._checks import module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
-IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+_IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
 def _detached(value):
@@ -30,8 +30,73 @@ def _indent(text, spaces):
 
 
 class Module:
-    """Parameters are ndarray attributes registered with register_parameter;
-    submodules are registered by assignment, in order, as in torch."""
+    """Base class of attnc's modules: parameters, submodules, modes and gradients.
+
+    ``torch.nn.Module``'s bookkeeping for NumPy arrays. Parameters are
+    ndarray attributes registered with `register_parameter`; submodules
+    are registered by assigning them as attributes, in order, as in torch.
+    `named_parameters`, `state_dict` and `load_state_dict` walk both in
+    registration order with torch's dotted keys (``"Q_proj.weight"``).
+
+    Parameters
+    ----------
+    dtype : data-type, default numpy.float32
+        The module dtype: anything ``numpy.dtype`` maps to float32 or
+        float64. Parameters are stored in it and forwards compute in it.
+    rng : numpy.random.Generator, optional
+        The generator for parameter initialisation and dropout, kept by
+        the module. None (the default): each draw comes from the
+        package's global generator (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    dtype : numpy.dtype
+        float32 or float64.
+    training : bool
+        True after construction (training mode), as in torch; see `train`
+        and `eval`.
+    rng : numpy.random.Generator or None
+        The `rng` given.
+
+    Raises
+    ------
+    TypeError
+        If `dtype` is not float32 or float64 (None included), or `rng` is
+        neither a ``numpy.random.Generator`` nor None.
+
+    Notes
+    -----
+    Dtype rule: attnc's modules compute in their own dtype. Their inputs
+    (bool, integer or floating, in any layout) are converted to it, and
+    their outputs are new arrays of it: a float64 input to a float32
+    module gives a float32 result. Use `to` or ``dtype=np.float64`` for
+    float64.
+
+    A parameter assigned after construction is converted to an aligned,
+    writable, C-contiguous array of the module dtype. Pickling and
+    ``copy.deepcopy`` keep the parameters and gradient buffers and drop
+    what a training-mode forward kept for `backward`.
+
+    Examples
+    --------
+    A module with one parameter:
+
+    >>> import numpy as np
+    >>> import attnc
+    >>> class Scale(attnc.Module):
+    ...     def __init__(self, size):
+    ...         super().__init__()
+    ...         self.register_parameter("weight", np.full(size, 2.0))
+    ...     def forward(self, x):
+    ...         return np.asarray(x, self.dtype) * self.weight
+    >>> scale = Scale(3)
+    >>> scale.weight.dtype, scale.training
+    (dtype('float32'), True)
+    >>> scale(np.arange(3.0))
+    array([0., 2., 4.], dtype=float32)
+    >>> scale.state_dict()
+    {'weight': array([2., 2., 2.], dtype=float32)}
+    """
 
     def __init__(self, *, dtype=np.float32, rng=None):
         object.__setattr__(self, "_parameters", [])
@@ -45,11 +110,15 @@ class Module:
     def __setattr__(self, name, value):
         if isinstance(value, Module):
             self._modules[name] = value
-        elif name in self._parameters and value is not None:
-            # any layout in, an aligned, writable, C-contiguous array of the
-            # module's dtype out (the value itself when it already is one)
-            value = _C.as_parameter(_detached(value), name=name, dtype=self.dtype)
+        elif name in self._parameters:
+            value = self._as_parameter(name, value)
         object.__setattr__(self, name, value)
+
+    def _as_parameter(self, name, value):
+        """Any layout in, an aligned, writable, C-contiguous array of the
+        module's dtype out (the value itself when it already is one); None
+        stays None."""
+        return None if value is None else _C.as_parameter(_detached(value), name=name, dtype=self.dtype)
 
     def __getstate__(self):
         """What a training-mode forward kept for backward is not pickled
@@ -63,37 +132,142 @@ class Module:
         parameters here (out-of-band buffers may be read-only or unaligned)."""
         self.__dict__.update(state)
         for name in self._parameters:
-            if self.__dict__[name] is not None:
-                self.__dict__[name] = _C.as_parameter(self.__dict__[name], name=name, dtype=self.dtype)
+            self.__dict__[name] = self._as_parameter(name, self.__dict__[name])
 
     def register_parameter(self, name, value):
+        """Register a parameter: the attribute `name`, set to `value`.
+
+        Parameters
+        ----------
+        name : str
+            The attribute name, and the key in `state_dict` (prefixed by
+            the submodule path).
+        value : array_like or None
+            The initial value, converted to a C-contiguous array of the
+            module dtype; None registers an absent parameter (skipped by
+            `named_parameters`), as torch's ``bias=False``.
+
+        Raises
+        ------
+        TypeError
+            If `value` is complex, object or string.
+        """
+        value = self._as_parameter(name, value)  # first: a value refused leaves no name behind
         self._parameters.append(name)
-        setattr(self, name, value)
+        object.__setattr__(self, name, value)
 
     def forward(self, *args, **kwargs):
+        """Compute the module's output; each subclass defines it.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The subclass's inputs.
+
+        Raises
+        ------
+        NotImplementedError
+            On the base class.
+        """
         raise NotImplementedError
 
     def backward(self, grad_output):
-        """The gradient with respect to the input of the most recent
-        training-mode forward; parameter gradients are added into the
-        buffers named_grads() yields. Each forward allows one backward."""
+        """Go back through the most recent training-mode forward.
+
+        Returns the gradient with respect to that forward's input and adds
+        every parameter's gradient into the buffer `named_grads` yields.
+        Each forward allows one backward. Subclasses define it; see
+        ``Linear.backward``.
+
+        Parameters
+        ----------
+        grad_output : array_like
+            The gradient with respect to the forward's output.
+
+        Raises
+        ------
+        NotImplementedError
+            On a module without a backward.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no backward")
 
     def __call__(self, *args, **kwargs):
+        """Call `forward` with the same arguments, as torch's modules do.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Passed to `forward`.
+
+        Returns
+        -------
+        object
+            What `forward` returns.
+        """
         return self.forward(*args, **kwargs)
 
     # -- modes ---------------------------------------------------------------
     def train(self, mode=True):
+        """Set training mode (dropout active, forwards keep state for backward).
+
+        Parameters
+        ----------
+        mode : bool, default True
+            True: training mode; False: evaluation mode. Applied to every
+            submodule.
+
+        Returns
+        -------
+        Module
+            The module itself.
+        """
         self.training = bool(mode)
         for child in self._modules.values():
             child.train(mode)
         return self
 
     def eval(self):
+        """Set evaluation mode: no dropout, and forwards keep nothing for backward.
+
+        Returns
+        -------
+        Module
+            The module itself (``train(False)``).
+
+        Examples
+        --------
+        >>> import attnc
+        >>> attnc.Dropout(0.5).eval().training
+        False
+        """
         return self.train(False)
 
     # -- parameters ----------------------------------------------------------
     def named_parameters(self, prefix=""):
+        """Iterate over ``(dotted name, parameter)``, in registration order.
+
+        The module's own parameters first, then each submodule's; absent
+        (None) parameters are skipped. The arrays are the parameters
+        themselves, not copies.
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Prepended to every name.
+
+        Yields
+        ------
+        name : str
+            The parameter's `state_dict` key, e.g. ``"Q_proj.weight"``.
+        parameter : ndarray
+            The parameter, in the module dtype.
+
+        Examples
+        --------
+        >>> import attnc
+        >>> [(name, p.shape) for name, p in attnc.Linear(3, 2).named_parameters()]
+        [('weight', (2, 3)), ('bias', (2,))]
+        """
         for name in self._parameters:
             value = getattr(self, name)
             if value is not None:
@@ -102,15 +276,71 @@ class Module:
             yield from child.named_parameters(prefix + child_name + ".")
 
     def parameters(self):
+        """Iterate over the parameters, in the order of `named_parameters`.
+
+        Yields
+        ------
+        ndarray
+            Each parameter itself (not a copy).
+        """
         for _, value in self.named_parameters():
             yield value
 
     def state_dict(self):
+        """Copies of the parameters, keyed as torch keys them.
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``{dotted name: copy}`` in the order of `named_parameters`;
+            the keys of the torch twin's ``state_dict()``.
+        """
         return {name: value.copy() for name, value in self.named_parameters()}
 
     def load_state_dict(self, state_dict, strict=True):
-        """Copies state_dict's values into the parameters of the same keys;
-        all or nothing: every value is converted and checked first."""
+        """Copy parameter values from a mapping, all or nothing.
+
+        Every value is converted and checked first; nothing is changed
+        unless the whole mapping is valid. Values are copied into the
+        parameters in place (views of a parameter see the new values).
+
+        Parameters
+        ----------
+        state_dict : mapping of str to array_like
+            Values keyed as `state_dict` keys them: anything
+            ``np.asarray`` takes (CPU torch tensors included), converted
+            to the module dtype.
+        strict : bool, default True
+            True: the keys must be exactly the module's. False: load the
+            keys the module has and ignore the rest.
+
+        Returns
+        -------
+        missing_keys, unexpected_keys : list of str
+            A named tuple: the module's keys absent from `state_dict`,
+            and the keys of `state_dict` the module does not have.
+
+        Raises
+        ------
+        KeyError
+            With `strict`, listing every missing and unexpected key.
+        ValueError
+            Naming the key, for a value of another shape (in both modes).
+        TypeError
+            Naming the key, for a complex, object or string value.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> linear = attnc.Linear(2, 1)
+        >>> linear.load_state_dict({"weight": [[1.0, 2.0]], "bias": [0.5]})
+        IncompatibleKeys(missing_keys=[], unexpected_keys=[])
+        >>> linear(np.array([1.0, 1.0]))
+        array([3.5], dtype=float32)
+        >>> linear.load_state_dict({"weight": [[3.0, 4.0]]}, strict=False)
+        IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])
+        """
         own = dict(self.named_parameters())
         missing = [key for key in own if key not in state_dict]
         unexpected = [key for key in state_dict if key not in own]
@@ -135,7 +365,7 @@ class Module:
                 np.copyto(current, array)
             else:
                 object.__setattr__(owner, name, array.copy())  # never the caller's memory
-        return IncompatibleKeys(missing, unexpected)
+        return _IncompatibleKeys(missing, unexpected)
 
     def _owner_of(self, key):
         """(module, attribute name) of the parameter named `key`."""
@@ -146,6 +376,31 @@ class Module:
         return owner, name
 
     def to(self, dtype):
+        """Convert the module and its submodules to another dtype.
+
+        Parameters
+        ----------
+        dtype : data-type
+            float32 or float64 (anything ``numpy.dtype`` maps to one).
+            The parameters are converted, and `dtype` updated.
+
+        Returns
+        -------
+        Module
+            The module itself.
+
+        Raises
+        ------
+        TypeError
+            If `dtype` is not float32 or float64.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> attnc.Linear(2, 2).to(np.float64).weight.dtype
+        dtype('float64')
+        """
         dtype = module_dtype(dtype)
         object.__setattr__(self, "dtype", dtype)
         for name in self._parameters:
@@ -158,10 +413,25 @@ class Module:
 
     # -- gradients -----------------------------------------------------------
     def named_grads(self, prefix=""):
-        """(name, gradient buffer) for every parameter, in the order of
-        named_parameters(): zeros until a backward adds into them. A buffer
+        """Iterate over ``(dotted name, gradient buffer)``, in the order of `named_parameters`.
+
+        Each buffer has its parameter's shape and dtype: zeros until a
+        `backward` adds into it, as torch accumulates ``.grad``. A buffer
         follows its parameter: it starts again from zeros when the
-        parameter is replaced by one of another shape or dtype."""
+        parameter is replaced by one of another shape or dtype.
+
+        Parameters
+        ----------
+        prefix : str, default ""
+            Prepended to every name.
+
+        Yields
+        ------
+        name : str
+            The parameter's `state_dict` key.
+        grad : ndarray
+            Its gradient buffer itself (writable; optimizers read it).
+        """
         for name in self._parameters:
             if getattr(self, name) is not None:
                 yield prefix + name, self._grad(name)
@@ -169,6 +439,7 @@ class Module:
             yield from child.named_grads(prefix + child_name + ".")
 
     def zero_grad(self):
+        """Fill every gradient buffer (see `named_grads`) with zeros."""
         for _, grad in self.named_grads():
             grad.fill(0)
 
@@ -230,6 +501,14 @@ class Module:
 
     # -- printing ------------------------------------------------------------
     def extra_repr(self):
+        """The module's own settings, shown inside its ``repr``, as torch's.
+
+        Returns
+        -------
+        str
+            Empty on the base class; e.g. ``"in_features=4,
+            out_features=4, bias=True"`` for a `Linear`.
+        """
         return ""
 
     def __repr__(self):
@@ -245,8 +524,60 @@ class Module:
 
 
 class Linear(Module):
-    """y = x @ weight.T + bias; weight (out, in) and bias (out,) start uniform
-    in [-1/sqrt(in), 1/sqrt(in)], as torch.nn.Linear."""
+    """Affine layer ``y = x @ weight.T + bias``, as ``torch.nn.Linear``.
+
+    Parameters
+    ----------
+    in_features : int
+        Size of each input's last dimension, >= 0.
+    out_features : int
+        Size of each output's last dimension, >= 0.
+    bias : bool, default True
+        Whether the layer has a bias (False: the `bias` attribute is None).
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights; None: the package's global generator.
+
+    Attributes
+    ----------
+    weight : ndarray, shape (out_features, in_features)
+        Initially uniform in ``[-1/sqrt(in_features), 1/sqrt(in_features)]``,
+        as torch.
+    bias : ndarray, shape (out_features,), or None
+        Initially uniform in the same range.
+
+    Raises
+    ------
+    ValueError
+        If `in_features` or `out_features` is negative.
+    TypeError
+        If `in_features` or `out_features` is not an integer, or `dtype`
+        or `rng` is invalid (see `Module`).
+
+    See Also
+    --------
+    attnc.functional.linear : The same map on given arrays.
+
+    Notes
+    -----
+    The module computes in its own dtype: a float64 input to a float32
+    layer gives a float32 result.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> layer = attnc.Linear(3, 2, rng=np.random.default_rng(0))
+    >>> layer
+    Linear(in_features=3, out_features=2, bias=True)
+    >>> x = np.ones((4, 5, 3))
+    >>> y = layer(x)
+    >>> y.shape, y.dtype
+    ((4, 5, 2), dtype('float32'))
+    >>> np.allclose(y, x @ layer.weight.T + layer.bias)
+    True
+    """
 
     def __init__(self, in_features, out_features, bias=True, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
@@ -258,10 +589,32 @@ class Linear(Module):
         self.register_parameter("bias", draw.uniform(-bound, bound, self.out_features) if bias else None)
 
     def forward(self, x):
-        """x @ weight.T + bias in the module dtype. In training mode it also
-        keeps, for backward, a private copy of x in the module dtype (a later
-        in-place edit of the caller's x changes no gradient) and the
-        parameters it used; an eval-mode forward keeps nothing."""
+        """Compute ``x @ weight.T + bias`` over the leading dims of `x`.
+
+        In training mode the forward also keeps, for `backward`, a private
+        copy of `x` in the module dtype (a later in-place edit of the
+        caller's `x` changes no gradient) and the parameters it used; an
+        eval-mode forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., in_features)
+            At least 1-D; bool, integer or floating, converted to the
+            module dtype.
+
+        Returns
+        -------
+        ndarray, shape (..., out_features)
+            A new array in the module dtype (float32 for a float64 `x`
+            given to a float32 layer).
+
+        Raises
+        ------
+        ValueError
+            If `x` is 0-d or its last dimension is not `in_features`.
+        TypeError
+            If `x` is complex, object or string.
+        """
         out = _C.linear(x, self.weight, self.bias, dtype=self.dtype)
         if self.training:
             x_copy = np.array(x, dtype=self.dtype, order="C")
@@ -269,17 +622,49 @@ class Linear(Module):
         return out
 
     def backward(self, grad_output):
-        """The gradient with respect to the input x of the most recent
-        training-mode forward (x's shape; x's dtype when x is a floating
-        array, else the module's), given grad_output, the gradient with
-        respect to that forward's output (its shape; converted to the
-        module dtype). Adds grad_output^T x
-        (summed over the leading dims) into weight's gradient buffer and
-        grad_output summed over the leading dims into bias's (see
-        named_grads), as torch accumulates .grad. One backward per
-        forward: RuntimeError without a training-mode forward, for a second
-        backward, or when a parameter was replaced since the forward;
-        ValueError for a grad_output of another shape."""
+        """The gradient with respect to the input of the most recent training-mode forward.
+
+        Also adds ``grad_output^T @ x`` (summed over the leading dims)
+        into the weight's gradient buffer and `grad_output` summed over
+        the leading dims into the bias's (see `named_grads`), as torch
+        accumulates ``.grad``. One backward per forward.
+
+        Parameters
+        ----------
+        grad_output : array_like, shape (..., out_features)
+            The gradient with respect to that forward's output (its
+            shape); converted to the module dtype.
+
+        Returns
+        -------
+        ndarray, shape (..., in_features)
+            The gradient with respect to the forward's `x`: `x`'s shape,
+            and `x`'s dtype when `x` was a floating array (as torch's
+            ``x.grad``), else the module's.
+
+        Raises
+        ------
+        RuntimeError
+            Without a training-mode forward, for a second backward of one
+            forward, or when a parameter was replaced since the forward
+            (naming it).
+        ValueError
+            If `grad_output` does not have the forward output's shape (the
+            forward's state stays: a corrected call works).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> layer = attnc.Linear(2, 1)
+        >>> _ = layer.load_state_dict({"weight": [[1.0, 3.0]], "bias": [0.0]})
+        >>> y = layer(np.array([[1.0, 2.0], [3.0, 4.0]]))
+        >>> layer.backward(np.ones_like(y))
+        array([[1., 3.],
+               [1., 3.]])
+        >>> dict(layer.named_grads())
+        {'weight': array([[4., 6.]], dtype=float32), 'bias': array([2.], dtype=float32)}
+        """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         x, weight, bias = self._kept(grad_output)
         self._check_unchanged({"weight": weight, "bias": bias})
@@ -292,18 +677,83 @@ class Linear(Module):
 
 
 class Dropout(Module):
-    """Zeroes each element with probability p in training mode and scales the
-    rest by 1/(1-p); a fresh copy in eval mode."""
+    """Dropout, as ``torch.nn.Dropout``: zero elements at random in training mode.
+
+    In training mode each element is zeroed with probability `p` and the
+    rest are scaled by ``1/(1 - p)`` (``p=1`` gives zeros, no NaN); in
+    evaluation mode the output is a copy of the input.
+
+    Parameters
+    ----------
+    p : float, default 0.5
+        The probability of zeroing an element, in ``[0, 1]``.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64.
+    rng : numpy.random.Generator, optional
+        Draws each training-mode forward's mask; None: the package's
+        global generator, at each forward.
+
+    Attributes
+    ----------
+    p : float
+        The probability given.
+
+    Raises
+    ------
+    ValueError
+        If `p` is outside ``[0, 1]`` or NaN.
+    TypeError
+        If `p` is not a number, or `dtype` or `rng` is invalid (see
+        `Module`).
+
+    Notes
+    -----
+    Every training-mode call draws a new mask. The mask comes from a
+    counter-based generator keyed by a seed drawn from `rng`: the same
+    seed gives the same mask for any number of threads. The module
+    computes in its own dtype (float32 for a float64 input to a float32
+    module).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> dropout = attnc.Dropout(0.5, rng=np.random.default_rng(0))
+    >>> y = dropout(np.ones((2, 4)))
+    >>> bool(np.all((y == 0) | (y == 2)))
+    True
+    >>> dropout.eval()(np.ones(3))
+    array([1., 1., 1.], dtype=float32)
+    """
 
     def __init__(self, p=0.5, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
         self.p = _C.probability(p, name="p")
 
     def forward(self, x):
-        """In training mode with p > 0, draws the mask's seed from the
-        module's rng (None: the package's global generator) and keeps it,
-        with p and the shape, for backward: the mask is recomputed from
-        the seed, never stored. An eval-mode forward keeps nothing."""
+        """Zero elements of `x` with probability `p` (training mode), or copy it.
+
+        In training mode with ``p > 0`` the mask's seed is drawn from the
+        module's `rng` (None: the package's global generator) and kept,
+        with `p` and the shape, for `backward`: the mask is recomputed
+        from the seed, never stored. An eval-mode forward keeps nothing.
+
+        Parameters
+        ----------
+        x : array_like
+            Any shape (0-d and empty included); bool, integer or floating,
+            converted to the module dtype.
+
+        Returns
+        -------
+        ndarray
+            A new array of `x`'s shape in the module dtype.
+
+        Raises
+        ------
+        TypeError
+            If `x` is complex, object or string.
+        """
         if not self.training:
             return _C.dropout(x, self.p, training=False, rng=self.rng, dtype=self.dtype)
         p = _C.probability(self.p, name="p")
@@ -313,12 +763,31 @@ class Dropout(Module):
         return out
 
     def backward(self, grad_output):
-        """The gradient with respect to the input of the most recent
-        training-mode forward (x's floating dtype, else the module's):
-        grad_output (converted to the module dtype) times that forward's mask and 1/(1-p), a fresh array (a copy when
-        p was 0). One backward per forward: RuntimeError without a
-        training-mode forward or for a second backward; ValueError for a
-        grad_output of another shape than the forward's output."""
+        """The gradient with respect to the input of the most recent training-mode forward.
+
+        `grad_output` times that forward's mask and ``1/(1 - p)``, a new
+        array (a copy when `p` was 0). One backward per forward.
+
+        Parameters
+        ----------
+        grad_output : array_like
+            The gradient with respect to the forward's output (its shape);
+            converted to the module dtype.
+
+        Returns
+        -------
+        ndarray
+            The forward input's shape; its dtype when it was a floating
+            array, else the module's.
+
+        Raises
+        ------
+        RuntimeError
+            Without a training-mode forward, or for a second backward of
+            one forward.
+        ValueError
+            If `grad_output` does not have the forward output's shape.
+        """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         seed, p = self._kept(grad_output)
         return self._release_kept(_C.dropout(grad_output, p, dtype=self.dtype, seed=seed))

@@ -35,24 +35,116 @@ def _xavier_normal(draw, shape):
 
 
 class MultiheadAttention(Module):
-    """torch.nn.MultiheadAttention's twin: num_heads heads of embed_dim //
-    num_heads features over a query (L, N, E), a key (S, N, kdim) and a
-    value (S, N, vdim) ((N, L, E) ... with batch_first; (L, E) ...
-    unbatched), then an output projection.
+    """Multi-head attention with torch.nn.MultiheadAttention's API, for NumPy arrays.
 
-    Parameters, in torch's state_dict order: in_proj_weight (3E, E) when
-    kdim == vdim == E, else q_proj_weight (E, E), k_proj_weight (E, kdim),
-    v_proj_weight (E, vdim); in_proj_bias (3E,) (bias=True); bias_k and
-    bias_v (1, 1, E) (add_bias_kv=True); out_proj (a Linear E -> E, with a
-    bias when bias=True). Absent ones are None attributes, as in torch.
-    Initialisation as torch's: xavier_uniform_ for the projection weights,
-    zeros for in_proj_bias and out_proj.bias, xavier_normal_ for bias_k and
-    bias_v, torch.nn.Linear's for out_proj.weight; drawn from rng (None:
-    the package's global generator).
+    ``num_heads`` heads of ``embed_dim // num_heads`` features attend from
+    a query sequence over a key/value sequence, then an output projection.
+    Same constructor, parameters (names, shapes, initialisation,
+    state_dict order), forward arguments, mask conventions and results as
+    torch's, so a torch state_dict loads unchanged.
 
-    Errors: TypeError/ValueError naming embed_dim, num_heads, kdim, vdim
-    or dropout for a bad value (num_heads must divide embed_dim; dropout
-    in [0, 1]); TypeError for a dtype other than float32/float64.
+    Call it as ``mha(query, key, value, key_padding_mask=None,
+    need_weights=True, attn_mask=None, average_attn_weights=True,
+    is_causal=False)``: `query` ``(L, N, E)``, `key` ``(S, N, kdim)``,
+    `value` ``(S, N, vdim)`` (``(N, L, E)``... with `batch_first`; ``(L,
+    E)``... unbatched) give ``(attn_output, attn_weights)``: ``(L, N, E)``
+    and ``(N, L, S)`` averaged over the heads (None without `need_weights`).
+    Masks follow torch: `key_padding_mask` ``(N, S)``, `attn_mask` ``(L,
+    S)`` or ``(N * num_heads, L, S)``, True hides a key. See `forward`.
+
+    Parameters
+    ----------
+    embed_dim : int
+        E, the feature size of the query and of the output; >= 1.
+    num_heads : int
+        The number of heads; >= 1 and divides `embed_dim`.
+    dropout : float, default 0.0
+        The probability of dropping each attention weight in training
+        mode, in ``[0, 1]``.
+    bias : bool, default True
+        Whether the input and output projections have biases.
+    add_bias_kv : bool, default False
+        Learn `bias_k` and `bias_v`, appended as one more key and value.
+    add_zero_attn : bool, default False
+        Append a zero key and value per head (after `bias_k`/`bias_v`).
+    kdim : int, optional
+        The feature size of the key; None: `embed_dim`.
+    vdim : int, optional
+        The feature size of the value; None: `embed_dim`.
+    batch_first : bool, default False
+        True: inputs and outputs are ``(N, L, E)``; False: ``(L, N, E)``,
+        as torch.
+    dtype : data-type, default numpy.float32
+        The module dtype, float32 or float64: parameters are stored and
+        forwards computed in it.
+    rng : numpy.random.Generator, optional
+        Draws the initial weights and the dropout masks; None: the
+        package's global generator (see ``attnc.manual_seed``).
+
+    Attributes
+    ----------
+    in_proj_weight : ndarray, shape (3 * embed_dim, embed_dim), or None
+        The stacked Q, K, V projection weights when ``kdim == vdim ==
+        embed_dim``, else None.
+    q_proj_weight, k_proj_weight, v_proj_weight : ndarray or None
+        ``(E, E)``, ``(E, kdim)``, ``(E, vdim)`` when `kdim` or `vdim`
+        differs from `embed_dim`, else None.
+    in_proj_bias : ndarray, shape (3 * embed_dim,), or None
+        With `bias`.
+    bias_k, bias_v : ndarray, shape (1, 1, embed_dim), or None
+        With `add_bias_kv`.
+    out_proj : Linear
+        ``embed_dim -> embed_dim``, with a bias when `bias`.
+    head_dim : int
+        ``embed_dim // num_heads``.
+
+    Raises
+    ------
+    ValueError
+        If `embed_dim`, `num_heads`, `kdim` or `vdim` is < 1,
+        `num_heads` does not divide `embed_dim`, or `dropout` is outside
+        ``[0, 1]``; the message names the argument.
+    TypeError
+        If a size is not an integer, `dropout` is not a number, `dtype`
+        is not float32 or float64, or `rng` is neither a
+        ``numpy.random.Generator`` nor None.
+
+    See Also
+    --------
+    attnc.MultiHeadAttention : Document 001's multi-head self-attention
+        (one input; 1/True in a mask keeps a key).
+
+    Notes
+    -----
+    Initialisation as torch's: ``xavier_uniform_`` for the projection
+    weights, zeros for `in_proj_bias` and ``out_proj.bias``,
+    ``xavier_normal_`` for `bias_k` and `bias_v`, ``torch.nn.Linear``'s
+    for ``out_proj.weight``; drawn from `rng`.
+
+    Mask convention, torch's: a bool mask's True hides a key (the
+    opposite of the documents' classes, where 1/True keeps it); a float
+    mask is added to the scores.
+
+    The module starts in training mode (dropout active), as torch's; call
+    `eval` for inference. It computes in its own dtype: float64 inputs to
+    a float32 module give float32 outputs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> rng = np.random.default_rng(0)
+    >>> mha = attnc.nn.MultiheadAttention(8, num_heads=2, batch_first=True, rng=rng).eval()
+    >>> list(mha.state_dict())
+    ['in_proj_weight', 'in_proj_bias', 'out_proj.weight', 'out_proj.bias']
+    >>> x = rng.normal(size=(3, 5, 8))  # (N, L, E) with batch_first
+    >>> padding = np.zeros((3, 5), dtype=bool)
+    >>> padding[2, 3:] = True  # True: item 2's keys 3 and 4 are padding
+    >>> output, weights = mha(x, x, x, key_padding_mask=padding)
+    >>> output.shape, weights.shape
+    ((3, 5, 8), (3, 5, 5))
+    >>> print(weights[2, 0, 3:])
+    [0. 0.]
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -89,43 +181,92 @@ class MultiheadAttention(Module):
     # -- forward ---------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        """(attn_output, attn_weights) as torch.nn.MultiheadAttention returns them.
+        """Attend from `query` over `key` and `value`, as torch.nn.MultiheadAttention.
 
-        query (L, N, E), key (S, N, kdim), value (S, N, vdim); (N, L, E) ...
-        with batch_first; unbatched (L, E), (S, kdim), (S, vdim). Anything
-        np.asarray takes, converted to the module dtype.
-        key_padding_mask: (N, S) ((S,) unbatched); attn_mask: (L, S) or
-        (N * num_heads, L, S) ((num_heads, L, S) unbatched). Masks are bool
-        (True: the key is not allowed, a -inf score) or floating (added to
-        the scores); the two are summed when both are given. Integer masks
-        raise TypeError (their 0/1 meaning would be ambiguous).
-        add_bias_kv appends bias_k / bias_v as one more key / value, then
-        add_zero_attn a zero key / value per head; the masks allow both.
-        is_causal is torch's hint: it needs attn_mask (else ValueError);
-        with need_weights=False and no key_padding_mask the causal mask
-        (key j > query i hidden, top-left) replaces attn_mask, otherwise
-        attn_mask is used as given, as in torch.
-        In training mode the weights are dropped with probability dropout
-        (the mask drawn from the module's rng).
+        In training mode the weights are dropped with probability
+        `dropout` (the mask drawn from the module's `rng`), and the forward
+        keeps what `backward` needs: private copies of query, key and
+        value (one for inputs given as the same object), their
+        projections, the attention output and row log-sum-exps, the score
+        bias and the dropout seed (never the ``(L, S)`` weights). An
+        eval-mode forward keeps nothing.
 
-        Returns attn_output (L, N, E) ((N, L, E) batch_first, (L, E)
-        unbatched), and with need_weights the attention weights after
-        dropout, averaged over the heads (N, L, S') when
-        average_attn_weights, else (N, num_heads, L, S') ((L, S') or
-        (num_heads, L, S') unbatched), S' = S plus the added keys; else
-        None. Module dtype, fresh arrays.
+        Parameters
+        ----------
+        query : array_like, shape (L, N, E)
+            ``(N, L, E)`` with `batch_first`; ``(L, E)`` unbatched. Bool,
+            integer or floating; converted to the module dtype.
+        key : array_like, shape (S, N, kdim)
+            ``(N, S, kdim)`` with `batch_first`; ``(S, kdim)`` unbatched.
+        value : array_like, shape (S, N, vdim)
+            ``(N, S, vdim)`` with `batch_first`; ``(S, vdim)`` unbatched.
+        key_padding_mask : array_like, shape (N, S), optional
+            ``(S,)`` unbatched. Bool (True: the key is padding, hidden) or
+            floating (added to the scores of that key).
+        need_weights : bool, default True
+            Also return the attention weights.
+        attn_mask : array_like, shape (L, S) or (N * num_heads, L, S), optional
+            ``(num_heads, L, S)`` unbatched. Bool (True: the query may not
+            see the key) or floating (added to the scores). Summed with
+            `key_padding_mask` when both are given.
+        average_attn_weights : bool, default True
+            Average the returned weights over the heads.
+        is_causal : bool, default False
+            torch's hint that `attn_mask` is the causal mask; it needs
+            `attn_mask`. With ``need_weights=False`` and no
+            `key_padding_mask`, the top-left causal mask (key j > query i
+            hidden) replaces `attn_mask`; otherwise `attn_mask` is used as
+            given, as in torch.
+
+        Returns
+        -------
+        attn_output : ndarray, shape (L, N, E)
+            ``(N, L, E)`` with `batch_first`, ``(L, E)`` unbatched; a new
+            array in the module dtype (float32 for float64 inputs to a
+            float32 module).
+        attn_weights : ndarray or None
+            With `need_weights`, the weights after dropout, as torch:
+            ``(N, L, S')`` averaged over the heads, else ``(N, num_heads,
+            L, S')`` (unbatched ``(L, S')``, ``(num_heads, L, S')``), where
+            S' is S plus the keys `add_bias_kv` and `add_zero_attn`
+            append. None without `need_weights`.
+
+        Raises
+        ------
+        ValueError
+            Naming the argument: an input that is not 2-D or 3-D like
+            `query`, a feature size other than E, `kdim` or `vdim`,
+            sequence or batch sizes that do not match, a mask of another
+            shape, or `is_causal` without `attn_mask`.
+        TypeError
+            For an input of an unsupported dtype (complex, object,
+            string) or an integer mask (its 0/1 meaning would be
+            ambiguous).
+
+        Notes
+        -----
         A query row whose every key is masked gets weights 0 and an
-        attention output of 0 before out_proj, as torch's need_weights=False
-        path; torch's need_weights=True path gives NaN there.
+        attention output of 0 before `out_proj`, as torch's
+        ``need_weights=False`` path; torch's ``need_weights=True`` path
+        gives NaN there.
 
-        Errors: ValueError naming the argument for shapes that do not fit
-        (embedding sizes, sequence and batch sizes, mask shapes); TypeError
-        for inputs or masks of unsupported dtypes. A training-mode forward
-        keeps, for backward, private copies of query, key and value (one
-        for inputs given as the same object), their projections, the
-        attention output and row log-sum-exps, the score bias and the
-        dropout seed (never the (L, S) weights); an eval-mode one keeps
-        nothing.
+        `add_bias_kv` appends `bias_k` and `bias_v` as one more key and
+        value, then `add_zero_attn` a zero key and value per head; the
+        masks allow both.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> rng = np.random.default_rng(0)
+        >>> mha = attnc.nn.MultiheadAttention(8, num_heads=2, rng=rng).eval()
+        >>> x = rng.normal(size=(5, 3, 8))  # (L, N, E)
+        >>> causal = np.triu(np.ones((5, 5), dtype=bool), k=1)  # True: hidden
+        >>> output, weights = mha(x, x, x, attn_mask=causal, average_attn_weights=False)
+        >>> output.shape, weights.shape
+        ((5, 3, 8), (3, 2, 5, 5))
+        >>> print(weights[0, 0, 0])  # the first query sees the first key only
+        [1. 0. 0. 0. 0.]
         """
         params = {name: getattr(*self._owner_of(name)) for name in _PARAMETERS}
         training = self.training  # read once: another thread may switch the mode
@@ -264,21 +405,54 @@ class MultiheadAttention(Module):
 
     # -- backward --------------------------------------------------------------
     def backward(self, grad_output):
-        """(grad_query, grad_key, grad_value), always a tuple of three, for the
-        most recent training-mode forward, given grad_output, the gradient
-        with respect to its attn_output (its shape; converted to the module
-        dtype; the attn_weights are not differentiated). Each gradient has
-        its input's shape and dtype (the input's own when it was a floating
-        array, as torch's .grad, else the module's). For self-attention,
-        mha(x, x, x), the gradient with respect to x is their sum.
-        Every parameter's gradient (in_proj_weight or q/k/v_proj_weight,
-        in_proj_bias, bias_k, bias_v, out_proj.weight, out_proj.bias) is
-        added into its buffer (named_grads), as torch accumulates .grad. The
-        dropout mask is the forward's (recomputed from its seed).
-        One backward per forward: RuntimeError without a training-mode
-        forward, for a second backward, or for a parameter replaced since
-        the forward; ValueError for a grad_output of another shape (the
-        forward's state stays: a corrected call works)."""
+        """The gradients with respect to query, key and value of the last training-mode forward.
+
+        Every parameter's gradient (`in_proj_weight` or
+        `q_proj_weight`/`k_proj_weight`/`v_proj_weight`, `in_proj_bias`,
+        `bias_k`, `bias_v`, ``out_proj.weight``, ``out_proj.bias``) is added
+        into its buffer (see `named_grads`), as torch accumulates
+        ``.grad``. The dropout mask is the forward's (recomputed from its
+        seed). One backward per forward.
+
+        Parameters
+        ----------
+        grad_output : array_like
+            The gradient with respect to the forward's `attn_output` (its
+            shape); converted to the module dtype. The `attn_weights` are
+            not differentiated.
+
+        Returns
+        -------
+        grad_query, grad_key, grad_value : ndarray
+            Always three arrays, each of its input's shape and dtype (the
+            input's own when it was a floating array, as torch's
+            ``.grad``, else the module's). For self-attention,
+            ``mha(x, x, x)``, the gradient with respect to `x` is their
+            sum.
+
+        Raises
+        ------
+        RuntimeError
+            Without a training-mode forward, for a second backward of one
+            forward, or for a parameter replaced since the forward
+            (naming it).
+        ValueError
+            If `grad_output` does not have the forward output's shape (the
+            forward's state stays: a corrected call works).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> rng = np.random.default_rng(0)
+        >>> mha = attnc.nn.MultiheadAttention(8, num_heads=2, rng=rng)  # training mode
+        >>> x = rng.normal(size=(5, 3, 8))
+        >>> output, _ = mha(x, x, x, need_weights=False)
+        >>> grad_query, grad_key, grad_value = mha.backward(np.ones_like(output))
+        >>> grad_x = grad_query + grad_key + grad_value
+        >>> grad_x.shape, grad_x.dtype
+        ((5, 3, 8), dtype('float64'))
+        """
         grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
         (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched,
          grad_dtypes) = self._kept(grad_output)

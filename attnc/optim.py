@@ -10,7 +10,7 @@ gradient buffers are only read; zero_grad() clears them.
 The optimizer state (momentum buffers, Adam moments, step counts) is kept
 per dotted parameter name in `state`, its arrays in the parameter's dtype.
 A parameter replaced by one of the same shape and dtype (an assignment, a
-load_state_dict) keeps its state, as torch's copy_-based loading does; one
+load_state_dict) keeps its state, as torch's ``copy_``-based loading does; one
 replaced by a parameter of another shape or dtype (an assignment,
 module.to) makes step() raise ValueError naming it, before any parameter
 is updated: its state cannot follow it, and resetting it silently would
@@ -61,9 +61,39 @@ def _betas(betas):
 
 
 class Optimizer:
-    """The walk SGD and AdamW share: over the module's (name, parameter,
-    gradient) triples, with the per-name state and its shape/dtype check;
-    a subclass gives the update rule, _update."""
+    """Base class of the optimizers: the walk over a module's parameters and gradients.
+
+    `step` walks ``module.named_parameters()`` and
+    ``module.named_grads()`` together and updates every parameter in
+    place; a subclass gives the update rule (`SGD`, `AdamW`). The state
+    of each parameter (momentum buffers, moments, step counts) is kept in
+    `state` under its dotted name.
+
+    Parameters
+    ----------
+    module : attnc.Module
+        The module whose parameters are optimised.
+
+    Attributes
+    ----------
+    module : attnc.Module
+        The module given.
+    state : dict of str to dict
+        Per dotted parameter name, the update rule's state (arrays in the
+        parameter's dtype).
+
+    Raises
+    ------
+    TypeError
+        If `module` is not an ``attnc.Module``.
+
+    Examples
+    --------
+    >>> import attnc
+    >>> optimizer = attnc.optim.SGD(attnc.Linear(2, 1), lr=0.1)
+    >>> isinstance(optimizer, attnc.optim.Optimizer), optimizer.state
+    (True, {})
+    """
 
     def __init__(self, module):
         if not isinstance(module, Module):
@@ -73,15 +103,25 @@ class Optimizer:
         self._layouts = {}   # dotted parameter name -> (shape, dtype) at its first step
 
     def zero_grad(self):
-        """Sets every gradient buffer of the module to zero (module.zero_grad())."""
+        """Set every gradient buffer of the module to zero (``module.zero_grad()``)."""
         self.module.zero_grad()
 
     def step(self):
-        """Updates every parameter in place from its gradient buffer.
+        """Update every parameter in place from its gradient buffer.
 
-        ValueError, naming the parameter, with no parameter updated, if a
-        parameter was replaced since the previous step by one of another
-        shape or dtype."""
+        The gradient buffers are only read; views of a parameter see the
+        new values.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter, with no parameter updated, if a
+            parameter was replaced since the previous step by one of
+            another shape or dtype (its state cannot follow it: make a new
+            optimizer).
+        NotImplementedError
+            On the base class, which has no update rule.
+        """
         triples = [(name, param, grad) for (name, param), (_, grad)
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
@@ -100,19 +140,55 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent, torch.optim.SGD (dampening 0, no Nesterov).
+    """Stochastic gradient descent, as torch.optim.SGD (dampening 0, no Nesterov).
 
-    For each parameter p with gradient g, at step t:
+    Parameters
+    ----------
+    module : attnc.Module
+        The module whose parameters are optimised.
+    lr : float
+        The learning rate; finite, >= 0.
+    momentum : float, default 0.0
+        The momentum factor; finite, >= 0.
+    weight_decay : float, default 0.0
+        The L2 penalty added to the gradient; finite, >= 0.
+
+    Raises
+    ------
+    TypeError
+        If `module` is not an ``attnc.Module``, or a hyper-parameter is
+        not a real number (bools and strings are not); the message names
+        it.
+    ValueError
+        If a hyper-parameter is negative, infinite or NaN; the message
+        names it.
+
+    Notes
+    -----
+    For each parameter p with gradient g, at each step::
 
         d = g + weight_decay * p                        (when weight_decay != 0)
         b = d                      at the first step    (when momentum != 0)
         b = momentum * b + d       afterwards; then d = b
         p = p - lr * d
 
-    Arguments: module, an attnc.Module; lr, momentum and weight_decay, finite
-    real numbers >= 0 (TypeError for a non-number, bools and strings
-    included; ValueError otherwise, each naming its argument). The momentum
-    buffer b of each parameter is state[name]["momentum_buffer"]."""
+    The momentum buffer b of each parameter is
+    ``state[name]["momentum_buffer"]``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> layer = attnc.Linear(2, 1)
+    >>> _ = layer.load_state_dict({"weight": [[1.0, 1.0]], "bias": [0.0]})
+    >>> optimizer = attnc.optim.SGD(layer, lr=0.1)
+    >>> y = layer(np.array([[1.0, 2.0]]))
+    >>> _ = layer.backward(np.ones_like(y))  # gradient of y.sum()
+    >>> optimizer.step()
+    >>> print(layer.weight, layer.bias)
+    [[0.9 0.8]] [-0.1]
+    >>> optimizer.zero_grad()
+    """
 
     def __init__(self, module, lr, momentum=0.0, weight_decay=0.0):
         super().__init__(module)
@@ -134,24 +210,62 @@ class SGD(Optimizer):
 
 
 class AdamW(Optimizer):
-    """Adam with decoupled weight decay, torch.optim.AdamW (amsgrad False).
+    """Adam with decoupled weight decay, as torch.optim.AdamW (amsgrad False).
 
-    For each parameter p with gradient g, at its step t = 1, 2, ...:
+    Parameters
+    ----------
+    module : attnc.Module
+        The module whose parameters are optimised.
+    lr : float, default 1e-3
+        The learning rate; finite, >= 0.
+    betas : tuple of float, default (0.9, 0.999)
+        ``(beta1, beta2)``, a tuple or list of two numbers in ``[0, 1)``:
+        the decay rates of the first and second moments.
+    eps : float, default 1e-8
+        Added to the denominator; finite, >= 0.
+    weight_decay : float, default 1e-2
+        The decoupled weight decay; finite, >= 0.
+
+    Raises
+    ------
+    TypeError
+        If `module` is not an ``attnc.Module``, `betas` is not a tuple or
+        list, or a hyper-parameter is not a real number (bools and strings
+        are not); the message names it.
+    ValueError
+        If `lr`, `eps` or `weight_decay` is negative, infinite or NaN, or
+        `betas` is not two numbers in ``[0, 1)``; the message names it.
+
+    Notes
+    -----
+    For each parameter p with gradient g, at its step t = 1, 2, ...::
 
         p = p * (1 - lr * weight_decay)
         m = lerp(m, g, 1 - beta1)                 m + (1-beta1) (g - m), as torch.lerp
         v = beta2 * v + (1 - beta2) * g * g
         p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-    with m and v starting at zero. torch.lerp computes g - (g - m) * beta1
-    instead when 1 - beta1 >= 0.5; so does this.
+    with m and v starting at zero. ``torch.lerp`` computes ``g - (g - m) *
+    beta1`` instead when ``1 - beta1 >= 0.5``; so does this.
+    ``state[name]`` holds ``"step"`` (an int), ``"exp_avg"`` (m) and
+    ``"exp_avg_sq"`` (v).
 
-    Arguments: module, an attnc.Module; lr, eps and weight_decay, finite
-    real numbers >= 0; betas, a tuple or list (beta1, beta2) of real numbers
-    in [0, 1) (TypeError for a non-number, bools and strings included, or
-    betas not a tuple or list; ValueError otherwise, each naming its
-    argument). state[name] holds "step" (an int), "exp_avg" (m) and
-    "exp_avg_sq" (v)."""
+    Examples
+    --------
+    The first step moves each parameter by about `lr` against its
+    gradient's sign:
+
+    >>> import numpy as np
+    >>> import attnc
+    >>> layer = attnc.Linear(2, 1)
+    >>> _ = layer.load_state_dict({"weight": [[1.0, 1.0]], "bias": [0.0]})
+    >>> optimizer = attnc.optim.AdamW(layer, lr=0.1, weight_decay=0.0)
+    >>> y = layer(np.array([[1.0, -2.0]]))
+    >>> _ = layer.backward(np.ones_like(y))
+    >>> optimizer.step()
+    >>> print(np.round(layer.weight, 4), np.round(layer.bias, 4))
+    [[0.9 1.1]] [-0.1]
+    """
 
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         super().__init__(module)

@@ -1474,9 +1474,35 @@ static PyMethodDef methods[] = {
      "as_parameter($module, /, value, *, name, dtype)\n--\n\n"
      "value as an aligned, writable, C-contiguous ndarray of dtype (value itself if it already is one)."},
     {"set_num_threads", FN(py_set_num_threads), KW,
-     "set_num_threads($module, /, n)\n--\n\nThreads the kernels may use (n >= 1). Results never depend on it."},
+     "set_num_threads($module, /, n)\n--\n\n"
+     "Set the number of threads the kernels may use.\n\n"
+     "Results never depend on it: every kernel gives the same bits for any\n"
+     "thread count. The pool never runs more threads than the CPUs this\n"
+     "process may use.\n\n"
+     "Parameters\n----------\n"
+     "n : int\n    The thread count, >= 1.\n\n"
+     "Raises\n------\n"
+     "ValueError\n    For n < 1 or n > 2147483647, naming `n`.\n"
+     "TypeError\n    For an `n` that is not an integer, naming `n`.\n\n"
+     "See Also\n--------\nget_num_threads\n\n"
+     "Examples\n--------\n"
+     ">>> import attnc\n"
+     ">>> before = attnc.get_num_threads()\n"
+     ">>> attnc.set_num_threads(1)\n"
+     ">>> attnc.get_num_threads()\n"
+     "1\n"
+     ">>> attnc.set_num_threads(before)\n"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS,
-     "get_num_threads($module, /)\n--\n\nThe thread count set (default: the CPUs this process may run on)."},
+     "get_num_threads($module, /)\n--\n\n"
+     "The thread count the kernels may use.\n\n"
+     "Returns\n-------\n"
+     "int\n    The count last given to `set_num_threads`; by default the\n"
+     "    number of CPUs this process may run on.\n\n"
+     "See Also\n--------\nset_num_threads\n\n"
+     "Examples\n--------\n"
+     ">>> import attnc\n"
+     ">>> attnc.get_num_threads() >= 1\n"
+     "True\n"},
     {"simd_levels", py_simd_levels, METH_NOARGS,
      "simd_levels($module, /)\n--\n\nThe kernel ISA levels this CPU can run, best last."},
     {"set_simd_level", FN(py_set_simd_level), KW,

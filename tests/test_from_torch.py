@@ -166,6 +166,8 @@ def test_multihead_attention(options, dtype):
 def test_unknown_classes_raise_type_error():
     with pytest.raises(TypeError, match="Conv1d"):
         attnc.from_torch(nn.Conv1d(2, 2, 1))
+    with pytest.raises(TypeError, match="no attnc twin for object"):   # not even a module (was AttributeError)
+        attnc.from_torch(object())
     with pytest.raises(TypeError, match="MultiHeadSelfAttention003"):
         attnc.from_torch(dm.MultiHeadSelfAttention003(4, 4, 4, 2))   # a test name, not a document's
 

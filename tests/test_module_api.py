@@ -254,3 +254,22 @@ def test_simd_switch():
         assert (best != "portable") == has_avx2
     finally:
         attnc._C.set_simd_level(best)
+
+
+def test_register_parameter_refused_value_leaves_no_name():
+    """A value as_parameter refuses (complex) raises TypeError naming the parameter and leaves the
+    module as it was: no name registered without its array (state_dict used to fail after)."""
+    net = attnc.Linear(2, 3)
+    before = [name for name, _ in net.named_parameters()]
+    with pytest.raises(TypeError, match="scale"):
+        net.register_parameter("scale", np.ones(3, np.complex64))
+    assert [name for name, _ in net.named_parameters()] == before
+    assert list(net.state_dict()) == before
+    net.register_parameter("scale", [1, 2, 3])
+    np.testing.assert_array_equal(net.state_dict()["scale"], np.array([1, 2, 3], np.float32))
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("seed", TypeError)])
+def test_manual_seed_errors_name_n(bad, error):
+    with pytest.raises(error, match=r"manual_seed: n="):
+        attnc.manual_seed(bad)
