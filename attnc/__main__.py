@@ -1,15 +1,25 @@
 """python -m attnc: a tour of the documents' own examples, computed by attnc.
 
 Runs the example cells of the documents (000's four levels, 001's
-multi-head attention with its (3, 8, 2, 2) mask, 003's hand derivation) and
-prints shapes, weights and outputs the way the documents do, then trains
-001's multi-head attention for a few steps (backward, attnc.optim.AdamW).
-Needs only NumPy.
+multi-head attention with its (3, 8, 2, 2) mask, 002's level 1 line by line,
+003's hand derivation, 004's two classes) and prints shapes, weights and
+outputs the way the documents do, then trains 001's multi-head attention for
+a few steps (backward, attnc.optim.AdamW). Needs only NumPy.
+
+The sections of 000 and 001 and the training draw from one generator, in that
+order (notebooks/000_four_levels.ipynb draws the same); the sections of 002
+and 004 have their own, seeded as their notebooks are, so each prints the
+numbers of its notebook's first cells.
 """
+import math
+
 import numpy as np
 
 import attnc
 from attnc import functional as F
+
+
+PRINT_OPTIONS = dict(precision=4, suppress=True)
 
 
 def section(title):
@@ -93,6 +103,54 @@ def hand_derivation():
     print("attnc.SelfAttention with these weights (scaled by 1/sqrt(3)):\n", net(x[None])[0])
 
 
+def line_by_line():
+    """002's level 1 explained line by line: X = torch.rand(3, 2, 4), SelfattentionV1(4).
+    Returns (its inputs, what it printed)."""
+    section("002 逐行解读 (line by line): SelfattentionV1(4) on X = torch.rand(3, 2, 4)")
+    x = np.random.default_rng(2).random((3, 2, 4), dtype=np.float32)   # torch.rand: uniform on [0, 1)
+    net = attnc.SelfAttentionV1(4, rng=np.random.default_rng(2))
+    q, k, v = (F.linear(x, proj.weight, proj.bias) for proj in (net.Q_proj, net.K_proj, net.V_proj))
+    print("lines 16-18  Q, K, V = querry_proj(x), key_proj(x), value_proj(x):", q.shape, k.shape, v.shape)
+    attention_value = q @ np.swapaxes(k, -1, -2)
+    print("lines 21-23  attention_value = Q @ K.transpose(-1, -2):", attention_value.shape)
+    attention_weight = F.softmax(attention_value / math.sqrt(net.hidden_dim), axis=-1)
+    print("lines 26-28  attention_weight = softmax(attention_value / sqrt(hidden_dim), dim=-1):\n",
+          attention_weight)
+    output = attention_weight @ v
+    print("lines 31-32  output = attention_weight @ V:\n", output)
+    module_difference = float(np.abs(net(x) - output).max())
+    print(f"line 36      self_att_net(X), one kernel call: max |difference| = {module_difference:.1e}")
+    head_dim = attnc.MultiHeadAttention(256, 8, rng=np.random.default_rng(2)).head_dim
+    print("d_k of 256 features in 8 heads (MultiHeadAttention(256, 8).head_dim):", head_dim)
+    return (dict(x=x, module=net),
+            dict(attention_weight=attention_weight, output=output, module_difference=module_difference,
+                 head_dim=head_dim))
+
+
+def self_attention_templates():
+    """004's two classes, which it gives without an example call: run on x (2, 4, 6),
+    the multi-head one with a padding mask (the document: "mask的实现方式同上").
+    Returns (its inputs, what it printed)."""
+    section("004 （多头）自注意力机制的PyTorch实现: SelfAttention(6, 4, 8), MultiHeadSelfAttention(6, 8, 8, 2)")
+    x = np.random.default_rng(4).standard_normal((2, 4, 6), dtype=np.float32)   # batch, n, dim_in
+    init = np.random.default_rng(4)   # both modules' parameters, in order
+    net = attnc.SelfAttention(6, 4, 8, rng=init)
+    att, dist = net(x, return_weights=True)
+    print("SelfAttention: dist (batch, n, n)", dist.shape, " att (batch, n, dim_v)", att.shape)
+    print("dist:\n", dist)
+    print("att[0]:\n", att[0])
+    multi_head = attnc.MultiHeadSelfAttention(6, 8, 8, num_heads=2, rng=init)
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]])[:, None, None, :]   # (batch, 1, 1, n): sequence 1 is padded
+    multi_head_att, multi_head_dist = multi_head(x, mask, return_weights=True)
+    print("MultiHeadSelfAttention with a padding mask: dist (batch, nh, n, n)", multi_head_dist.shape,
+          " att", multi_head_att.shape)
+    print("dist[1], both heads (its last key is padding: weight 0):\n", multi_head_dist[1])
+    print("att[1]:\n", multi_head_att[1])
+    return (dict(x=x, module=net, multi_head=multi_head, mask=mask),
+            dict(dist=dist, att_0=att[0], multi_head_dist_1=multi_head_dist[1],
+                 multi_head_att_1=multi_head_att[1]))
+
+
 def training(rng, steps=30):
     section(f"training: MultiHeadAttention(16, 4) learns the sequence mean, {steps} AdamW steps")
     x = rng.standard_normal((8, 6, 16), dtype=np.float32)
@@ -113,7 +171,11 @@ def training(rng, steps=30):
 
 
 def main():
-    np.set_printoptions(precision=4, suppress=True)
+    with np.printoptions(**PRINT_OPTIONS):
+        tour()
+
+
+def tour():
     print(f"attnc {attnc.__version__}: {attnc.get_num_threads()} threads, "
           f"{attnc._C.simd_level()} kernels")
     attnc.manual_seed(0)
@@ -124,6 +186,8 @@ def main():
     level_4(rng)
     multi_head(rng)
     hand_derivation()
+    line_by_line()
+    self_attention_templates()
     training(rng)
     print("\nEvery class mirrors a document's; see README.md for the table and the errata.")
 
