@@ -204,10 +204,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Notes
     -----
     The scores, in this order: ``scale * query @ key^T``; plus
-    `attn_bias`; `attn_mask`'s 0/False positions set to -1e20; then the
-    keys outside the band of `is_causal` and `window` set to ``-inf``
-    (their weight is exactly 0, and tiles of keys outside every band are
-    not computed). A row left with no key by `attn_bias`, `is_causal` or
+    `attn_bias`; `attn_mask`'s 0/False positions set to -1e20; then
+    ``-inf`` added to the keys outside the band of `is_causal` and
+    `window` (a finite score's weight is then exactly 0; a NaN or inf
+    reaches the output, as in PyTorch's math path). Keys outside every
+    band of a tile are not computed when the numbers they would meet are
+    all finite (the result is then the same). A row left with no key by `attn_bias`, `is_causal` or
     `window` gives weights 0, output 0 and lse ``-inf``, as PyTorch's math
     path; a row masked everywhere by `attn_mask` attends uniformly.
 

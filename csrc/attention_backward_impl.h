@@ -142,7 +142,9 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
 #define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
 
 /* *max and *sum of exp(s - safe_shift(max)) of query i's row, from its
- * scores recomputed into `scores` (S), as the forward's row path. */
+ * scores recomputed into `scores` (S) by the row path's kernels, in one
+ * piece (the forward's row path merges splits of the keys: the two differ
+ * in rounding only). */
 static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores, real *max,
                           real *sum)
 {

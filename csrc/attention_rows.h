@@ -94,11 +94,19 @@ static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
 }
 #undef FINITE_LANES
 
-/* Rows per group, keys per split, keys per chunk (a chunk of K or V rows
- * stays in L1 while every row of the group uses it), the bytes of split
- * state (each split's row stats and parts) one wave of groups may hold,
- * and the most queries per item the row path takes (more fill the flash
- * path's tiles). */
+/* The row path's sizes:
+ * ROWS_GROUP        rows per group: a group's scores (ROWS_GROUP x SPLIT_KEYS,
+ *                   64 KiB of float) stay in L2 between its passes.
+ * SPLIT_KEYS        keys per split: two splits from S = 2048 on keep two
+ *                   threads busy on one head; the merge costs Ev operations
+ *                   per row and split, under 0.1% of the split's.
+ * ROWS_CHUNK        keys per chunk: a chunk of K or V rows (16 KiB of float at
+ *                   128 columns) stays in L1 while every row of the group uses it.
+ * WAVE_BYTES        the split state (each split's row stats and parts) one wave
+ *                   of groups may hold.
+ * ROWS_MAX_QUERIES  the most queries per item the row path takes: more fill
+ *                   the flash path's tiles (attention_impl.h).
+ * ROW_BLOCK         rows of a register block (below). */
 #ifndef ATTNC_ROWS_SIZES
 #define ATTNC_ROWS_SIZES
 #define ROWS_GROUP 16
@@ -107,6 +115,7 @@ static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
 #define WAVE_BYTES (8 << 20)
 #define ROWS_MAX_QUERIES 16
 #define ROW_BLOCK 4
+#define SPLIT_STATS 2 /* per row and split: its max m and sum l */
 #endif
 /* The register blocks: ROW_BLOCK rows x KEY_BLOCK keys of dot products,
  * ROW_BLOCK rows x VALUE_VECTORS vectors of the parts (16 registers below
@@ -270,7 +279,7 @@ typedef struct {
     idx_t group_rows;          /* rows of a full group */
     idx_t n_splits;            /* key splits of SPLIT_KEYS */
     idx_t first_group, n_groups; /* the wave's groups */
-    real *stats;               /* (n_groups, group_rows, n_splits, 2): each split's row max m and sum l */
+    real *stats;               /* (n_groups, group_rows, n_splits, SPLIT_STATS): each split's row m and l */
     real *parts;               /* (n_groups, group_rows, n_splits, Ev): each split's part (n_splits > 1) */
     atomic_int failed;
 } FN(rows_job);
@@ -303,7 +312,7 @@ static idx_t FN(rows_in_group)(const FN(rows_job) *job, idx_t g)
  * the row of out itself when there is one split. */
 static real *FN(split_stats)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
 {
-    return job->stats + ((w * job->group_rows + r) * job->n_splits + c) * 2;
+    return job->stats + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_STATS;
 }
 
 static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, real *out_row)
@@ -312,17 +321,24 @@ static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, 
     return job->parts + ((w * job->group_rows + r) * job->n_splits + c) * job->args->Ev;
 }
 
-/* 1 when the split has no key, or no row of the group sees one of its
- * keys and they and their values are finite: its e are all 0 then, and it
- * is skipped (a hidden NaN or inf must still reach out: see flash_queries). */
-static int FN(split_hidden)(const attnc_attention_args *a, const idx_t *queries, idx_t n_rows, idx_t s0, idx_t n,
-                            const real *k, const real *v)
+/* 1 when computing the split would give every row of the group e = 0
+ * exactly, and it is skipped: the split has no key, or no row of the group
+ * sees one of its keys and every number its scores and parts are made of
+ * is finite (the group's queries, their bias over the split, the keys and
+ * the values). A hidden NaN or inf must still reach out, as in PyTorch's
+ * math path (see flash_queries), whichever rows share the group. */
+static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *items, const idx_t *queries,
+                            const real *const *q, idx_t n_rows, idx_t s0, idx_t n, const real *k, const real *v)
 {
     if (n == 0) return 1;
     if (!a->band.on) return 0;
     for (idx_t r = 0; r < n_rows; r++)
         if (attnc_band_begin(&a->band, queries[r], a->S) < s0 + n && attnc_band_end(&a->band, queries[r], a->S) > s0)
             return 0;
+    for (idx_t r = 0; r < n_rows; r++) {
+        const real *bias = items[r].bias ? items[r].bias + queries[r] * a->bias_rs + s0 * a->bias_cs : NULL;
+        if (!FN(rows_finite)(q[r], 0, 1, a->E) || (bias && !FN(rows_finite)(bias, a->bias_cs, n, 1))) return 0;
+    }
     return FN(rows_finite)(k, a->k.row_stride, n, a->E) && FN(rows_finite)(v, a->v.row_stride, n, a->Ev);
 }
 
@@ -397,11 +413,10 @@ static void FN(split_task)(void *ctx, idx_t t)
         q[r] = items[r].q + query_of[r] * a->q.row_stride;
         part[r] = FN(split_part)(job, w, r, c, items[r].out + query_of[r] * a->out.row_stride);
     }
-    idx_t first_item, first_query; /* every row of the group has its K and V */
-    FN(row_of_group)(job, g, 0, &first_item, &first_query);
-    FN(item_view) shared = FN(item_at)(a, first_item);
-    const real *k = shared.k + s0 * a->k.row_stride, *v = shared.v + s0 * a->v.row_stride;
-    if (FN(split_hidden)(a, query_of, n_rows, s0, n, k, v)) {
+    /* the K and V of the group's rows: those of the first item of its K/V */
+    FN(item_view) kv_item = FN(item_at)(a, g / job->groups_per_kv * job->shared);
+    const real *k = kv_item.k + s0 * a->k.row_stride, *v = kv_item.v + s0 * a->v.row_stride;
+    if (FN(split_hidden)(a, items, query_of, q, n_rows, s0, n, k, v)) {
         for (idx_t r = 0; r < n_rows; r++) {
             real *stats = FN(split_stats)(job, w, r, c);
             stats[0] = -(real)INFINITY;
@@ -441,13 +456,13 @@ static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_it
     job.group_rows = attnc_min(ROWS_GROUP, job.shared * a->L);
     job.groups_per_kv = attnc_ceil_div(job.shared * a->L, ROWS_GROUP);
     job.n_splits = a->S > 0 ? attnc_ceil_div(a->S, SPLIT_KEYS) : 1;
-    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = 2 + (job.n_splits > 1 ? a->Ev : 0);
+    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = SPLIT_STATS + (job.n_splits > 1 ? a->Ev : 0);
     idx_t per_group; /* elements of a group's split state */
     if (!attnc_mul_ok(job.group_rows * job.n_splits, per_split, &per_group) ||
         (size_t)per_group > SIZE_MAX / sizeof(real))
         return ATTNC_EOVERFLOW;
     idx_t fit = WAVE_BYTES / ((idx_t)sizeof(real) * per_group), wave = attnc_min(n_groups, fit > 0 ? fit : 1);
-    job.stats = attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * 2) * sizeof(real));
+    job.stats = attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * SPLIT_STATS) * sizeof(real));
     job.parts = job.n_splits > 1 ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * a->Ev) * sizeof(real)) : NULL;
     attnc_status status = ATTNC_OK;
     if (!job.stats || (job.n_splits > 1 && !job.parts)) status = ATTNC_ENOMEM;

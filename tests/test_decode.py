@@ -36,12 +36,12 @@ def oracle(q, k, v, window=None, bias=None, keep=None):
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     if bias is not None:
         s = s + bias
-    s = np.where(visible(L, S, window), s, -np.inf)
+    s = s + np.where(visible(L, S, window), 0, -np.inf)   # a NaN score stays NaN, as in torch's math path
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     e = np.exp(s - m)
     total = e.sum(-1, keepdims=True)
-    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
     dropped = weights if keep is None else weights * keep
     with np.errstate(divide="ignore"):
         lse = (m + np.log(total))[..., 0]
@@ -163,3 +163,23 @@ def test_dropout_across_splits():
     assert abs(kept.mean() - (1 - p)) < 0.01
     out = attend(q, k, v, dropout_p=p, seed=seed)
     assert_close(out, oracle(q, k, v, keep=keep)[0], np.float64, "out")
+
+
+def test_hidden_nan_query_or_bias_does_not_depend_on_the_group():
+    """A NaN query or bias meets the keys a window hides (NaN - inf = NaN): a split hidden from
+    every row of a group is skipped only when that changes nothing, so a head's result is the
+    same alone or sharing its K/V with other heads, and equals the float64 oracle."""
+    rng = np.random.default_rng(9)
+    L, S = 5, SPLIT + 4
+    q, k, v = normal(rng, (1, 4, L, 8), np.float64), normal(rng, (1, 1, S, 8), np.float64), \
+        normal(rng, (1, 1, S, 8), np.float64)
+    bias = np.zeros((4, L, S))
+    bias[3, 1, 0] = np.nan             # head 3, query 1, a key its window hides
+    q[0, 2, 4] = np.nan                # head 2, query 4
+    out = attend(q, k, v, window=(0, 0), attn_bias=bias)
+    r_out = oracle(q, k, v, window=0, bias=bias)[0]
+    assert_close(out, r_out, np.float64, "out")
+    assert np.isnan(out[0, 3, 1]).all() and np.isnan(out[0, 2, 4]).all()
+    for h in range(4):
+        alone = attend(q[:, h:h + 1], k, v, window=(0, 0), attn_bias=bias[h:h + 1])
+        np.testing.assert_array_equal(alone[0, 0], out[0, h])
