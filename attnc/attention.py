@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _C
 from ._checks import divides, positive_int
+from ._docs import shared_docs
 from .module import Dropout, Linear, Module, _detached
 
 
@@ -130,6 +131,7 @@ class _Attention(Module):
         return self._release_kept(grad_x)
 
 
+@shared_docs
 class SelfAttentionV1(_Attention):
     """Self-attention with separate Q, K, V projections (document 000, level 1).
 
@@ -146,12 +148,8 @@ class SelfAttentionV1(_Attention):
     ----------
     hidden_dim : int, default 728
         The feature size of `x`, of Q, K, V and of the output; >= 1.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights; None: the package's global generator
-        (see ``attnc.manual_seed``).
+    {dtype}
+    {rng}
 
     Attributes
     ----------
@@ -165,14 +163,11 @@ class SelfAttentionV1(_Attention):
     ------
     ValueError
         If `hidden_dim` is < 1.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
-    The module computes in its own dtype: a float64 `x` given to a
-    float32 module gives a float32 output.
+    {own_dtype}
 
     Examples
     --------
@@ -202,22 +197,18 @@ class SelfAttentionV1(_Attention):
     def forward(self, x, *, return_weights=False):
         """Attend over the sequence axis of `x`.
 
-        A training-mode forward keeps what `backward` needs; an eval-mode
-        forward keeps nothing.
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, hidden_dim)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {x_description}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, hidden_dim)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., seq, seq)
             ``softmax(Q @ K^T / sqrt(hidden_dim))``; only with
             ``return_weights=True``.
@@ -233,6 +224,7 @@ class SelfAttentionV1(_Attention):
         return self._attend(x, return_weights=return_weights)
 
 
+@shared_docs
 class SelfAttentionV2(_Attention):
     """Self-attention with one fused Q, K, V projection (document 000, level 2).
 
@@ -250,12 +242,8 @@ class SelfAttentionV2(_Attention):
     ----------
     dim : int, default 728
         The feature size of `x` and of the output; >= 1.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights; None: the package's global generator
-        (see ``attnc.manual_seed``).
+    {dtype}
+    {rng}
 
     Attributes
     ----------
@@ -269,14 +257,11 @@ class SelfAttentionV2(_Attention):
     ------
     ValueError
         If `dim` is < 1.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
-    The module computes in its own dtype: a float64 `x` given to a
-    float32 module gives a float32 output.
+    {own_dtype}
 
     Examples
     --------
@@ -302,22 +287,18 @@ class SelfAttentionV2(_Attention):
     def forward(self, x, *, return_weights=False):
         """Attend over the sequence axis of `x`.
 
-        A training-mode forward keeps what `backward` needs; an eval-mode
-        forward keeps nothing.
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, dim)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {x_description}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, dim)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., seq, seq)
             ``softmax(Q @ K^T / sqrt(dim))``; only with
             ``return_weights=True``.
@@ -332,6 +313,7 @@ class SelfAttentionV2(_Attention):
         return self._attend(x, return_weights=return_weights)
 
 
+@shared_docs
 class SelfAttentionV3(_Attention):
     """Self-attention with mask, dropout, output projection (document 000, level 3).
 
@@ -342,24 +324,17 @@ class SelfAttentionV3(_Attention):
 
     Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
     ``(..., seq, dim)`` gives the output ``(..., seq, dim)``, and with
-    `return_weights` also the weights ``(..., seq, seq)``. The mask
-    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
-    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
-    `forward`.
+    `return_weights` also the weights ``(..., seq, seq)``.
+    {mask_summary}
 
     Parameters
     ----------
     dim : int, default 728
         The feature size of `x` and of the output; >= 1.
     dropout_rate : float, default 0.1
-        The probability of dropping each attention weight in training
-        mode, in ``[0, 1]``.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights and the dropout masks; None: the
-        package's global generator (see ``attnc.manual_seed``).
+        {dropout_probability}
+    {dtype}
+    {rng_with_dropout}
 
     Attributes
     ----------
@@ -376,15 +351,12 @@ class SelfAttentionV3(_Attention):
     ------
     ValueError
         If `dim` is < 1, or `dropout_rate` is outside ``[0, 1]``.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
-    The module starts in training mode (dropout active), as torch's; call
-    `eval` for inference. It computes in its own dtype: a float64 `x`
-    given to a float32 module gives a float32 output.
+    {starts_in_training}
+    {own_dtype}
 
     Examples
     --------
@@ -416,32 +388,20 @@ class SelfAttentionV3(_Attention):
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
 
-        In training mode (the default after construction) dropout applies to
-        the weights; call `eval` for inference. A training-mode forward keeps
-        what `backward` needs; an eval-mode forward keeps nothing.
+        {dropout_in_training}
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, dim)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
-        attention_mask : array_like, optional
-            Which keys each query may attend to, broadcastable (NumPy
-            rules) to the scores' shape ``(..., seq, seq)`` (queries by
-            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
-            integer or floating. 0/False masks a position: its score
-            becomes -1e20 before the softmax, as the documents'
-            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
-            attends uniformly). Any other value keeps it; float masks are
-            not added to the scores.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {x_description}
+        {attention_mask}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, dim)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., seq, seq)
             ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
             with ``return_weights=True``.
@@ -457,6 +417,7 @@ class SelfAttentionV3(_Attention):
         return self._attend(x, attention_mask, return_weights)
 
 
+@shared_docs
 class SelfAttentionV4(_Attention):
     """Self-attention, the interview version (document 000, level 4).
 
@@ -467,24 +428,17 @@ class SelfAttentionV4(_Attention):
 
     Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
     ``(..., seq, dim)`` gives the output ``(..., seq, dim)``, and with
-    `return_weights` also the weights ``(..., seq, seq)``. The mask
-    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
-    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
-    `forward`.
+    `return_weights` also the weights ``(..., seq, seq)``.
+    {mask_summary}
 
     Parameters
     ----------
     dim : int, default 728
         The feature size of `x` and of the output; >= 1.
     dropout_rate : float, default 0.1
-        The probability of dropping each attention weight in training
-        mode, in ``[0, 1]``.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights and the dropout masks; None: the
-        package's global generator (see ``attnc.manual_seed``).
+        {dropout_probability}
+    {dtype}
+    {rng_with_dropout}
 
     Attributes
     ----------
@@ -499,15 +453,12 @@ class SelfAttentionV4(_Attention):
     ------
     ValueError
         If `dim` is < 1, or `dropout_rate` is outside ``[0, 1]``.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
-    The module starts in training mode (dropout active), as torch's; call
-    `eval` for inference. It computes in its own dtype: a float64 `x`
-    given to a float32 module gives a float32 output.
+    {starts_in_training}
+    {own_dtype}
 
     Examples
     --------
@@ -539,32 +490,20 @@ class SelfAttentionV4(_Attention):
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
 
-        In training mode (the default after construction) dropout applies to
-        the weights; call `eval` for inference. A training-mode forward keeps
-        what `backward` needs; an eval-mode forward keeps nothing.
+        {dropout_in_training}
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, dim)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
-        attention_mask : array_like, optional
-            Which keys each query may attend to, broadcastable (NumPy
-            rules) to the scores' shape ``(..., seq, seq)`` (queries by
-            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
-            integer or floating. 0/False masks a position: its score
-            becomes -1e20 before the softmax, as the documents'
-            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
-            attends uniformly). Any other value keeps it; float masks are
-            not added to the scores.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {x_description}
+        {attention_mask}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, dim)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., seq, seq)
             ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
             with ``return_weights=True``.
@@ -583,6 +522,7 @@ class SelfAttentionV4(_Attention):
 SelfAttentionInterview = SelfAttentionV4
 
 
+@shared_docs
 class MultiHeadAttention(_Attention):
     """Multi-head self-attention with an output projection (document 001).
 
@@ -608,14 +548,9 @@ class MultiHeadAttention(_Attention):
     head_num : int
         The number of heads; >= 1 and divides `hidden_dim`.
     dropout : float, default 0.1
-        The probability of dropping each attention weight in training
-        mode, in ``[0, 1]``.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights and the dropout masks; None: the
-        package's global generator (see ``attnc.manual_seed``).
+        {dropout_probability}
+    {dtype}
+    {rng_with_dropout}
 
     Attributes
     ----------
@@ -633,9 +568,7 @@ class MultiHeadAttention(_Attention):
     ValueError
         If `hidden_dim` or `head_num` is < 1, `head_num` does not divide
         `hidden_dim`, or `dropout` is outside ``[0, 1]``.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     See Also
     --------
@@ -650,9 +583,8 @@ class MultiHeadAttention(_Attention):
     document's ``masked_fill(mask == 0, -1e20)``), the opposite of
     ``torch.nn.MultiheadAttention``'s bool masks.
 
-    The module starts in training mode (dropout active), as torch's; call
-    `eval` for inference. It computes in its own dtype: a float64 `x`
-    given to a float32 module gives a float32 output.
+    {starts_in_training}
+    {own_dtype}
 
     Examples
     --------
@@ -694,34 +626,26 @@ class MultiHeadAttention(_Attention):
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Multi-head attention over the sequence axis of `x`, with mask and dropout.
 
-        In training mode (the default after construction) dropout applies to
-        the weights; call `eval` for inference. A training-mode forward keeps
-        what `backward` needs; an eval-mode forward keeps nothing.
+        {dropout_in_training}
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, hidden_dim)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
+            {x_description}
         attention_mask : array_like, optional
             Which keys each query may attend to, broadcastable (NumPy
             rules) to the scores' shape ``(..., head_num, seq, seq)``; give
             it a heads axis: ``(batch, 1, 1, seq)`` to mask padded keys,
             ``(batch, 1, seq, seq)``, or ``(seq, seq)`` (a ``(batch, 1,
             seq)`` mask would line its batch axis up with the heads).
-            Bool, integer or floating. 0/False masks a position: its score
-            becomes -1e20 before the softmax, as the documents'
-            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
-            attends uniformly). Any other value keeps it; float masks are
-            not added to the scores.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {mask_values}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, hidden_dim)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., head_num, seq, seq)
             Per head, ``softmax(masked(Q @ K^T / sqrt(head_dim)))`` (before
             dropout); only with ``return_weights=True``.
@@ -738,6 +662,7 @@ class MultiHeadAttention(_Attention):
         return self._attend(x, attention_mask, return_weights)
 
 
+@shared_docs
 class SelfAttention(_Attention):
     """Self-attention with separate key and value sizes (documents 003 and 004).
 
@@ -749,10 +674,8 @@ class SelfAttention(_Attention):
 
     Call it as ``net(x, attention_mask=None, return_weights=False)``: `x`
     ``(..., seq, dim_in)`` gives the output ``(..., seq, dim_v)``, and with
-    `return_weights` also the weights ``(..., seq, seq)``. The mask
-    broadcasts to ``(..., seq, seq)`` (queries by keys), e.g. ``(batch, 1,
-    seq)`` for padded keys; 1/True keeps a key, 0/False masks it. See
-    `forward`.
+    `return_weights` also the weights ``(..., seq, seq)``.
+    {mask_summary}
 
     Parameters
     ----------
@@ -764,12 +687,8 @@ class SelfAttention(_Attention):
         The size of V and of the output; >= 1.
     bias : bool, default False
         Whether the projections have biases (003's have, 004's have not).
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights; None: the package's global generator
-        (see ``attnc.manual_seed``).
+    {dtype}
+    {rng}
 
     Attributes
     ----------
@@ -784,14 +703,11 @@ class SelfAttention(_Attention):
     ------
     ValueError
         If a size is < 1.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
-    The module computes in its own dtype: a float64 `x` given to a
-    float32 module gives a float32 output.
+    {own_dtype}
 
     Examples
     --------
@@ -818,31 +734,19 @@ class SelfAttention(_Attention):
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with an optional mask.
 
-        A training-mode forward keeps what `backward` needs; an eval-mode
-        forward keeps nothing.
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, dim_in)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
-        attention_mask : array_like, optional
-            Which keys each query may attend to, broadcastable (NumPy
-            rules) to the scores' shape ``(..., seq, seq)`` (queries by
-            keys), e.g. ``(batch, 1, seq)`` to mask padded keys; bool,
-            integer or floating. 0/False masks a position: its score
-            becomes -1e20 before the softmax, as the documents'
-            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
-            attends uniformly). Any other value keeps it; float masks are
-            not added to the scores.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {x_description}
+        {attention_mask}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, dim_v)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., seq, seq)
             ``softmax(masked(Q @ K^T / sqrt(dim_k)))``; only with
             ``return_weights=True``.
@@ -858,6 +762,7 @@ class SelfAttention(_Attention):
         return self._attend(x, attention_mask, return_weights)
 
 
+@shared_docs
 class MultiHeadSelfAttention(_Attention):
     """Multi-head self-attention, no output projection (documents 003 and 004).
 
@@ -889,12 +794,8 @@ class MultiHeadSelfAttention(_Attention):
         The number of heads; >= 1.
     bias : bool, default False
         Whether the projections have biases (003's have, 004's have not).
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights; None: the package's global generator
-        (see ``attnc.manual_seed``).
+    {dtype}
+    {rng}
 
     Attributes
     ----------
@@ -910,15 +811,13 @@ class MultiHeadSelfAttention(_Attention):
     ValueError
         If a size or `num_heads` is < 1, or `num_heads` does not divide
         `dim_k` or `dim_v`.
-    TypeError
-        If a size is not an integer, `dtype` is not float32 or float64,
-        or `rng` is neither a ``numpy.random.Generator`` nor None.
+    {constructor_type_error}
 
     Notes
     -----
     Heads are split as ``reshape(batch, seq, num_heads, head_size)`` and
-    merged back the same way. The module computes in its own dtype: a
-    float64 `x` given to a float32 module gives a float32 output.
+    merged back the same way.
+    {own_dtype}
 
     Examples
     --------
@@ -950,33 +849,25 @@ class MultiHeadSelfAttention(_Attention):
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Multi-head attention over the sequence axis of `x`, with optional mask.
 
-        A training-mode forward keeps what `backward` needs; an eval-mode
-        forward keeps nothing.
+        {what_forward_keeps}
 
         Parameters
         ----------
         x : array_like, shape (..., seq, dim_in)
-            Leading dims are batch dims; bool, integer or floating,
-            converted to the module dtype.
+            {x_description}
         attention_mask : array_like, optional
             Which keys each query may attend to, broadcastable (NumPy
             rules) to the scores' shape ``(..., num_heads, seq, seq)``; give
             it a heads axis: ``(batch, 1, 1, seq)`` to mask padded keys,
             ``(batch, 1, seq, seq)``, or ``(seq, seq)`` (a ``(batch, 1,
             seq)`` mask would line its batch axis up with the heads).
-            Bool, integer or floating. 0/False masks a position: its score
-            becomes -1e20 before the softmax, as the documents'
-            ``masked_fill(mask == 0, -1e20)`` (a row masked everywhere
-            attends uniformly). Any other value keeps it; float masks are
-            not added to the scores.
-        return_weights : bool, default False
-            Also return the attention weights, as ``(output, weights)``.
+            {mask_values}
+        {return_weights}
 
         Returns
         -------
         output : ndarray, shape (..., seq, dim_v)
-            A new array in the module dtype (float32 for a float64 `x` given to
-            a float32 module).
+            {output_description}
         weights : ndarray, shape (..., num_heads, seq, seq)
             Per head, ``softmax(masked(Q @ K^T / sqrt(dim_k // num_heads)))``;
             only with ``return_weights=True``.

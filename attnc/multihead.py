@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _C
 from ._checks import divides, positive_int
+from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import linear, linear_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .module import Linear, Module, _detached, _grad_dtype
@@ -34,6 +35,7 @@ def _xavier_normal(draw, shape):
     return draw.normal(0.0, math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive)), shape)
 
 
+@shared_docs
 class MultiheadAttention(Module):
     """Multi-head attention with torch.nn.MultiheadAttention's API, for NumPy arrays.
 
@@ -59,8 +61,7 @@ class MultiheadAttention(Module):
     num_heads : int
         The number of heads; >= 1 and divides `embed_dim`.
     dropout : float, default 0.0
-        The probability of dropping each attention weight in training
-        mode, in ``[0, 1]``.
+        {dropout_probability}
     bias : bool, default True
         Whether the input and output projections have biases.
     add_bias_kv : bool, default False
@@ -74,12 +75,8 @@ class MultiheadAttention(Module):
     batch_first : bool, default False
         True: inputs and outputs are ``(N, L, E)``; False: ``(L, N, E)``,
         as torch.
-    dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64: parameters are stored and
-        forwards computed in it.
-    rng : numpy.random.Generator, optional
-        Draws the initial weights and the dropout masks; None: the
-        package's global generator (see ``attnc.manual_seed``).
+    {dtype}
+    {rng_with_dropout}
 
     Attributes
     ----------
@@ -125,9 +122,9 @@ class MultiheadAttention(Module):
     opposite of the documents' classes, where 1/True keeps it); a float
     mask is added to the scores.
 
-    The module starts in training mode (dropout active), as torch's; call
-    `eval` for inference. It computes in its own dtype: float64 inputs to
-    a float32 module give float32 outputs.
+    {starts_in_training}
+    It computes in its own dtype: float64 inputs to a float32 module give
+    float32 outputs.
 
     Examples
     --------
