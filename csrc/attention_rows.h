@@ -175,13 +175,24 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
         }
 }
 
+/* Asks for row x (cols elements) to come into L1. */
+static inline void FN(prefetch_row)(const real *x, idx_t cols)
+{
+    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(real)) __builtin_prefetch(x + c);
+}
+
 /* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
 static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int n_keys, const real *const *q,
                                                                  const real *k, idx_t ks, idx_t j0, idx_t j1,
-                                                                 idx_t E, real scale, real *scores, idx_t ld)
+                                                                 idx_t E, real scale, real *scores, idx_t ld,
+                                                                 idx_t prefetch_end)
 {
     idx_t j = j0;
-    for (; j + n_keys <= j1; j += n_keys) FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scale, scores + j, ld);
+    for (; j + n_keys <= j1; j += n_keys) {
+        for (int t = 0; t < n_keys; t++)
+            if (j + t + ROWS_CHUNK < prefetch_end) FN(prefetch_row)(k + (j + t + ROWS_CHUNK) * ks, E);
+        FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scale, scores + j, ld);
+    }
     for (; j < j1; j++) FN(score_block)(n_rows, 1, q, k + j * ks, ks, E, scale, scores + j, ld);
 }
 
@@ -194,9 +205,9 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const real *k, 
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
         idx_t j1 = attnc_min(j0 + ROWS_CHUNK, n), r = 0;
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
-            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n);
+            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n, r == 0 ? n : 0);
         for (; r < n_rows; r++)
-            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n);
+            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n, r == 0 ? n : 0);
     }
 }
 
@@ -204,12 +215,13 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const real *k, 
  * order, of e[r * ld + j] * v[j] (rows vs apart), for n_rows rows. */
 static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, int n_vectors, const real *e, idx_t ld,
                                                                   const real *v, idx_t vs, idx_t n, real *const *part,
-                                                                  idx_t c0)
+                                                                  idx_t c0, idx_t ahead, idx_t Ev)
 {
     vreal acc[ROW_BLOCK * VALUE_VECTORS];
     for (int r = 0; r < n_rows; r++)
         for (int c = 0; c < n_vectors; c++) acc[r * n_vectors + c] = vloadu(part[r] + c0 + c * VLANES);
     for (idx_t j = 0; j < n; j++) {
+        if (j < ahead) FN(prefetch_row)(v + (n + j) * vs, Ev);
         vreal values[ROW_BLOCK * VALUE_VECTORS];
         for (int c = 0; c < n_vectors; c++) values[c] = vloadu(v + j * vs + c0 + c * VLANES);
         for (int r = 0; r < n_rows; r++) {
@@ -226,12 +238,12 @@ static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, in
  * order, so the same bits). */
 static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int n_vectors, const real *e, idx_t ld,
                                                                  const real *v, idx_t vs, idx_t n, real *const *part,
-                                                                 idx_t Ev)
+                                                                 idx_t Ev, idx_t ahead)
 {
     idx_t c0 = 0;
     for (; c0 + n_vectors * VLANES <= Ev; c0 += n_vectors * VLANES)
-        FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0);
-    for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0);
+        FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
+    for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
     for (; c0 < Ev; c0++)
         for (int r = 0; r < n_rows; r++)
             for (idx_t j = 0; j < n; j++) part[r][c0] = sfma(e[r * ld + j], v[j * vs + c0], part[r][c0]);
@@ -247,10 +259,13 @@ static void FN(group_values)(const real *e, idx_t n_rows, idx_t n, const real *v
         for (idx_t c = 0; c < Ev; c++) part[r][c] = 0;
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
         idx_t nk = attnc_min(ROWS_CHUNK, n - j0), r = 0;
+        idx_t ahead = attnc_min(ROWS_CHUNK, n - j0 - nk); /* the next chunk's rows, fetched by the first rows */
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
-            FN(value_rows)(ROW_BLOCK, VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev);
+            FN(value_rows)(ROW_BLOCK, VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev,
+                           r == 0 ? ahead : 0);
         for (; r < n_rows; r++)
-            FN(value_rows)(1, ROW_BLOCK * VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev);
+            FN(value_rows)(1, ROW_BLOCK * VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev,
+                           r == 0 ? ahead : 0);
     }
 }
 
