@@ -199,7 +199,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
                              idx_t b, idx_t i0, idx_t nq)
 {
     idx_t S = a->S;
-    real *w = (real *)a->weights + (b * a->L + i0) * S;
+    real *w = FN(weights_at)(a, b, i0, 0);
     FN(pack_query_tile)(t, a, item, i0, nq);
     for (idx_t j0 = 0; j0 < S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(S - j0, BLOCK_K);

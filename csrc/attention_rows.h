@@ -16,7 +16,13 @@
  *   weights (when asked for) = e * f_c / sum_c f_c l_c
  * The splits depend on S alone, so the bits depend neither on the thread
  * count nor on the batch. A row whose scores are all -inf gets weights 0
- * and out 0 * V. */
+ * and out 0 * V.
+ *
+ * The file also holds what the flash path (attention_impl.h) and the
+ * backward share with the row path: item views, the weights' rows, the
+ * softmax's safe shift and log-sum-exp, dropout masks, the finiteness
+ * check (first), and the row scores (group_scores, finish_row_scores:
+ * the backward's row_stats recomputes a row with them). */
 
 /* Where item b's matrices start. */
 typedef struct {
@@ -38,6 +44,12 @@ static FN(item_view) FN(item_at)(const attnc_attention_args *a, idx_t b)
         (real *)a->out.data + attnc_item_offset(batch, a->out.batch_strides, b),
     };
     return view;
+}
+
+/* Query i of item b's row of weights (S), from key s0 on. */
+static inline real *FN(weights_at)(const attnc_attention_args *a, idx_t b, idx_t i, idx_t s0)
+{
+    return (real *)a->weights + (b * a->L + i) * a->S + s0;
 }
 
 /* The largest score that is not NaN (-inf for none), as row_max; the shift
@@ -366,7 +378,7 @@ static void FN(split_softmax)(const attnc_attention_args *a, const FN(item_view)
     FN(finish_row_scores)(a, item, i, s0, n, scores);
     stats[0] = FN(row_max)(scores, n);
     stats[1] = FN(exp_shift_sum)(scores, n, FN(safe_shift)(stats[0]));
-    if (a->weights) memcpy((real *)a->weights + (b * a->L + i) * a->S + s0, scores, (size_t)n * sizeof(real));
+    if (a->weights) memcpy(FN(weights_at)(a, b, i, s0), scores, (size_t)n * sizeof(real));
     if (a->dropout_p > 0) {
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i, s0);
         for (idx_t j = 0; j < n; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
@@ -404,8 +416,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
     if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
     if (a->weights)
         for (idx_t c = 0; c < n_splits; c++) {
-            real *w_split = (real *)a->weights + (b * a->L + i) * a->S + c * SPLIT_KEYS;
-            FN(scale_row)(w_split, attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS), FN(split_stats)(job, w, r, c)[0] * inverse);
+            FN(scale_row)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS), FN(split_stats)(job, w, r, c)[0] * inverse);
         }
 }
 
@@ -438,7 +449,7 @@ static void FN(split_task)(void *ctx, idx_t t)
             stats[1] = 0;
             for (idx_t col = 0; col < a->Ev; col++) part[r][col] = 0;
             if (a->weights)
-                for (idx_t j = 0; j < n; j++) ((real *)a->weights)[(item_of[r] * a->L + query_of[r]) * a->S + s0 + j] = 0;
+                memset(FN(weights_at)(a, item_of[r], query_of[r], s0), 0, (size_t)n * sizeof(real));
         }
     } else {
         real *scores = attnc_malloc((size_t)(n_rows * n) * sizeof(real));
