@@ -30,7 +30,7 @@ typedef struct {
     real *q_cols;   /* slot: (E_padded / NR) slivers of (qb, NR): Q_i, for dK         */
     real *do_cols;  /* slot: (Ev_padded / NR) slivers of (qb, NR): dO_i, for dV       */
     real *d, *shift, *norm; /* slot: (BLOCK_Q) each: D, and P = exp(s - shift) * norm                */
-    real *row_scores; /* (S): one row's scores, for a row whose lse is too large to recompute P from */
+    real *row_scores; /* (S + E): one row's scores (and query), for a row whose lse is too large to recompute P from */
     real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                        */
     real *k_cols;   /* (E_padded / NR) slivers of (kb, NR): K_j, for dQ               */
     real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                      */
@@ -62,7 +62,7 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
     PART(norm, BLOCK_Q);
     t->slot_elems = used;
     used += (attnc_ceil_div(L, BLOCK_Q) - 1) * t->slot_elems;
-    PART(row_scores, S);
+    PART(row_scores, S + E);
     PART(fwd.k_pack, kb * E);
     PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
     PART(v_rows, kb * Ev);
@@ -97,8 +97,9 @@ static FN(grad_buffers) FN(query_slot)(const FN(grad_buffers) *t, idx_t tile)
 /* Where item b's backward operands start (the forward's view, and these). */
 typedef struct {
     FN(item_view) fwd; /* q, k, v, mask; out = O */
-    const real *grad_out, *lse;
-    real *grad_q, *grad_k, *grad_v;
+    const elem *grad_out;
+    const real *lse;
+    elem *grad_q, *grad_k, *grad_v;
 } FN(grad_view);
 
 static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b)
@@ -106,11 +107,11 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
     const attnc_batch *batch = &g->forward.batch;
     FN(grad_view) view = {
         FN(item_at)(&g->forward, b),
-        (const real *)g->grad_out.data + attnc_item_offset(batch, g->grad_out.batch_strides, b),
+        (const elem *)g->grad_out.data + attnc_item_offset(batch, g->grad_out.batch_strides, b),
         (const real *)g->lse + b * g->forward.L,
-        (real *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
-        (real *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
-        (real *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
+        (elem *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
+        (elem *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
+        (elem *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
     };
     return view;
 }
@@ -142,13 +143,17 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
 #define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
 
 /* *max and *sum of exp(s - safe_shift(max)) of query i's row, from its
- * scores recomputed into `scores` (S) by the row path's kernels, in one
- * piece (the forward's row path merges splits of the keys: the two differ
- * in rounding only). */
+ * scores recomputed into `scores` (S, then E for the query widened) by the
+ * row path's kernels, in one piece (the forward's row path merges splits
+ * of the keys: the two differ in rounding only). */
 static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores, real *max,
                           real *sum)
 {
-    const real *q = item->q + i * a->q.row_stride;
+    const real *q = (const real *)(item->q + i * a->q.row_stride);
+    if (!ELEM_IS_REAL) {
+        FN(load_row)(scores + a->S, item->q + i * a->q.row_stride, a->E);
+        q = scores + a->S;
+    }
     FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, (real)a->scale, scores);
     FN(finish_row_scores)(a, item, i, 0, a->S, scores);
     *max = FN(row_max)(scores, a->S);
@@ -163,16 +168,16 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
                                 idx_t i0, idx_t nq)
 {
     const attnc_attention_args *a = &g->forward;
-    const real *q = item->fwd.q + i0 * a->q.row_stride, *dout = item->grad_out + i0 * g->grad_out.row_stride;
+    const elem *q = item->fwd.q + i0 * a->q.row_stride, *dout = item->grad_out + i0 * g->grad_out.row_stride;
     idx_t padded = FN(padded_queries)(nq);
     FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, padded, a->E, GEMM_NR, (real)a->scale);
     FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, padded, a->Ev, GEMM_NR, 1);
     FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb);
     FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb);
     for (idx_t i = 0; i < nq; i++) {
-        const real *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
+        const elem *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
         real d = 0;
-        for (idx_t c = 0; c < a->Ev; c++) d += d_o[c] * o[c];
+        for (idx_t c = 0; c < a->Ev; c++) d += to_real(d_o[c]) * to_real(o[c]);
         t->d[i] = d;
         real lse = item->lse[i0 + i], max, sum;
         t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
@@ -191,7 +196,7 @@ static void FN(prepare_keys)(FN(grad_buffers) *t, const attnc_attention_backward
                              idx_t j0, idx_t nk, int with_dq)
 {
     const attnc_attention_args *a = &g->forward;
-    const real *k = item->fwd.k + j0 * a->k.row_stride, *v = item->fwd.v + j0 * a->v.row_stride;
+    const elem *k = item->fwd.k + j0 * a->k.row_stride, *v = item->fwd.v + j0 * a->v.row_stride;
     FN(pack_row_slivers)(t->fwd.k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
     FN(pack_row_slivers)(t->v_rows, v, a->v.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->Ev, GEMM_MR, 1);
     if (with_dq) FN(pack_column_slivers)(t->k_cols, k, a->k.row_stride, nk, a->E, t->E_padded, GEMM_NR, t->kb);
@@ -235,10 +240,9 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
 }
 
 /* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */
-static void FN(write_grad_rows)(real *dst, idx_t dst_rs, const real *acc, idx_t acc_rs, idx_t n, idx_t cols)
+static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t acc_rs, idx_t n, idx_t cols)
 {
-    for (idx_t r = 0; r < n; r++)
-        for (idx_t c = 0; c < cols; c++) dst[r * dst_rs + c] = acc[r * acc_rs + c];
+    for (idx_t r = 0; r < n; r++) FN(store_row)(dst + r * dst_rs, acc + r * acc_rs, cols);
 }
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }

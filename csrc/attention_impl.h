@@ -1,5 +1,5 @@
 /* The attention kernel (dtype and ISA template; needs dtype.h, simd.h,
- * vexp.h, gemm_impl.h, attention_tiles.h and attention_rows.h).
+ * storage.h, vexp.h, gemm_impl.h, attention_tiles.h and attention_rows.h).
  *
  * Two paths, chosen by the item's sizes alone (never by the batch, the
  * thread count or whether the weights are wanted, so an output's bits
@@ -28,6 +28,7 @@
 typedef struct {
     const attnc_attention_args *args;
     idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;
+    idx_t weights_elems; /* elems' weights rows (BLOCK_Q, S) after the workspace, or 0 */
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
@@ -46,7 +47,7 @@ static void FN(key_range)(const attnc_attention_args *a, int skip_hidden, idx_t 
 static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t j0, idx_t nk)
 {
-    const real *k = item->k + j0 * a->k.row_stride;
+    const elem *k = item->k + j0 * a->k.row_stride;
     FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
 }
 
@@ -54,7 +55,7 @@ static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a
 static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                                 idx_t j0, idx_t nk)
 {
-    const real *v = item->v + j0 * a->v.row_stride;
+    const elem *v = item->v + j0 * a->v.row_stride;
     FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR, BLOCK_K);
 }
 
@@ -62,7 +63,7 @@ static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args 
 static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                                 idx_t q0, idx_t nq)
 {
-    const real *q = item->q + q0 * a->q.row_stride;
+    const elem *q = item->q + q0 * a->q.row_stride;
     FN(pack_row_slivers)(t->q_pack, q, a->q.row_stride, nq, FN(padded_queries)(nq), a->E, GEMM_NR,
                          (real)a->scale);
 }
@@ -83,8 +84,8 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
         if (item->bias) {
-            const real *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
-            for (idx_t i = 0; i < nq; i++) row[i] += bias[i * a->bias_rs];
+            const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
+            for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
         }
         if (item->mask) {
             const uint8_t *m = item->mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
@@ -113,10 +114,10 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
                            idx_t b, idx_t i0, idx_t nq)
 {
     for (idx_t i = 0; i < nq; i++) {
-        real *dst = item->out + (i0 + i) * a->out.row_stride;
-        const real *src = t->acc + i * t->Ev_padded;
-        real factor = FN(safe_inverse)(t->run_sum[i]);
-        for (idx_t c = 0; c < a->Ev; c++) dst[c] = src[c] * factor;
+        elem *dst = item->out + (i0 + i) * a->out.row_stride;
+        real *src = t->acc + i * t->Ev_padded;
+        FN(scale_row)(src, a->Ev, FN(safe_inverse)(t->run_sum[i]));
+        FN(store_row)(dst, src, a->Ev);
     }
     if (a->lse)
         for (idx_t i = 0; i < nq; i++)
@@ -194,12 +195,13 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
 }
 
 /* The weights rows [i0, i0+nq) of item b: the scores of every key tile
- * into them, then a softmax in place (weights 0 for a row of -inf). */
+ * into them, then a softmax in place (weights 0 for a row of -inf). Elems
+ * are computed in `rows` (nq, S reals) and rounded once. */
 static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
-                             idx_t b, idx_t i0, idx_t nq)
+                             idx_t b, idx_t i0, idx_t nq, real *rows)
 {
     idx_t S = a->S;
-    real *w = FN(weights_at)(a, b, i0, 0);
+    real *w = ELEM_IS_REAL ? (real *)FN(weights_at)(a, b, i0, 0) : rows;
     FN(pack_query_tile)(t, a, item, i0, nq);
     for (idx_t j0 = 0; j0 < S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(S - j0, BLOCK_K);
@@ -211,6 +213,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
     for (idx_t i = 0; i < nq; i++) {
         real *row = w + i * S;
         FN(scale_row)(row, S, FN(safe_inverse)(FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
+        if (!ELEM_IS_REAL) FN(store_row)(FN(weights_at)(a, b, i0 + i, 0), row, S);
     }
 }
 
@@ -225,7 +228,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
     idx_t last_tile = attnc_min(first_tile + job->tiles_per_task, job->n_query_tiles);
     if (first_tile >= last_tile) return;
     idx_t i0 = first_tile * BLOCK_Q, i1 = attnc_min(last_tile * BLOCK_Q, a->L);
-    real *work = attnc_malloc((size_t)job->workspace_elems * sizeof(real));
+    real *work = attnc_malloc((size_t)(job->workspace_elems + job->weights_elems) * sizeof(real));
     if (!work) {
         atomic_store(&job->failed, 1);
         return;
@@ -234,8 +237,10 @@ static void FN(attention_task)(void *ctx, idx_t task)
     FN(tile_layout)(work, a->E, a->Ev, last_tile - first_tile, &t);
     FN(item_view) item = FN(item_at)(a, b);
     FN(flash_queries)(&t, a, &item, b, i0, i1);
+    real *rows = work + job->workspace_elems; /* elems' weights rows */
     if (a->weights)
-        for (idx_t q0 = i0; q0 < i1; q0 += BLOCK_Q) FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1));
+        for (idx_t q0 = i0; q0 < i1; q0 += BLOCK_Q)
+            FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1), rows);
     attnc_free(work);
 }
 
@@ -265,9 +270,13 @@ static attnc_status FN(attention_tiles)(const attnc_attention_args *a, idx_t n_i
     idx_t tiles = FN(tiles_per_task)(a, n_items, n_query_tiles);
     FN(tile_buffers) unused;
     FN(attention_job) job = {a, n_query_tiles, tiles, attnc_ceil_div(n_query_tiles, tiles),
-                             FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0};
-    idx_t n_tasks;
+                             FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0, 0};
+    idx_t n_tasks, workspace;
     if (!attnc_mul_ok(n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
+    if (a->weights && !ELEM_IS_REAL &&
+        (!attnc_mul_ok(BLOCK_Q, a->S, &job.weights_elems) ||
+         !attnc_mul_ok(job.weights_elems + job.workspace_elems, sizeof(real), &workspace)))
+        return ATTNC_EOVERFLOW;
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;

@@ -26,30 +26,30 @@
 
 /* Where item b's matrices start. */
 typedef struct {
-    const real *q, *k, *v;
+    const elem *q, *k, *v;
     const uint8_t *mask;
-    const real *bias;
-    real *out;
+    const elem *bias;
+    elem *out;
 } FN(item_view);
 
 static FN(item_view) FN(item_at)(const attnc_attention_args *a, idx_t b)
 {
     const attnc_batch *batch = &a->batch;
     FN(item_view) view = {
-        (const real *)a->q.data + attnc_item_offset(batch, a->q.batch_strides, b),
-        (const real *)a->k.data + attnc_item_offset(batch, a->k.batch_strides, b),
-        (const real *)a->v.data + attnc_item_offset(batch, a->v.batch_strides, b),
+        (const elem *)a->q.data + attnc_item_offset(batch, a->q.batch_strides, b),
+        (const elem *)a->k.data + attnc_item_offset(batch, a->k.batch_strides, b),
+        (const elem *)a->v.data + attnc_item_offset(batch, a->v.batch_strides, b),
         a->mask ? a->mask + attnc_item_offset(batch, a->mask_batch_strides, b) : NULL,
-        a->bias ? (const real *)a->bias + attnc_item_offset(batch, a->bias_batch_strides, b) : NULL,
-        (real *)a->out.data + attnc_item_offset(batch, a->out.batch_strides, b),
+        a->bias ? (const elem *)a->bias + attnc_item_offset(batch, a->bias_batch_strides, b) : NULL,
+        (elem *)a->out.data + attnc_item_offset(batch, a->out.batch_strides, b),
     };
     return view;
 }
 
 /* Query i of item b's row of weights (S), from key s0 on. */
-static inline real *FN(weights_at)(const attnc_attention_args *a, idx_t b, idx_t i, idx_t s0)
+static inline elem *FN(weights_at)(const attnc_attention_args *a, idx_t b, idx_t i, idx_t s0)
 {
-    return (real *)a->weights + (b * a->L + i) * a->S + s0;
+    return (elem *)a->weights + (b * a->L + i) * a->S + s0;
 }
 
 /* The largest score that is not NaN (-inf for none), as row_max; the shift
@@ -90,15 +90,15 @@ static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t 
  * x * 0 is 0 for a finite x and NaN for NaN or +-inf. Summed in
  * FINITE_LANES independent lanes, which the compiler vectorises. */
 #define FINITE_LANES 16
-static int FN(rows_finite)(const real *x, idx_t rs, idx_t n, idx_t cols)
+static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
     real lanes[FINITE_LANES] = {0};
     for (idx_t j = 0; j < n; j++) {
-        const real *row = x + j * rs;
+        const elem *row = x + j * rs;
         idx_t c = 0;
         for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += row[c + u] * 0;
-        for (; c < cols; c++) lanes[0] += row[c] * 0;
+            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += to_real(row[c + u]) * 0;
+        for (; c < cols; c++) lanes[0] += to_real(row[c]) * 0;
     }
     real zero_or_nan = 0;
     for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
@@ -163,7 +163,7 @@ static inline __attribute__((always_inline)) void FN(lane_sums)(vreal *acc, int 
  * multiply-adds, the lanes are summed (lane_sums), then the tail of E.
  * Always inlined with constant sizes: one specialised block per caller. */
 static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, int n_keys, const real *const *q,
-                                                                  const real *k, idx_t ks, idx_t E, real scale,
+                                                                  const elem *k, idx_t ks, idx_t E, real scale,
                                                                   real *scores, idx_t ld)
 {
     vreal acc[ROW_BLOCK * KEY_BLOCK];
@@ -171,7 +171,7 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
     idx_t e = 0;
     for (; e + VLANES <= E; e += VLANES) {
         vreal keys[ROW_BLOCK * KEY_BLOCK];
-        for (int j = 0; j < n_keys; j++) keys[j] = vloadu(k + j * ks + e);
+        for (int j = 0; j < n_keys; j++) keys[j] = vload_elems(k + j * ks + e);
         for (int r = 0; r < n_rows; r++) {
             vreal query = vloadu(q[r] + e);
             for (int j = 0; j < n_keys; j++) acc[r * n_keys + j] = vfma(query, keys[j], acc[r * n_keys + j]);
@@ -182,20 +182,20 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
     for (int r = 0; r < n_rows; r++)
         for (int j = 0; j < n_keys; j++) {
             real dot = dots[r * n_keys + j];
-            for (idx_t t = e; t < E; t++) dot = sfma(q[r][t], k[j * ks + t], dot);
+            for (idx_t t = e; t < E; t++) dot = sfma(q[r][t], to_real(k[j * ks + t]), dot);
             scores[r * ld + j] = dot * scale;
         }
 }
 
 /* Asks for row x (cols elements) to come into L1. */
-static inline void FN(prefetch_row)(const real *x, idx_t cols)
+static inline void FN(prefetch_row)(const elem *x, idx_t cols)
 {
-    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(real)) __builtin_prefetch(x + c);
+    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c);
 }
 
 /* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
 static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int n_keys, const real *const *q,
-                                                                 const real *k, idx_t ks, idx_t j0, idx_t j1,
+                                                                 const elem *k, idx_t ks, idx_t j0, idx_t j1,
                                                                  idx_t E, real scale, real *scores, idx_t ld,
                                                                  idx_t prefetch_end)
 {
@@ -211,7 +211,7 @@ static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int
 /* scores (n_rows, n) <- scale * the query rows q . the n keys of k (rows
  * ks apart): a chunk of keys at a time, ROW_BLOCK rows at a time, the
  * rows left over one at a time against wider blocks of keys. */
-static void FN(group_scores)(const real *const *q, idx_t n_rows, const real *k, idx_t ks, idx_t n, idx_t E,
+static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, idx_t ks, idx_t n, idx_t E,
                              real scale, real *scores)
 {
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
@@ -226,7 +226,7 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const real *k, 
 /* part[r][c0 : c0 + n_vectors * VLANES] += sum over the n keys j, in
  * order, of e[r * ld + j] * v[j] (rows vs apart), for n_rows rows. */
 static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, int n_vectors, const real *e, idx_t ld,
-                                                                  const real *v, idx_t vs, idx_t n, real *const *part,
+                                                                  const elem *v, idx_t vs, idx_t n, real *const *part,
                                                                   idx_t c0, idx_t ahead, idx_t Ev)
 {
     vreal acc[ROW_BLOCK * VALUE_VECTORS];
@@ -235,7 +235,7 @@ static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, in
     for (idx_t j = 0; j < n; j++) {
         if (j < ahead) FN(prefetch_row)(v + (n + j) * vs, Ev);
         vreal values[ROW_BLOCK * VALUE_VECTORS];
-        for (int c = 0; c < n_vectors; c++) values[c] = vloadu(v + j * vs + c0 + c * VLANES);
+        for (int c = 0; c < n_vectors; c++) values[c] = vload_elems(v + j * vs + c0 + c * VLANES);
         for (int r = 0; r < n_rows; r++) {
             vreal weight = vset1(e[r * ld + j]);
             for (int c = 0; c < n_vectors; c++) acc[r * n_vectors + c] = vfma(weight, values[c], acc[r * n_vectors + c]);
@@ -249,7 +249,7 @@ static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, in
  * vectors, then single columns (the same fused multiply-adds in the same
  * order, so the same bits). */
 static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int n_vectors, const real *e, idx_t ld,
-                                                                 const real *v, idx_t vs, idx_t n, real *const *part,
+                                                                 const elem *v, idx_t vs, idx_t n, real *const *part,
                                                                  idx_t Ev, idx_t ahead)
 {
     idx_t c0 = 0;
@@ -258,13 +258,13 @@ static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int
     for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
     for (; c0 < Ev; c0++)
         for (int r = 0; r < n_rows; r++)
-            for (idx_t j = 0; j < n; j++) part[r][c0] = sfma(e[r * ld + j], v[j * vs + c0], part[r][c0]);
+            for (idx_t j = 0; j < n; j++) part[r][c0] = sfma(e[r * ld + j], to_real(v[j * vs + c0]), part[r][c0]);
 }
 
 /* part rows (n_rows, Ev) <- e (n_rows, n) . the n values of v (rows vs
  * apart): a chunk of values at a time, ROW_BLOCK rows at a time, the rows
  * left over one at a time with wider blocks of columns. */
-static void FN(group_values)(const real *e, idx_t n_rows, idx_t n, const real *v, idx_t vs, idx_t Ev,
+static void FN(group_values)(const real *e, idx_t n_rows, idx_t n, const elem *v, idx_t vs, idx_t Ev,
                              real *const *part)
 {
     for (idx_t r = 0; r < n_rows; r++)
@@ -287,8 +287,8 @@ static void FN(finish_row_scores)(const attnc_attention_args *a, const FN(item_v
                                   idx_t n, real *scores)
 {
     if (item->bias) {
-        const real *bias = item->bias + i * a->bias_rs + s0 * a->bias_cs;
-        for (idx_t j = 0; j < n; j++) scores[j] += bias[j * a->bias_cs];
+        const elem *bias = item->bias + i * a->bias_rs + s0 * a->bias_cs;
+        for (idx_t j = 0; j < n; j++) scores[j] += to_real(bias[j * a->bias_cs]);
     }
     if (item->mask) {
         const uint8_t *m = item->mask + i * a->mask_rs + s0 * a->mask_cs;
@@ -307,7 +307,8 @@ typedef struct {
     idx_t n_splits;            /* key splits of SPLIT_KEYS */
     idx_t first_group, n_groups; /* the wave's groups */
     real *stats;               /* (n_groups, group_rows, n_splits, SPLIT_STATS): each split's row m and l */
-    real *parts;               /* (n_groups, group_rows, n_splits, Ev): each split's part (n_splits > 1) */
+    real *parts;               /* (n_groups, group_rows, n_splits, Ev): each split's part (NULL: the
+                                  one split's part is out's row, out being reals) */
     atomic_int failed;
 } FN(rows_job);
 
@@ -336,15 +337,15 @@ static idx_t FN(rows_in_group)(const FN(rows_job) *job, idx_t g)
 }
 
 /* Split c of row r of the wave's group w: its stats (m, l), and its part:
- * the row of out itself when there is one split. */
+ * the row of out itself when there is one split and out holds reals. */
 static real *FN(split_stats)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
 {
     return job->stats + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_STATS;
 }
 
-static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, real *out_row)
+static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, elem *out_row)
 {
-    if (job->n_splits == 1) return out_row;
+    if (!job->parts) return (real *)out_row;
     return job->parts + ((w * job->group_rows + r) * job->n_splits + c) * job->args->Ev;
 }
 
@@ -355,7 +356,7 @@ static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, 
  * the values). A hidden NaN or inf must still reach out, as in PyTorch's
  * math path (see flash_queries), whichever rows share the group. */
 static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *items, const idx_t *queries,
-                            const real *const *q, idx_t n_rows, idx_t s0, idx_t n, const real *k, const real *v)
+                            idx_t n_rows, idx_t s0, idx_t n, const elem *k, const elem *v)
 {
     if (n == 0) return 1;
     if (!a->band.on) return 0;
@@ -363,8 +364,9 @@ static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *
         if (attnc_band_begin(&a->band, queries[r], a->S) < s0 + n && attnc_band_end(&a->band, queries[r], a->S) > s0)
             return 0;
     for (idx_t r = 0; r < n_rows; r++) {
-        const real *bias = items[r].bias ? items[r].bias + queries[r] * a->bias_rs + s0 * a->bias_cs : NULL;
-        if (!FN(rows_finite)(q[r], 0, 1, a->E) || (bias && !FN(rows_finite)(bias, a->bias_cs, n, 1))) return 0;
+        const elem *q = items[r].q + queries[r] * a->q.row_stride;
+        const elem *bias = items[r].bias ? items[r].bias + queries[r] * a->bias_rs + s0 * a->bias_cs : NULL;
+        if (!FN(rows_finite)(q, 0, 1, a->E) || (bias && !FN(rows_finite)(bias, a->bias_cs, n, 1))) return 0;
     }
     return FN(rows_finite)(k, a->k.row_stride, n, a->E) && FN(rows_finite)(v, a->v.row_stride, n, a->Ev);
 }
@@ -378,7 +380,7 @@ static void FN(split_softmax)(const attnc_attention_args *a, const FN(item_view)
     FN(finish_row_scores)(a, item, i, s0, n, scores);
     stats[0] = FN(row_max)(scores, n);
     stats[1] = FN(exp_shift_sum)(scores, n, FN(safe_shift)(stats[0]));
-    if (a->weights) memcpy(FN(weights_at)(a, b, i, s0), scores, (size_t)n * sizeof(real));
+    if (a->weights) FN(store_row)(FN(weights_at)(a, b, i, s0), scores, n);
     if (a->dropout_p > 0) {
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i, s0);
         for (idx_t j = 0; j < n; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
@@ -392,7 +394,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
     const attnc_attention_args *a = job->args;
     idx_t b, i, Ev = a->Ev, n_splits = job->n_splits;
     FN(row_of_group)(job, job->first_group + w, r, &b, &i);
-    real *out = FN(item_at)(a, b).out + i * a->out.row_stride;
+    elem *out = FN(item_at)(a, b).out + i * a->out.row_stride;
     real max = -(real)INFINITY, sum = 0;
     for (idx_t c = 0; c < n_splits; c++) {
         real m = FN(split_stats)(job, w, r, c)[0];
@@ -403,20 +405,23 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
         stats[0] = stats[0] == max ? 1 : FN(vexp)(stats[0] - max);
         sum = sfma(stats[0], stats[1], sum);
     }
-    real inverse = FN(safe_inverse)(sum);
+    /* the parts summed into the first one, scaled, then written to out */
+    real inverse = FN(safe_inverse)(sum), *total = FN(split_part)(job, w, r, 0, out);
     for (idx_t c = 0; c < n_splits; c++) {
         real factor = FN(split_stats)(job, w, r, c)[0];
         const real *part = FN(split_part)(job, w, r, c, out);
         if (c == 0)
-            for (idx_t col = 0; col < Ev; col++) out[col] = factor * part[col];
+            for (idx_t col = 0; col < Ev; col++) total[col] = factor * part[col];
         else
-            for (idx_t col = 0; col < Ev; col++) out[col] = sfma(factor, part[col], out[col]);
+            for (idx_t col = 0; col < Ev; col++) total[col] = sfma(factor, part[col], total[col]);
     }
-    FN(scale_row)(out, Ev, inverse);
+    FN(scale_row)(total, Ev, inverse);
+    if (job->parts) FN(store_row)(out, total, Ev);
     if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
     if (a->weights)
         for (idx_t c = 0; c < n_splits; c++) {
-            FN(scale_row)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS), FN(split_stats)(job, w, r, c)[0] * inverse);
+            FN(scale_elems)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS),
+                            FN(split_stats)(job, w, r, c)[0] * inverse);
         }
 }
 
@@ -436,26 +441,32 @@ static void FN(split_task)(void *ctx, idx_t t)
     for (idx_t r = 0; r < n_rows; r++) {
         FN(row_of_group)(job, g, r, &item_of[r], &query_of[r]);
         items[r] = FN(item_at)(a, item_of[r]);
-        q[r] = items[r].q + query_of[r] * a->q.row_stride;
+        q[r] = (const real *)(items[r].q + query_of[r] * a->q.row_stride); /* reals; widened below for elems */
         part[r] = FN(split_part)(job, w, r, c, items[r].out + query_of[r] * a->out.row_stride);
     }
     /* the K and V of the group's rows: those of the first item of its K/V */
     FN(item_view) kv_item = FN(item_at)(a, g / job->groups_per_kv * job->shared);
-    const real *k = kv_item.k + s0 * a->k.row_stride, *v = kv_item.v + s0 * a->v.row_stride;
-    if (FN(split_hidden)(a, items, query_of, q, n_rows, s0, n, k, v)) {
+    const elem *k = kv_item.k + s0 * a->k.row_stride, *v = kv_item.v + s0 * a->v.row_stride;
+    if (FN(split_hidden)(a, items, query_of, n_rows, s0, n, k, v)) {
         for (idx_t r = 0; r < n_rows; r++) {
             real *stats = FN(split_stats)(job, w, r, c);
             stats[0] = -(real)INFINITY;
             stats[1] = 0;
             for (idx_t col = 0; col < a->Ev; col++) part[r][col] = 0;
             if (a->weights)
-                memset(FN(weights_at)(a, item_of[r], query_of[r], s0), 0, (size_t)n * sizeof(real));
+                memset(FN(weights_at)(a, item_of[r], query_of[r], s0), 0, (size_t)n * sizeof(elem));
         }
     } else {
-        real *scores = attnc_malloc((size_t)(n_rows * n) * sizeof(real));
+        /* the scores (n_rows, n), then, for elems, the queries widened once (n_rows, E) */
+        real *scores = attnc_malloc((size_t)(n_rows * (n + (ELEM_IS_REAL ? 0 : a->E))) * sizeof(real));
         if (!scores) {
             atomic_store(&job->failed, 1);
             return;
+        }
+        for (idx_t r = 0; r < n_rows && !ELEM_IS_REAL; r++) {
+            real *widened = scores + n_rows * n + r * a->E;
+            FN(load_row)(widened, items[r].q + query_of[r] * a->q.row_stride, a->E);
+            q[r] = widened;
         }
         FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores);
         for (idx_t r = 0; r < n_rows; r++)
@@ -482,16 +493,17 @@ static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_it
     job.group_rows = attnc_min(ROWS_GROUP, job.shared * a->L);
     job.groups_per_kv = attnc_ceil_div(job.shared * a->L, ROWS_GROUP);
     job.n_splits = a->S > 0 ? attnc_ceil_div(a->S, SPLIT_KEYS) : 1;
-    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = SPLIT_STATS + (job.n_splits > 1 ? a->Ev : 0);
+    int own_parts = job.n_splits > 1 || !ELEM_IS_REAL; /* else each part is out's row */
+    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = SPLIT_STATS + (own_parts ? a->Ev : 0);
     idx_t per_group; /* elements of a group's split state */
     if (!attnc_mul_ok(job.group_rows * job.n_splits, per_split, &per_group) ||
         (size_t)per_group > SIZE_MAX / sizeof(real))
         return ATTNC_EOVERFLOW;
     idx_t fit = WAVE_BYTES / ((idx_t)sizeof(real) * per_group), wave = attnc_min(n_groups, fit > 0 ? fit : 1);
     job.stats = attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * SPLIT_STATS) * sizeof(real));
-    job.parts = job.n_splits > 1 ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * a->Ev) * sizeof(real)) : NULL;
+    job.parts = own_parts ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * a->Ev) * sizeof(real)) : NULL;
     attnc_status status = ATTNC_OK;
-    if (!job.stats || (job.n_splits > 1 && !job.parts)) status = ATTNC_ENOMEM;
+    if (!job.stats || (own_parts && !job.parts)) status = ATTNC_ENOMEM;
     for (job.first_group = 0; status == ATTNC_OK && job.first_group < n_groups && !attnc_interrupted();
          job.first_group += wave) {
         job.n_groups = attnc_min(wave, n_groups - job.first_group);

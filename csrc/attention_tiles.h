@@ -1,5 +1,5 @@
 /* The tile pieces of the attention kernel's flash path (dtype and ISA
- * template; needs dtype.h, simd.h, vexp.h and gemm_impl.h).
+ * template; needs dtype.h, simd.h, storage.h, vexp.h and gemm_impl.h).
  *
  * Both products of a tile run on the GEMM micro-kernel (GEMM_MR x GEMM_NR
  * register tiles). Scores are computed transposed, scores_t (keys,
@@ -93,15 +93,15 @@ static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, 
  * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
  * (a multiple of width) are zeros. Queries (width NR, the scale folded in)
  * and keys (width MR). */
-static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
+static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
                                  idx_t width, real scale)
 {
     for (idx_t r0 = 0; r0 < padded_n; r0 += width) {
         real *sliver = dst + r0 * E;
         for (idx_t r = 0; r < width; r++) {
-            const real *row = src + (r0 + r) * src_rs;
+            const elem *row = src + (r0 + r) * src_rs;
             if (r0 + r < n)
-                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = scale * row[p];
+                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = scale * to_real(row[p]);
             else
                 for (idx_t p = 0; p < E; p++) sliver[p * width + r] = 0;
         }
@@ -111,15 +111,15 @@ static void FN(pack_row_slivers)(real *dst, const real *src, idx_t src_rs, idx_t
 /* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
  * slivers of `width` columns: sliver s is (sliver_rows >= n, width),
  * zero-padded up to padded_cols. Values (width NR). */
-static void FN(pack_column_slivers)(real *dst, const real *src, idx_t src_rs, idx_t n, idx_t cols,
+static void FN(pack_column_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t cols,
                                     idx_t padded_cols, idx_t width, idx_t sliver_rows)
 {
     for (idx_t c0 = 0; c0 < padded_cols; c0 += width) {
         real *sliver = dst + c0 * sliver_rows;
         idx_t valid = cols - c0 < width ? cols - c0 : width;
         for (idx_t j = 0; j < n; j++) {
-            const real *run = src + j * src_rs + c0;
-            for (idx_t c = 0; c < valid; c++) sliver[j * width + c] = run[c];
+            const elem *run = src + j * src_rs + c0;
+            for (idx_t c = 0; c < valid; c++) sliver[j * width + c] = to_real(run[c]);
             for (idx_t c = valid; c < width; c++) sliver[j * width + c] = 0;
         }
     }

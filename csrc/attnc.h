@@ -21,7 +21,19 @@ typedef enum {
     ATTNC_EINTR = 3,     /* the caller's interrupt hook asked to stop (interrupt.c) */
 } attnc_status;
 
-typedef enum { ATTNC_F32 = 0, ATTNC_F64 = 1, ATTNC_N_DTYPES } attnc_dtype;
+/* The dtypes of the arrays a kernel is given (its storage). float16 and
+ * bfloat16 are stored as their 16 bits (a struct, so that they never mix
+ * with numbers by accident) and computed in float: each element is
+ * widened when read and rounded to nearest even when written. A kernel's
+ * "reals" are its storage type; its lse, and anything else it documents
+ * as compute precision, are float for the 16-bit dtypes. */
+typedef enum { ATTNC_F32 = 0, ATTNC_F64 = 1, ATTNC_F16 = 2, ATTNC_BF16 = 3, ATTNC_N_DTYPES } attnc_dtype;
+typedef struct { uint16_t bits; } attnc_f16;  /* IEEE 754 binary16 */
+typedef struct { uint16_t bits; } attnc_bf16; /* the top half of a float */
+
+/* Bytes of one stored element, and of one element computed in (lse). */
+static inline size_t attnc_dtype_size(attnc_dtype dt) { return dt == ATTNC_F64 ? 8 : dt == ATTNC_F32 ? 4 : 2; }
+static inline size_t attnc_compute_size(attnc_dtype dt) { return dt == ATTNC_F64 ? 8 : 4; }
 
 /* x86-64 (or x86) with GCC or Clang: the AVX2 and AVX-512 kernels are
  * compiled; elsewhere only the portable ones. The one place this is asked. */

@@ -16,10 +16,11 @@ extern const attnc_kernels attnc_kernels_avx512[ATTNC_N_DTYPES];
 /* 1 if this CPU (and OS) can run a level's kernels */
 static int always(void) { return 1; }
 #ifdef ATTNC_X86
+/* AVX2, FMA and F16C (the float16 conversions): what kernels_avx2.c is compiled for */
 static int has_avx2_fma(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 /* AVX-512 F, VL and DQ: what kernels_avx512.c is compiled for */
 static int has_avx512(void)

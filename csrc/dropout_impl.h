@@ -8,8 +8,8 @@
 #endif
 
 typedef struct {
-    real *out;
-    const real *in;
+    elem *out;
+    const elem *in;
     idx_t n;
     double p;
     uint64_t seed;
@@ -21,7 +21,7 @@ static void FN(dropout_task)(void *ctx, idx_t t)
     real keep_scale = job->p >= 1 ? 0 : (real)(1.0 / (1.0 - job->p));
     idx_t last = attnc_min(job->n, (t + 1) * ATTNC_DROPOUT_CHUNK);
     for (idx_t i = t * ATTNC_DROPOUT_CHUNK; i < last; i++)
-        job->out[i] = job->in[i] * (attnc_uniform(job->seed, (uint64_t)i) < job->p ? 0 : keep_scale);
+        job->out[i] = to_elem(to_real(job->in[i]) * (attnc_uniform(job->seed, (uint64_t)i) < job->p ? 0 : keep_scale));
 }
 
 attnc_status FN(dropout)(void *out, const void *in, idx_t n, double p, uint64_t seed)

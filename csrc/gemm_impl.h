@@ -1,4 +1,4 @@
-/* The GEMM (dtype and ISA template; needs dtype.h and simd.h): a register-
+/* The GEMM (dtype and ISA template; needs dtype.h, simd.h and storage.h): a register-
  * blocked micro-kernel, and BLIS-style packing and blocking around it.
  *
  *   C (M, N) = bias (N) + A (M, K) . B (N, K)^T
@@ -15,6 +15,9 @@
  * C adds up its K blocks in the same order whatever task, thread or tile
  * computes it, and the small-problem loops (gemm_direct) repeat that order
  * with the same fused multiply-add, so a row's bits never depend on M.
+ * For the 16-bit dtypes, A and B are widened as they are packed, C is
+ * summed in a float buffer and rounded once at the end, so every element
+ * gets exactly the float GEMM's sum of the widened operands.
  */
 #ifndef ATTNC_GEMM_CONSTANTS
 #define ATTNC_GEMM_CONSTANTS
@@ -93,14 +96,14 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
  * strided blocks; element (r, p) of part q is data[q][r * rs + p * cs]
  * for r counted from the part's first row (ends[q - 1]). */
 typedef struct {
-    const real *data[ATTNC_GEMM_MAX_PARTS];
+    const elem *data[ATTNC_GEMM_MAX_PARTS];
     idx_t ends[ATTNC_GEMM_MAX_PARTS]; /* one past each part's last row */
     int n_parts;
     idx_t rs, cs;
 } FN(gemm_operand);
 
 /* The first element of row r. */
-static inline const real *FN(operand_row)(const FN(gemm_operand) *x, idx_t r)
+static inline const elem *FN(operand_row)(const FN(gemm_operand) *x, idx_t r)
 {
     int q = 0;
     while (q < x->n_parts - 1 && r >= x->ends[q]) q++;
@@ -135,7 +138,7 @@ static const real FN(gemm_zeros)[64];
 static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
                             idx_t kc)
 {
-    const real *row[GEMM_MAX_WIDTH];
+    const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
     idx_t p = 0, cs = x->cs;
     if (rows == width && width % VLANES == 0 && cs == 1)
@@ -145,7 +148,7 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
         for (; p + VLANES <= kc; p += VLANES)
             for (idx_t r = 0; r < width; r += VLANES) {
                 vreal block[VLANES];
-                for (int l = 0; l < VLANES; l++) block[l] = vloadu(row[r + l] + p);
+                for (int l = 0; l < VLANES; l++) block[l] = vload_elems(row[r + l] + p);
                 vtranspose(block);
                 for (int l = 0; l < VLANES; l++) vstoreu(dst + (p + l) * width + r, block[l]);
             }
@@ -154,7 +157,7 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
     /* the rest one step p at a time: contiguous writes, and `width` rows
      * read side by side, each sequentially when cs == 1 */
     for (; p < kc; p++)
-        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = row[r][p * cs];
+        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = to_real(row[r][p * cs]);
 }
 
 /* Pass 1, task t: the slivers of row block t of A, or of column block
@@ -188,7 +191,8 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     int slot = 0;
     while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
     int in_place = job->transposed && slot == job->n_irregular;
-    const real *a = in_place ? FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
+    /* (transposed only when elem is real: see gemm) */
+    const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
                              : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->kc;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *b = job->packed_b + j * job->kc;
@@ -242,7 +246,7 @@ static real FN(bias_at)(const attnc_gemm_args *g, idx_t j)
 {
     int q = 0;
     while (q < g->n_parts - 1 && j >= g->parts[q].rows) j -= g->parts[q++].rows;
-    return g->parts[q].bias ? ((const real *)g->parts[q].bias)[j] : 0;
+    return g->parts[q].bias ? to_real(((const elem *)g->parts[q].bias)[j]) : 0;
 }
 
 /* C = bias + A . B^T by plain loops, in the packed path's order of
@@ -251,20 +255,20 @@ static real FN(bias_at)(const attnc_gemm_args *g, idx_t j)
 static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_operand) *a,
                             const FN(gemm_operand) *b)
 {
-    real *c = g->c;
+    elem *c = g->c;
     for (idx_t j = 0; j < N; j++) {
-        const real *b_row = FN(operand_row)(b, j);
+        const elem *b_row = FN(operand_row)(b, j);
         real bias = FN(bias_at)(g, j);
         for (idx_t i = 0; i < g->M; i++) {
-            const real *a_row = FN(operand_row)(a, i);
+            const elem *a_row = FN(operand_row)(a, i);
             real total = bias;
             for (idx_t p0 = 0; p0 < g->K; p0 += GEMM_KC) {
                 real sum = p0 == 0 ? total : 0;
                 for (idx_t p = p0; p < attnc_min(g->K, p0 + GEMM_KC); p++)
-                    sum = sfma(a_row[p * a->cs], b_row[p * b->cs], sum);
+                    sum = sfma(to_real(a_row[p * a->cs]), to_real(b_row[p * b->cs]), sum);
                 total = p0 == 0 ? sum : total + sum;
             }
-            c[i * g->c_rs + j] = total;
+            c[i * g->c_rs + j] = to_elem(total);
         }
     }
 }
@@ -302,8 +306,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * A is packed, into a block that stays in L2 like the A block of the
      * usual order (packing the weights cost more than multiplying them by a
      * few dozen rows). */
-    int transposed = attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
-    FN(gemm_job) job = {.c = g->c, .c_rs = g->c_rs, .transposed = transposed};
+    int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
+                     attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
+    FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed};
     if (transposed) {
         /* the job's rows are B's: at least two tasks per thread of them */
         idx_t rows = attnc_ceil_div(attnc_ceil_div(N, GEMM_MR), 2 * threads) * GEMM_MR;
@@ -328,14 +333,23 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, kc_max, &a_bytes) ||
         !FN(packed_bytes)(job.N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
-    /* one part's bias is read in place; several are stacked (N reals) */
-    int stack_bias = any_bias && g->n_parts > 1;
+    /* one part's bias of reals is read in place; several, or elems, are
+     * stacked (N reals) */
+    int stack_bias = any_bias && (g->n_parts > 1 || !ELEM_IS_REAL);
     real *stacked_bias = stack_bias ? attnc_malloc((size_t)N * sizeof(real)) : NULL;
-    job.bias = stack_bias ? stacked_bias : g->parts[0].bias;
+    job.bias = stack_bias ? stacked_bias : (const real *)g->parts[0].bias;
+    /* elems: C summed in reals, (M, N), rounded at the end */
+    real *sums = NULL;
+    if (!ELEM_IS_REAL) {
+        idx_t n_sums;
+        if (!attnc_mul_ok(M, N, &n_sums) || (size_t)n_sums > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
+        sums = attnc_malloc((size_t)n_sums * sizeof(real));
+        job.c = sums, job.c_rs = N;
+    }
     job.packed_a = attnc_malloc(a_bytes);
     job.packed_b = attnc_malloc(b_bytes);
     attnc_status status = ATTNC_ENOMEM;
-    if (!job.packed_a || !job.packed_b || (stack_bias && !stacked_bias)) goto done;
+    if (!job.packed_a || !job.packed_b || (stack_bias && !stacked_bias) || (!ELEM_IS_REAL && !sums)) goto done;
     for (idx_t j = 0; stack_bias && j < N; j++) stacked_bias[j] = FN(bias_at)(g, j);
 
     double packed_elements = (double)(a_bytes + b_bytes) / sizeof(real);
@@ -359,7 +373,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         }
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
+    for (idx_t i = 0; sums && status == ATTNC_OK && i < M; i++) FN(store_row)((elem *)g->c + i * g->c_rs, sums + i * N, N);
 done:
+    attnc_free(sums);
     attnc_free(stacked_bias);
     attnc_free(job.packed_a);
     attnc_free(job.packed_b);

@@ -16,7 +16,7 @@ typedef struct {
 static int sizes_of(const attnc_self_attention_args *s, module_sizes *m)
 {
     m->kernels = attnc_kernels_for(s->dtype);
-    m->elem = s->dtype == ATTNC_F32 ? sizeof(float) : sizeof(double);
+    m->elem = attnc_dtype_size(s->dtype);
     idx_t B = 1;
     for (int d = 0; d < s->batch.ndim - 1; d++) B *= s->batch.shape[d]; /* x holds them: no overflow */
     m->rows = B * s->T;
@@ -104,12 +104,15 @@ done:
 /* sums (n) <- the column sums of g (rows, n), as the product ones (1, rows)
  * . g: one GEMM (A's single element read with zero strides), summed in
  * the GEMM's fixed order. */
-static attnc_status column_sums(const module_sizes *m, void *sums, const void *g, idx_t rows, idx_t n)
+static attnc_status column_sums(const module_sizes *m, attnc_dtype dt, void *sums, const void *g, idx_t rows, idx_t n)
 {
-    static const float one_f = 1.0f;
-    static const double one_d = 1.0;
+    static const float one_f32 = 1.0f;
+    static const double one_f64 = 1.0;
+    static const attnc_f16 one_f16 = {0x3c00};
+    static const attnc_bf16 one_bf16 = {0x3f80};
+    static const void *const one[ATTNC_N_DTYPES] = {&one_f32, &one_f64, &one_f16, &one_bf16};
     attnc_gemm_args args = {
-        .M = 1, .K = rows, .a = m->elem == sizeof(float) ? (const void *)&one_f : (const void *)&one_d,
+        .M = 1, .K = rows, .a = one[dt],
         .a_rs = 0, .a_cs = 0, .n_parts = 1, .parts = {{g, NULL, n}}, .b_rs = 1, .b_cs = n, .c = sums, .c_rs = n,
     };
     return m->kernels->gemm(&args);
@@ -153,7 +156,7 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
         if ((status = m.kernels->gemm(&d_merged_args)) != ATTNC_OK ||
             (status = m.kernels->gemm(&d_w_out_args)) != ATTNC_OK ||
             (g->grad_bias_out &&
-             (status = column_sums(&m, g->grad_bias_out, g->grad_out, m.rows, s->n_out)) != ATTNC_OK))
+             (status = column_sums(&m, s->dtype, g->grad_bias_out, g->grad_out, m.rows, s->n_out)) != ATTNC_OK))
             goto done;
     }
 
@@ -177,7 +180,7 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
     };
     if ((status = m.kernels->gemm(&d_x_args)) != ATTNC_OK || (status = m.kernels->gemm(&d_w_args)) != ATTNC_OK)
         goto done;
-    if (g->grad_bias) status = column_sums(&m, g->grad_bias, dqkv, m.rows, m.width);
+    if (g->grad_bias) status = column_sums(&m, s->dtype, g->grad_bias, dqkv, m.rows, m.width);
 done:
     attnc_free(dqkv);
     if (s->w_out) attnc_free(d_merged);

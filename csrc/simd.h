@@ -86,7 +86,7 @@
 
 /* VLANES for the preprocessor, and F(lane, arg) for every lane, in order:
  * the shuffle masks below must be constants */
-#if defined(ATTNC_REAL_F32)
+#if defined(ATTNC_COMPUTE_F32)
 #  define SIMD_LANES (SIMD_BYTES / 4)
 #else
 #  define SIMD_LANES (SIMD_BYTES / 8)
@@ -119,7 +119,7 @@ static inline vreal vadd(vreal a, vreal b) { return a + b; }
 
 /* Shuffle masks: lane indices below VLANES pick from the first vector,
  * the others from the second. */
-#if defined(ATTNC_REAL_F32)
+#if defined(ATTNC_COMPUTE_F32)
 typedef int32_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
 #else
 typedef int64_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LAN
 #undef SWAP_LOW
 #undef SWAP_HIGH
 
-#if defined(FUSED_MULTIPLY_ADD) && defined(ATTNC_REAL_F32)
+#if defined(FUSED_MULTIPLY_ADD) && defined(ATTNC_COMPUTE_F32)
 static inline vreal vset1(real x) { return BROADCAST(ps)(x); }
 static inline vreal vfma(vreal a, vreal b, vreal c) { return FUSED_MULTIPLY_ADD(ps)(a, b, c); }
 static inline real sfma(real a, real b, real c) { return fmaf(a, b, c); }

@@ -5,8 +5,8 @@
 #define SOFTMAX_ELEMENTS_PER_TASK 65536
 
 typedef struct {
-    real *out;
-    const real *in;
+    elem *out;
+    const elem *in;
     idx_t n, inner, n_rows, rows_per_task;
     atomic_int failed;
 } FN(softmax_job);
@@ -26,9 +26,9 @@ static void FN(softmax_task)(void *ctx, idx_t task)
     idx_t last = first + job->rows_per_task < job->n_rows ? first + job->rows_per_task : job->n_rows;
     for (idx_t r = first; r < last; r++) {
         idx_t base = (r / inner) * n * inner + r % inner;
-        for (idx_t j = 0; j < n; j++) row[j] = job->in[base + j * inner];
+        for (idx_t j = 0; j < n; j++) row[j] = to_real(job->in[base + j * inner]);
         FN(scale_row)(row, n, 1 / FN(exp_shift_sum)(row, n, FN(row_max)(row, n)));
-        for (idx_t j = 0; j < n; j++) job->out[base + j * inner] = row[j];
+        for (idx_t j = 0; j < n; j++) job->out[base + j * inner] = to_elem(row[j]);
     }
     attnc_free(row);
 }

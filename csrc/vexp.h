@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(ATTNC_REAL_F32)
+#if defined(ATTNC_COMPUTE_F32)
 #  define EXP_LO (-88.0f) /* rounds to n = -127: 2^n == 0 */
 #  define EXP_HI (88.5f)  /* rounds to n = 128: 2^n == inf (n = 128 from x = 88.38) */
 #  define EXP_SHIFTER 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
@@ -42,7 +42,7 @@ typedef int64_t FN(exp_int);
 
 static inline real FN(taylor_exp)(real r)
 {
-#if defined(ATTNC_REAL_F32)
+#if defined(ATTNC_COMPUTE_F32)
     real p = (real)(1.0 / 5040);
     p = p * r + (real)(1.0 / 720);
     p = p * r + (real)(1.0 / 120);

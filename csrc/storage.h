@@ -1,0 +1,163 @@
+/* Storage and compute types (dtype and ISA template; include after dtype.h
+ * and simd.h). A kernel reads the caller's arrays (elem) into reals and
+ * writes reals back as elems:
+ *
+ *   to_real(x)          one elem, widened (exact)
+ *   to_elem(x)          one real, rounded to the nearest elem, ties to even
+ *   vload_elems(p)      VLANES elems from any p, as a vreal
+ *   vstore_elems(p, v)  v rounded into VLANES elems at any p
+ *   load_row, store_row n of them, between elems and reals
+ *   scale_elems         n elems times a real, rounded
+ *   ELEM_IS_REAL        1 for float and double (all four are plain loads
+ *                       and stores), 0 for the 16-bit dtypes
+ *
+ * float16 uses the CPU's F16C conversions at the AVX2 and AVX-512 levels
+ * (cpu.c requires F16C for them) and bit operations at the portable level;
+ * bfloat16 is the top half of a float: a shift to widen, a rounding add to
+ * narrow. Both round the same way at every level, and NaN stays a (quiet)
+ * NaN of the same sign, so results do not depend on the level. */
+#ifndef ATTNC_STORAGE_ONCE
+#define ATTNC_STORAGE_ONCE
+
+#if defined(ATTNC_ISA_AVX2) || defined(ATTNC_ISA_AVX512)
+static inline float attnc_half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t attnc_float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#else
+static inline float attnc_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+    if (exponent == 0x1f) /* inf, or NaN made quiet as F16C does */
+        bits = sign | 0x7f800000 | (mantissa ? 0x400000 | mantissa << 13 : 0);
+    else if (exponent) /* normal: rebias the exponent 15 -> 127 */
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    else { /* zero or subnormal: mantissa * 2^-24, exact in float */
+        float magnitude = (float)mantissa * 0x1p-24f;
+        return sign ? -magnitude : magnitude;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t attnc_float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
+    x &= 0x7fffffff;
+    if (x > 0x7f800000) return sign | 0x7e00 | (uint16_t)(x >> 13 & 0x3ff); /* NaN, quiet */
+    if (x >= 0x477ff000) return sign | 0x7c00;                          /* 65520 and up round to inf */
+    if (x >= 0x38800000) /* a normal half: round the mantissa at bit 13, ties to even, and rebias */
+        return sign | (uint16_t)((x + 0xfff + (x >> 13 & 1) - 0x38000000) >> 13);
+    if (x <= 0x33000000) return sign; /* at most 2^-25 (half the smallest subnormal): 0 */
+    /* a subnormal half: units of 2^-24, ties to even */
+    uint32_t mantissa = (x & 0x7fffff) | 0x800000, shift = 126 - (x >> 23);
+    uint32_t units = mantissa >> shift, rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
+    units += rest > half || (rest == half && (units & 1));
+    return sign | (uint16_t)units;
+}
+#endif
+
+static inline float attnc_bfloat_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t attnc_float_to_bfloat(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40); /* NaN, quiet */
+    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
+}
+#endif
+
+#undef ELEM_IS_REAL
+#define to_real FN(to_real)
+#define to_elem FN(to_elem)
+#define vload_elems FN(vload_elems)
+#define vstore_elems FN(vstore_elems)
+
+#if defined(ATTNC_REAL_F32) || defined(ATTNC_REAL_F64)
+#  define ELEM_IS_REAL 1
+static inline real to_real(elem x) { return x; }
+static inline elem to_elem(real x) { return x; }
+static inline vreal vload_elems(const elem *p) { return vloadu(p); }
+static inline void vstore_elems(elem *p, vreal v) { vstoreu(p, v); }
+
+#elif defined(ATTNC_REAL_F16)
+#  define ELEM_IS_REAL 0
+static inline real to_real(elem x) { return attnc_half_to_float(x.bits); }
+static inline elem to_elem(real x) { return (elem){attnc_float_to_half(x)}; }
+#  if defined(ATTNC_ISA_AVX512)
+static inline vreal vload_elems(const elem *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline void vstore_elems(elem *p, vreal v)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#  elif defined(ATTNC_ISA_AVX2)
+static inline vreal vload_elems(const elem *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline void vstore_elems(elem *p, vreal v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#  else
+static inline vreal vload_elems(const elem *p)
+{
+    real lanes[VLANES];
+    for (int l = 0; l < VLANES; l++) lanes[l] = to_real(p[l]);
+    return vloadu(lanes);
+}
+static inline void vstore_elems(elem *p, vreal v)
+{
+    real lanes[VLANES];
+    vstoreu(lanes, v);
+    for (int l = 0; l < VLANES; l++) p[l] = to_elem(lanes[l]);
+}
+#  endif
+
+#else /* bfloat16: the same bit operations as the scalar ones, in vector extensions at every level */
+#  define ELEM_IS_REAL 0
+typedef uint16_t FN(vbits16) __attribute__((vector_size(SIMD_BYTES / 2)));
+typedef uint32_t FN(vbits32) __attribute__((vector_size(SIMD_BYTES)));
+static inline real to_real(elem x) { return attnc_bfloat_to_float(x.bits); }
+static inline elem to_elem(real x) { return (elem){attnc_float_to_bfloat(x)}; }
+static inline vreal vload_elems(const elem *p)
+{
+    FN(vbits16) h;
+    memcpy(&h, p, sizeof h);
+    return (vreal)(__builtin_convertvector(h, FN(vbits32)) << 16);
+}
+static inline void vstore_elems(elem *p, vreal v)
+{
+    FN(vbits32) x = (FN(vbits32))v;
+    FN(vbits32) nan = (FN(vbits32))((x & 0x7fffffff) > 0x7f800000); /* all ones in a NaN's lane */
+    FN(vbits32) rounded = (x + 0x7fff + (x >> 16 & 1)) >> 16, quiet = x >> 16 | 0x40;
+    FN(vbits16) h = __builtin_convertvector((rounded & ~nan) | (quiet & nan), FN(vbits16));
+    memcpy(p, &h, sizeof h);
+}
+#endif
+
+/* n elems widened into reals, and n reals rounded into elems. */
+static inline void FN(load_row)(real *dst, const elem *src, idx_t n)
+{
+    idx_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) vstoreu(dst + i, vload_elems(src + i));
+    for (; i < n; i++) dst[i] = to_real(src[i]);
+}
+
+static inline void FN(store_row)(elem *dst, const real *src, idx_t n)
+{
+    idx_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) vstore_elems(dst + i, vloadu(src + i));
+    for (; i < n; i++) dst[i] = to_elem(src[i]);
+}
+
+/* x (n elems) *= factor */
+static inline void FN(scale_elems)(elem *x, idx_t n, real factor)
+{
+    for (idx_t i = 0; i < n; i++) x[i] = to_elem(to_real(x[i]) * factor);
+}
