@@ -8,17 +8,43 @@ import operator
 import numpy as np
 
 
+_MODULE_DTYPES = "float16, bfloat16, float32 or float64"
+_BFLOAT16_HELP = ("bfloat16 needs the ml_dtypes package (the bfloat16 of JAX and TensorFlow): "
+                  "pip install ml_dtypes, or pip install 'attnc[bf16]'")
+
+
+def bfloat16():
+    """ml_dtypes' bfloat16 dtype, or None when ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_floating(dtype):
+    """True for a floating dtype NumPy or ml_dtypes knows (bfloat16 included)."""
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype == bfloat16())
+
+
 def module_dtype(dtype):
-    """The module dtype for `dtype`: float32 or float64, else TypeError."""
+    """The module dtype for `dtype`: float16, bfloat16, float32 or float64
+    (bfloat16 with ml_dtypes only), else TypeError naming the argument."""
     if dtype is None:
-        raise TypeError("dtype: expected float32 or float64, got None")
+        raise TypeError(f"dtype: expected {_MODULE_DTYPES}, got None")
+    if isinstance(dtype, str) and dtype.strip().lower() == "bfloat16":
+        if bfloat16() is None:
+            raise TypeError(f"dtype: {_BFLOAT16_HELP}")
+        return bfloat16()
     try:
         resolved = np.dtype(dtype)
     except TypeError as error:
         raise TypeError(f"dtype: {dtype!r} is not a NumPy dtype") from error
-    if resolved.kind != "f" or resolved.itemsize not in (4, 8):
-        raise TypeError(f"dtype: expected float32 or float64, got {resolved}")
-    return np.dtype(np.float32 if resolved.itemsize == 4 else np.float64)
+    if resolved.kind == "V" and resolved == bfloat16():
+        return bfloat16()
+    if resolved.kind != "f" or resolved.itemsize not in (2, 4, 8):
+        raise TypeError(f"dtype: expected {_MODULE_DTYPES}, got {resolved}")
+    return np.dtype({2: np.float16, 4: np.float32, 8: np.float64}[resolved.itemsize])
 
 
 def positive_int(value, name, allow_zero=False):

@@ -436,8 +436,7 @@ def _result_dtype(named):
             arrays[name] = np.asarray(value)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from error
-    wide = any(a.dtype.kind == "f" and a.dtype.itemsize >= 8 for a in arrays.values())
-    dt = np.float64 if wide else np.float32
+    dt = _C.result_dtype(**arrays)
     # C-contiguous arrays of dt (the inputs themselves when they already are)
     return dt, [_C.as_parameter(a, name=name, dtype=dt) for name, a in arrays.items()]
 

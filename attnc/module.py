@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import module_dtype, positive_int
+from ._checks import is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
@@ -21,7 +21,7 @@ def _grad_dtype(x, module_dtype):
     """The dtype of the gradient with respect to input x: x's when it is a
     floating array (as torch's x.grad), else the module's."""
     dtype = getattr(x, "dtype", None)
-    return dtype if isinstance(dtype, np.dtype) and dtype.kind == "f" else module_dtype
+    return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) else module_dtype
 
 
 def _indent(text, spaces):

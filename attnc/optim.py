@@ -8,7 +8,11 @@ parameters (and views of them) stay valid and see the new values. The
 gradient buffers are only read; zero_grad() clears them.
 
 The optimizer state (momentum buffers, Adam moments, step counts) is kept
-per dotted parameter name in `state`, its arrays in the parameter's dtype.
+per dotted parameter name in `state`, its arrays in the parameter's dtype;
+for a float16 or bfloat16 parameter in float32: its update is computed in
+float32 from the parameter and gradient widened, and rounded once into the
+parameter (Adam's default eps, 1e-8, is 0 in float16, and its moments
+would underflow). No float32 copy of the parameter is kept between steps.
 A parameter replaced by one of the same shape and dtype (an assignment, a
 load_state_dict) keeps its state, as torch's ``copy_``-based loading does; one
 replaced by a parameter of another shape or dtype (an assignment,
@@ -132,7 +136,13 @@ class Optimizer:
                                  f"{param.shape} and dtype {param.dtype} (was {before[0]}, {before[1]}); "
                                  "its optimizer state cannot follow it: make a new optimizer")
         for name, param, grad in triples:
-            self._update(param, grad, self.state.setdefault(name, {}))
+            state = self.state.setdefault(name, {})
+            if param.dtype.itemsize == 2:  # float16, bfloat16: in float32, rounded once into param
+                widened = param.astype(np.float32)
+                self._update(widened, grad.astype(np.float32), state)
+                param[...] = widened
+            else:
+                self._update(param, grad, state)
 
     def _update(self, param, grad, state):
         """Updates `param` in place from `grad` (read only) and its `state` dict."""

@@ -208,7 +208,60 @@ static int seed_argument(PyObject *obj, uint64_t *seed)
 /* ======================================================================== */
 /* arrays                                                                   */
 
-static int npy_type(attnc_dtype dt) { return dt == ATTNC_F32 ? NPY_FLOAT : NPY_DOUBLE; }
+/* ml_dtypes' bfloat16 descriptor (borrowed, kept for the process), or
+ * NULL with no exception while ml_dtypes is not imported: an array or a
+ * dtype of it cannot exist before, so attnc never imports it itself. */
+static PyArray_Descr *bfloat16_descr(void)
+{
+    static PyArray_Descr *descr = NULL; /* set once, under the GIL */
+    if (descr) return descr;
+    PyObject *name = PyUnicode_FromString("ml_dtypes");
+    PyObject *module = name ? PyImport_GetModule(name) : NULL;
+    PyObject *type = module ? PyObject_GetAttrString(module, "bfloat16") : NULL;
+    PyArray_Descr *found = NULL;
+    if (type && PyArray_DescrConverter(type, &found) && PyDataType_ELSIZE(found) == 2) descr = found;
+    else Py_XDECREF(found);
+    Py_XDECREF(type);
+    Py_XDECREF(module);
+    Py_XDECREF(name);
+    PyErr_Clear();
+    return descr;
+}
+
+static int is_bfloat16(const PyArray_Descr *d)
+{
+    const PyArray_Descr *bf16 = bfloat16_descr();
+    return bf16 && d->type_num == bf16->type_num;
+}
+
+/* A new reference to dt's descriptor (NULL with TypeError for bfloat16
+ * without ml_dtypes). */
+static PyArray_Descr *dtype_descr(attnc_dtype dt)
+{
+    static const int builtin[] = {[ATTNC_F32] = NPY_FLOAT, [ATTNC_F64] = NPY_DOUBLE, [ATTNC_F16] = NPY_HALF};
+    if (dt != ATTNC_BF16) return PyArray_DescrFromType(builtin[dt]);
+    PyArray_Descr *bf16 = bfloat16_descr();
+    if (!bf16) PyErr_SetString(PyExc_TypeError, "bfloat16 needs the ml_dtypes package: pip install ml_dtypes");
+    Py_XINCREF(bf16);
+    return bf16;
+}
+
+/* 1 if arr's elements are dt's, in native byte order. */
+static int has_dtype(PyArrayObject *arr, attnc_dtype dt)
+{
+    PyArray_Descr *descr = dtype_descr(dt);
+    if (!descr) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = PyArray_DESCR(arr)->type_num == descr->type_num && PyArray_ISNOTSWAPPED(arr);
+    Py_DECREF(descr);
+    return same;
+}
+
+/* The dtype lse and other compute-precision results come in: float for
+ * the 16-bit dtypes. */
+static attnc_dtype compute_dtype(attnc_dtype dt) { return dt == ATTNC_F64 ? ATTNC_F64 : ATTNC_F32; }
 
 /* A shape as a tuple, for messages (NULL with an exception on failure). */
 static PyObject *shape_tuple(int nd, const npy_intp *dims)
@@ -233,8 +286,8 @@ static void shape_error(const char *name, int expected_nd, const npy_intp *expec
 }
 
 /* obj as an ndarray of real numbers (no copy for an ndarray): bool,
- * integers and floats; TypeError naming `name` for complex, object,
- * strings, void, datetimes. A new reference. */
+ * integers and floats (bfloat16 included); TypeError naming `name` for
+ * complex, object, strings, void, datetimes. A new reference. */
 static PyArrayObject *real_array(PyObject *obj, const char *name)
 {
     PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
@@ -243,22 +296,32 @@ static PyArrayObject *real_array(PyObject *obj, const char *name)
         return NULL;
     }
     char kind = PyArray_DESCR(arr)->kind;
-    if (kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f') return arr;
+    if (kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' || is_bfloat16(PyArray_DESCR(arr))) return arr;
     PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %R; expected real numbers (bool, int or float)", name,
                  (PyObject *)PyArray_DESCR(arr));
     Py_DECREF(arr);
     return NULL;
 }
 
-/* The functional layer's result dtype: float64 if any floating input is
- * float64 or wider (in any byte order), else float32 (integers and bools
- * count as float32). NULL entries are skipped. */
+/* The functional layer's result dtype: the narrowest of float16,
+ * bfloat16, float32 and float64 that holds every input's values (in any
+ * byte order); integers and bools count as float32, and float16 with
+ * bfloat16 gives float32 (neither holds the other). NULL entries are
+ * skipped. */
 static attnc_dtype result_dtype(PyArrayObject *const *arrays, int n)
 {
-    for (int i = 0; i < n; i++)
-        if (arrays[i] && PyArray_DESCR(arrays[i])->kind == 'f' && PyArray_ITEMSIZE(arrays[i]) >= 8)
-            return ATTNC_F64;
-    return ATTNC_F32;
+    int wide = 0, single = 0, half = 0, bfloat = 0;
+    for (int i = 0; i < n; i++) {
+        if (!arrays[i]) continue;
+        int is_float = PyArray_DESCR(arrays[i])->kind == 'f', size = (int)PyArray_ITEMSIZE(arrays[i]);
+        if (is_bfloat16(PyArray_DESCR(arrays[i]))) bfloat = 1;
+        else if (is_float && size >= 8) wide = 1;
+        else if (is_float && size == 2) half = 1;
+        else single = 1;
+    }
+    if (wide) return ATTNC_F64;
+    if (single || (half && bfloat) || !(half || bfloat)) return ATTNC_F32;
+    return half ? ATTNC_F16 : ATTNC_BF16;
 }
 
 /* arr as an aligned, native-byte-order base-class array of dt (a new
@@ -267,7 +330,8 @@ static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous
 {
     int flags = NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
                 (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
-    return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, PyArray_DescrFromType(npy_type(dt)), 0, 0, flags, NULL);
+    PyArray_Descr *descr = dtype_descr(dt);
+    return descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL) : NULL;
 }
 
 /* Replaces *arr by its conversion (see convert); 0 on failure (*arr NULL). */
@@ -302,7 +366,8 @@ static PyArrayObject *real_input(PyObject *obj, const char *name, attnc_dtype dt
 }
 
 /* The `dtype` argument of linear/softmax/dropout (a module's dtype): None
- * (the functional rule) or float32/float64. 0 with TypeError otherwise. */
+ * (the functional rule), float16, bfloat16, float32 or float64. 0 with
+ * TypeError otherwise. */
 static int dtype_argument(PyObject *obj, int *given, attnc_dtype *dt)
 {
     *given = obj != NULL && obj != Py_None;
@@ -312,13 +377,13 @@ static int dtype_argument(PyObject *obj, int *given, attnc_dtype *dt)
         name_the_error("dtype");
         return 0;
     }
-    int type = descr->type_num;
+    int type = descr->type_num, bfloat = is_bfloat16(descr);
     Py_DECREF(descr);
-    if (type == NPY_FLOAT || type == NPY_DOUBLE) {
-        *dt = type == NPY_FLOAT ? ATTNC_F32 : ATTNC_F64;
+    if (type == NPY_FLOAT || type == NPY_DOUBLE || type == NPY_HALF || bfloat) {
+        *dt = bfloat ? ATTNC_BF16 : type == NPY_HALF ? ATTNC_F16 : type == NPY_FLOAT ? ATTNC_F32 : ATTNC_F64;
         return 1;
     }
-    PyErr_Format(PyExc_TypeError, "dtype: expected float32 or float64, got %R", obj);
+    PyErr_Format(PyExc_TypeError, "dtype: expected float16, bfloat16, float32 or float64, got %R", obj);
     return 0;
 }
 
@@ -327,10 +392,16 @@ static idx_t elem_stride(PyArrayObject *arr, int axis)
     return PyArray_STRIDE(arr, axis) / PyArray_ITEMSIZE(arr);
 }
 
-static PyObject *new_array(int nd, const npy_intp *shape, attnc_dtype dt)
+/* A new C-contiguous array of dt, zero-filled when `zeros`. */
+static PyObject *new_array_of(int nd, const npy_intp *shape, attnc_dtype dt, int zeros)
 {
-    return PyArray_SimpleNew(nd, (npy_intp *)shape, npy_type(dt));
+    PyArray_Descr *descr = dtype_descr(dt); /* stolen by both */
+    if (!descr) return NULL;
+    if (zeros) return PyArray_Zeros(nd, (npy_intp *)shape, descr, 0);
+    return PyArray_NewFromDescr(&PyArray_Type, descr, nd, (npy_intp *)shape, NULL, NULL, 0, NULL);
 }
+
+static PyObject *new_array(int nd, const npy_intp *shape, attnc_dtype dt) { return new_array_of(nd, shape, dt, 0); }
 
 static int check_min_ndim(PyArrayObject *arr, const char *name, int min_nd, const char *layout)
 {
@@ -431,8 +502,8 @@ typedef struct {
  * collapsed to length 1 before casting, so a broadcast view is never
  * expanded. A mask (NPY_BOOL): nonzero (NaN included) keeps a position,
  * as bool(x) does; a bias: the values, cast. */
-static int scores_operand(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape, int type_num,
-                          mask_view *m)
+static int scores_operand(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape,
+                          const attnc_dtype *dt, mask_view *m)
 {
     m->keep = NULL;
     if (obj == NULL || obj == Py_None) return 1;
@@ -472,8 +543,11 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
         Py_DECREF(collapsed);
         return 0;
     }
-    m->keep = (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, PyArray_DescrFromType(type_num), 0, 0,
-                                               NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST, NULL);
+    PyArray_Descr *descr = dt ? dtype_descr(*dt) : PyArray_DescrFromType(NPY_BOOL);
+    m->keep = descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, descr, 0, 0,
+                                                       NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST,
+                                                       NULL)
+                    : NULL;
     Py_DECREF(collapsed);
     if (!m->keep) return 0;
     for (int d = 0; d < nd; d++) {
@@ -765,8 +839,8 @@ static int attention_operands(PyObject *const *objs, const score_options *o, int
                      "of keys to keep is attn_mask; torch's True-means-hidden masks become a -inf bias)");
         return 0;
     }
-    if (!scores_operand(o->mask, "attn_mask", nb + 2, shape, NPY_BOOL, mask) ||
-        !scores_operand(o->bias, "attn_bias", nb + 2, shape, npy_type(*dt), bias))
+    if (!scores_operand(o->mask, "attn_mask", nb + 2, shape, NULL, mask) ||
+        !scores_operand(o->bias, "attn_bias", nb + 2, shape, dt, bias))
         return 0;
     attnc_matrices *operands[3] = {&a->q, &a->k, &a->v};
     for (int i = 0; i < 3; i++) {
@@ -800,7 +874,7 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
     for (int d = 0; d < nb; d++) shape[d] = batch->shape[d];
     shape[nb] = rows;
     if (cols >= 0) shape[nb + 1] = cols;
-    PyObject *arr = zeros ? PyArray_ZEROS(nd, shape, npy_type(dt), 0) : new_array(nd, shape, dt);
+    PyObject *arr = new_array_of(nd, shape, dt, zeros);
     if (arr && m) {
         m->data = PyArray_DATA((PyArrayObject *)arr);
         m->row_stride = cols;
@@ -844,7 +918,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!attention_operands(objs, &o, dtype_given, &dt, NULL, 0, arr, &mask, &bias, &a, shape)) goto done;
     int nb = a.batch.ndim;
     if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
-    if (want_lse && !(lse = batch_result(&a.batch, a.L, -1, dt, 0, NULL))) goto done;
+    if (want_lse && !(lse = batch_result(&a.batch, a.L, -1, compute_dtype(dt), 0, NULL))) goto done;
     if (!(out = batch_result(&a.batch, a.L, a.Ev, dt, 0, &a.out))) goto done;
     if (dropout_p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) goto done;
     if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0) &&
@@ -907,14 +981,15 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
     npy_intp shape[MAX_SCORES_DIMS];
     for (int i = 0; i < 3; i++)
         if (!(saved[i] = real_array(saved_objs[i], saved_names[i]))) goto done;
-    if (!attention_operands(objs, &o, dtype_given, &dt, saved, 3, arr, &mask, &bias, a, shape)) goto done;
+    /* grad_out and out count in the dtype; lse never does (float for the 16-bit dtypes) */
+    if (!attention_operands(objs, &o, dtype_given, &dt, saved, 2, arr, &mask, &bias, a, shape)) goto done;
     int nb = a->batch.ndim;
     shape[nb + 1] = a->Ev; /* grad_out and out: (batch..., L, Ev); lse: (batch..., L) */
     if (!check_shape(saved[0], "grad_out", nb + 2, shape) || !check_shape(saved[1], "out", nb + 2, shape) ||
         !check_shape(saved[2], "lse", nb + 1, shape))
         goto done;
     if (!row_major_in_place(&saved[0], dt) || !row_major_in_place(&saved[1], dt) ||
-        !convert_in_place(&saved[2], dt, 1))
+        !convert_in_place(&saved[2], compute_dtype(dt), 1))
         goto done;
     attnc_matrices *from[2] = {&g.grad_out, &a->out};
     for (int i = 0; i < 2; i++) {
@@ -995,8 +1070,7 @@ static int module_param(PyObject *obj, PyObject *name, attnc_dtype dt, npy_intp 
         Py_XDECREF(want);
         return 0;
     }
-    if (PyArray_Check(obj) && PyArray_TYPE((PyArrayObject *)obj) == npy_type(dt) &&
-        PyArray_ISCARRAY_RO((PyArrayObject *)obj) && PyArray_ISNOTSWAPPED((PyArrayObject *)obj)) {
+    if (PyArray_Check(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
         Py_INCREF(obj); /* held for the call: another thread may rebind the attribute */
         *arr = (PyArrayObject *)obj;
     } else if (!(*arr = real_input(obj, cname, dt, 1))) {
@@ -1044,7 +1118,7 @@ static int module_params(PyObject *params, const module_spec *spec, attnc_dtype 
         if (!module_param(PyTuple_GET_ITEM(params, i), PyTuple_GET_ITEM(spec->names, i), dt, rows[i], cols[i],
                           &held[i]))
             return 0;
-    size_t item = dt == ATTNC_F32 ? sizeof(float) : sizeof(double);
+    size_t item = attnc_dtype_size(dt);
     for (int p = 0; p < 3; p++) {
         if (spec->fused) { /* row block p of the fused weight and bias */
             s->w[p] = (const char *)PyArray_DATA(held[0]) + (size_t)(p * qk * C) * item;
@@ -1137,7 +1211,7 @@ static int module_input(module_call *c, PyObject *x_obj, PyObject *mask_obj, int
     for (int d = 0; d < nb; d++) c->shape[d] = PyArray_DIM(c->x, d);
     if (spec->heads_axis) c->shape[nb] = spec->n_heads;
     c->shape[c->ns - 2] = c->shape[c->ns - 1] = s->T;
-    if (!scores_operand(mask_obj, "attention_mask", c->ns, c->shape, NPY_BOOL, &c->mask)) return 0;
+    if (!scores_operand(mask_obj, "attention_mask", c->ns, c->shape, NULL, &c->mask)) return 0;
     if (c->mask.keep) {
         s->mask = PyArray_DATA(c->mask.keep);
         for (int d = 0; d < nb; d++) s->mask_batch_strides[d] = c->mask.strides[d];
@@ -1193,7 +1267,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
     if (save) { /* the backward's: a private x, the kept buffers, the seed */
         kept_shapes(&c, kept_shape);
         for (int i = 0; i < 3; i++)
-            if (!(kept[i] = new_array(2, kept_shape[i], c.dt))) goto done;
+            if (!(kept[i] = new_array(2, kept_shape[i], i == 2 ? compute_dtype(c.dt) : c.dt))) goto done; /* lse */
         if ((PyObject *)c.x == x_obj || !PyArray_CHKFLAGS(c.x, NPY_ARRAY_OWNDATA)) { /* the caller's memory */
             PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(c.x, NPY_CORDER);
             if (!copy) goto done;
@@ -1235,8 +1309,7 @@ done:
  * dtype, C-contiguous, aligned and exactly of shape (rows, cols). */
 static int kept_array(PyObject *obj, const char *name, attnc_dtype dt, const npy_intp *shape)
 {
-    if (PyArray_CheckExact(obj) && PyArray_TYPE((PyArrayObject *)obj) == npy_type(dt) &&
-        PyArray_ISCARRAY_RO((PyArrayObject *)obj) && PyArray_ISNOTSWAPPED((PyArrayObject *)obj) &&
+    if (PyArray_CheckExact(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj) &&
         check_shape((PyArrayObject *)obj, name, 2, shape))
         return 1;
     if (!PyErr_Occurred())
@@ -1274,7 +1347,7 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     static const char *kept_names[3] = {"qkv", "merged", "lse"};
     kept_shapes(&c, kept_shape);
     for (int i = 0; i < 3; i++)
-        if (!kept_array(kept[i], kept_names[i], c.dt, kept_shape[i])) goto done;
+        if (!kept_array(kept[i], kept_names[i], i == 2 ? compute_dtype(c.dt) : c.dt, kept_shape[i])) goto done;
     int nd = module_output_shape(&c, shape);
     if (!(grad = real_input(grad_obj, "grad_output", c.dt, 1)) || !check_shape(grad, "grad_output", nd, shape))
         goto done;
@@ -1286,11 +1359,10 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     g.forward.seed = seed;
     npy_intp w_shape[2] = {kept_shape[0][1], c.spec.in_dim}, out_shape[2] = {c.spec.out_dim, c.spec.v_dim};
     int has_out = c.spec.out_dim >= 0;
-    if (!(grads[0] = PyArray_ZEROS(PyArray_NDIM(c.x), PyArray_DIMS(c.x), npy_type(c.dt), 0)) ||
-        !(grads[1] = PyArray_ZEROS(2, w_shape, npy_type(c.dt), 0)) ||
-        !(grads[2] = PyArray_ZEROS(1, w_shape, npy_type(c.dt), 0)) ||
-        (has_out && !(grads[3] = PyArray_ZEROS(2, out_shape, npy_type(c.dt), 0))) ||
-        (has_out && !(grads[4] = PyArray_ZEROS(1, out_shape, npy_type(c.dt), 0))))
+    if (!(grads[0] = new_array_of(PyArray_NDIM(c.x), PyArray_DIMS(c.x), c.dt, 1)) ||
+        !(grads[1] = new_array_of(2, w_shape, c.dt, 1)) || !(grads[2] = new_array_of(1, w_shape, c.dt, 1)) ||
+        (has_out && !(grads[3] = new_array_of(2, out_shape, c.dt, 1))) ||
+        (has_out && !(grads[4] = new_array_of(1, out_shape, c.dt, 1))))
         goto done;
     g.grad_x = PyArray_DATA((PyArrayObject *)grads[0]);
     g.grad_w = PyArray_DATA((PyArrayObject *)grads[1]);
@@ -1350,14 +1422,35 @@ static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwarg
     attnc_dtype dt;
     int given;
     if (!dtype_argument(dtype_obj, &given, &dt)) return NULL;
-    if (!given) return PyErr_Format(PyExc_TypeError, "dtype: expected float32 or float64, got None");
+    if (!given) return PyErr_Format(PyExc_TypeError, "dtype: expected float16, bfloat16, float32 or float64, got None");
     PyArrayObject *arr = real_array(value, name);
     if (!arr) return NULL;
     int flags = NPY_ARRAY_CARRAY | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST | NPY_ARRAY_ENSUREARRAY;
-    PyObject *param = PyArray_FromAny((PyObject *)arr, PyArray_DescrFromType(npy_type(dt)), 0, 0, flags, NULL);
+    PyArray_Descr *descr = dtype_descr(dt);
+    PyObject *param = descr ? PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL) : NULL;
     Py_DECREF(arr);
     if (!param) name_the_error(name);
     return param;
+}
+
+/* result_dtype(**arrays) -> the functional layer's result dtype of the
+ * arrays given by name (result_dtype above); TypeError naming an array of
+ * another kind. */
+static PyObject *py_result_dtype(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    Py_ssize_t n = kwargs ? PyDict_GET_SIZE(kwargs) : 0, pos = 0, i = 0;
+    if (PyTuple_GET_SIZE(args) != 0 || n > 8)
+        return PyErr_Format(PyExc_TypeError, "result_dtype: expected at most 8 arrays, by name");
+    PyArrayObject *arrays[8] = {NULL};
+    PyObject *key, *value, *result = NULL;
+    while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
+        const char *name = PyUnicode_AsUTF8(key);
+        if (!name || !(arrays[i++] = real_array(value, name))) goto done;
+    }
+    result = (PyObject *)dtype_descr(result_dtype(arrays, (int)n));
+done:
+    for (i = 0; i < n; i++) Py_XDECREF(arrays[i]);
+    return result;
 }
 
 /* ======================================================================== */
@@ -1473,6 +1566,9 @@ static PyMethodDef methods[] = {
     {"as_parameter", FN(py_as_parameter), KW,
      "as_parameter($module, /, value, *, name, dtype)\n--\n\n"
      "value as an aligned, writable, C-contiguous ndarray of dtype (value itself if it already is one)."},
+    {"result_dtype", FN(py_result_dtype), KW,
+     "result_dtype($module, /, **arrays)\n--\n\n"
+     "The dtype of a functional call's result for these inputs (see attnc.functional)."},
     {"set_num_threads", FN(py_set_num_threads), KW,
      "set_num_threads($module, /, n)\n--\n\n"
      "Set the number of threads the kernels may use.\n\n"

@@ -14,8 +14,8 @@ DIM = 13
 # dtype arguments and input dtypes
 
 
-@pytest.mark.parametrize("bad", [None, "int32", np.int64, np.complex64, "complex128", np.float16, bool, object,
-                                 "U3", "not-a-dtype"], ids=str)
+@pytest.mark.parametrize("bad", [None, "int32", np.int64, np.complex64, "complex128", np.float128, bool, object,
+                                 "U3", "not-a-dtype", "V2"], ids=str)
 def test_bad_dtype_argument(bad):
     for make in (lambda: attnc.SelfAttentionV1(4, dtype=bad), lambda: attnc.Linear(3, 2, dtype=bad),
                  lambda: attnc.MultiHeadAttention(4, 2, dtype=bad), lambda: attnc.SelfAttention(4, 3, 3, dtype=bad)):

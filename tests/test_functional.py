@@ -236,6 +236,9 @@ def test_sdpa_mask_all_false_row_is_uniform(dtype):
     (("f2", "f4", "i8"), np.float32),
     ((">f4", "<f4", ">f4"), np.float32),
     (("i8", "f8", "?"), np.float64),
+    (("f2", "f2", "f2"), np.float16),
+    ((">f2", "f2", "<f2"), np.float16),
+    (("f2", "f2", "f8"), np.float64),
 ])
 def test_sdpa_result_dtype(dts, expected):
     rng = np.random.default_rng(8)
@@ -260,6 +263,7 @@ def test_sdpa_mask_never_changes_dtype(mask_dtype):
 @pytest.mark.parametrize("dts,expected", [
     (("f4", "f4", "f4"), np.float32), (("f4", "f4", "f8"), np.float64), (("i4", ">f8", None), np.float64),
     (("i4", "i4", "?"), np.float32), (("f2", "f4", None), np.float32), ((">f8", "f4", "f4"), np.float64),
+    (("f2", "f2", None), np.float16), (("f2", "f2", "f2"), np.float16), (("f2", "i1", None), np.float32),
 ])
 def test_linear_result_dtype(dts, expected):
     rng = np.random.default_rng(10)
@@ -273,7 +277,7 @@ def test_linear_result_dtype(dts, expected):
 
 
 @pytest.mark.parametrize("in_dtype,expected", [("f4", np.float32), ("f8", np.float64), (">f8", np.float64),
-                                               ("i4", np.float32), ("?", np.float32), ("f2", np.float32)])
+                                               ("i4", np.float32), ("?", np.float32), ("f2", np.float16)])
 def test_softmax_result_dtype(in_dtype, expected):
     x = np.array([[0, 1, 2], [1, 1, 0]]).astype(in_dtype)
     out = F.softmax(x)

@@ -86,11 +86,21 @@ def tolerance(dtype):
     raise ValueError(f"no tolerance for results of dtype {dtype}")
 
 
+# PyTorch's own tolerances for its float16 and bfloat16 SDPA tests
+# (test/test_transformers.py: default_atol, default_rtol), applied as
+# torch.allclose does, element by element: |actual - expected| <= atol +
+# rtol * |expected|. A float16 result rounds to 2^-11 relative and a bfloat16
+# one to 2^-8, so these leave room for the rounding of the result itself and
+# of the float32 steps before it; a wrong term or scale misses them.
+LOW_PRECISION_TOLERANCES = {"float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1.6e-2)}  # (atol, rtol)
+
+
 def assert_close(actual, expected, dtype, what="", tol=None):
     """actual (an attnc result) against expected (an oracle's float64 values,
     a NumPy array, a torch tensor or a list): same shape, dtype == `dtype`,
     NaN at the same places, the same infinities at the same places, and the
-    finite values within tol (default tolerance(dtype)) * max(1, max|expected finite|)."""
+    finite values within tol (default tolerance(dtype)) * max(1, max|expected finite|),
+    or, for float16 and bfloat16 without tol, PyTorch's LOW_PRECISION_TOLERANCES."""
     if hasattr(expected, "detach"):   # a torch tensor
         expected = expected.detach().numpy()
     actual = np.asarray(actual)
@@ -104,7 +114,14 @@ def assert_close(actual, expected, dtype, what="", tol=None):
     inf = np.isinf(expected)
     np.testing.assert_array_equal(actual[inf], expected[inf], err_msg=f"{what}: inf positions")
     finite = ~nan & ~inf
-    if finite.any():
+    if finite.any() and np.dtype(dtype).name in LOW_PRECISION_TOLERANCES and tol is None:
+        a, e = actual[finite].astype(np.float64), expected[finite]
+        assert np.all(np.isfinite(a)), f"{what}: non-finite values where the oracle's are finite"
+        atol, rtol = LOW_PRECISION_TOLERANCES[np.dtype(dtype).name]
+        excess = np.abs(a - e) - (atol + rtol * np.abs(e))
+        worst = int(np.argmax(excess))
+        assert excess[worst] <= 0, f"{what}: |{a[worst]} - {e[worst]}| > {atol} + {rtol} * |expected|"
+    elif finite.any():
         a, e = actual[finite].astype(np.float64), expected[finite]
         assert np.all(np.isfinite(a)), f"{what}: non-finite values where the oracle's are finite"
         scale = max(1.0, float(np.max(np.abs(e))))
@@ -122,10 +139,25 @@ def assert_grad_close(actual, expected, dtype, what=""):
 
 
 def result_dtype(*dtypes):
-    """attnc's result dtype for inputs of these dtypes: float64 if any input is a
-    float64, else float32 (integers, bools, float16 and float32)."""
-    return np.float64 if any(np.dtype(d).kind == "f" and np.dtype(d).itemsize == 8 for d in dtypes) \
-        else np.float32
+    """attnc's result dtype for inputs of these dtypes: the narrowest of float16,
+    bfloat16, float32 and float64 that holds every input (integers and bools
+    count as float32; float16 with bfloat16 needs float32)."""
+    names = set()
+    for d in dtypes:
+        d = np.dtype(d)
+        if d.kind == "V" and d.itemsize == 2 and d.name == "bfloat16":
+            names.add("bfloat16")
+        elif d.kind == "f" and d.itemsize >= 8:
+            names.add("float64")
+        elif d.kind == "f" and d.itemsize == 2:
+            names.add("float16")
+        else:
+            names.add("float32")
+    if "float64" in names:
+        return np.dtype(np.float64)
+    if names in ({"float16"}, {"bfloat16"}):
+        return np.dtype(names.pop())
+    return np.dtype(np.float32)
 
 
 # ============================================================================
