@@ -18,5 +18,5 @@ for bytes in 64 32; do
         tests/test_simd_levels.py tests/test_stacked_projection.py tests/test_functional.py tests/test_layouts.py \
         tests/test_masks.py tests/test_threads_determinism.py tests/test_fuzz.py tests/test_modules_vs_torch.py \
         tests/test_kernel_regressions.py tests/test_backward_attention.py tests/test_sdpa_options.py \
-        tests/test_decode.py -k "not sigint and not peak_memory" | tail -2)
+        tests/test_decode.py tests/test_low_precision.py -k "not sigint and not peak_memory" | tail -2)
 done

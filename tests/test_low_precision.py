@@ -1,0 +1,402 @@
+"""float16 and bfloat16: stored in 16 bits, computed in float32 (products
+accumulated, softmax and log-sum-exp), rounded once into the result.
+
+Every result is checked against a float64 oracle computed from the same
+rounded inputs, within PyTorch's own float16/bfloat16 SDPA tolerances
+(toolkit.LOW_PRECISION_TOLERANCES), at every kernel ISA level, across the
+flash path's tile edges and the row path's split edges, with masks, bias,
+causal, windows and dropout; the conversions themselves against NumPy's
+float16 and ml_dtypes' bfloat16 rounding; bits the same for any thread
+count and whether or not the weights are asked for."""
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import attnc
+from attnc import functional as F
+from toolkit import LOW_PRECISION_TOLERANCES, MODEL, assert_close
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+LOW = [np.dtype(np.float16), BF16]
+LOW_IDS = ["f16", "bf16"]
+
+
+@pytest.fixture(params=LOW, ids=LOW_IDS)
+def low(request):
+    return request.param
+
+
+def normal(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def wide(*arrays):
+    """The rounded inputs, exactly, in float64: what every oracle computes from."""
+    return [None if a is None else np.asarray(a).astype(np.float64) for a in arrays]
+
+
+def oracle(q, k, v, bias=None, keep=None, causal=False, scale=None):
+    """float64 (out, weights, lse) of attention from the definition: a float bias added,
+    a top-left causal band, keep (0/1 mask) applied as attn_mask."""
+    q, k, v, bias = wide(q, k, v, bias)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if bias is not None:
+        s = s + bias
+    if keep is not None:
+        s = np.where(keep, s, -1e20)
+    L, S = s.shape[-2:]
+    if causal:
+        s = s + np.where(np.triu(np.ones((L, S), bool), 1), -np.inf, 0)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    w = e / e.sum(-1, keepdims=True)
+    return w @ v, w, (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
+
+
+# ----------------------------------------------------------------------------
+# the conversions: the kernels round as NumPy (float16) and ml_dtypes (bfloat16)
+
+
+def special_values(dtype):
+    """Values whose products with 1, 0.5, 2^-13 and 2^13 (exact in float32) need every
+    case of the rounding: ties, subnormals, overflow to inf, zeros, inf and NaN."""
+    info = ml_dtypes.finfo(dtype)
+    rng = np.random.default_rng(1)
+    values = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, float(info.max), float(info.smallest_normal),
+              float(info.smallest_subnormal), 3 * float(info.smallest_subnormal), 1 + float(info.eps) / 2]
+    values += list(rng.standard_normal(200) * 10.0 ** rng.integers(-8, 6, 200))
+    with np.errstate(over="ignore"):
+        return np.array(values).astype(dtype)
+
+
+@pytest.mark.parametrize("n_out", [64, 1024], ids=["direct", "packed"])
+def test_rounding_matches_numpy_and_ml_dtypes(low, n_out, simd_mode):
+    """linear with K = 1: each result is one float32 product, exact, rounded once into
+    the dtype: the same bits as NumPy's float16 or ml_dtypes' bfloat16 cast of it, by the
+    scalar path (small) and the vector path (packed), at every ISA level."""
+    x = special_values(low)
+    w = np.array([1.0, 0.5, 2.0 ** -13, 2.0 ** 13] * (n_out // 4)).astype(low)[:, None]
+    out = F.linear(x[:, None], w)
+    with np.errstate(over="ignore"):
+        expected = (x.astype(np.float32)[:, None] * w.astype(np.float32)[:, 0]).astype(low)
+    assert out.dtype == low
+    # the same values (NaN where NaN; a sum starts from +0, so an exact -0 product gives +0),
+    # and the same bits wherever the result is not zero or NaN
+    np.testing.assert_array_equal(out.astype(np.float32), expected.astype(np.float32))
+    nonzero = expected.astype(np.float32) != 0
+    np.testing.assert_array_equal(out.view(np.uint16)[nonzero], expected.view(np.uint16)[nonzero])
+
+
+def test_widening_is_exact(low, simd_mode):
+    """softmax over one element is 1; attention over one key returns the value itself:
+    every finite 16-bit value goes through the kernels unchanged."""
+    bits = np.arange(1 << 16, dtype=np.uint16).view(low)
+    finite = bits[np.isfinite(bits.astype(np.float32))]
+    value = finite.reshape(-1, 1, 1, 64)[: 1 << 9]  # (512, 1, 1, 64): items with one key each
+    q = np.zeros((value.shape[0], 1, 1, 64), low)
+    out = F.scaled_dot_product_attention(q, q, value)
+    # -0 comes out +0: the weighted sum starts from +0, as in float32
+    np.testing.assert_array_equal(out.view(np.uint16), (value + np.zeros((), low)).view(np.uint16))
+
+
+# ----------------------------------------------------------------------------
+# scaled_dot_product_attention
+
+
+SDPA_SHAPES = {  # name: (batch, L, S, E, Ev)
+    "tiny": ((2, 3), 5, 7, 8, 8),
+    "tile-edges": ((2,), 97, 193, 36, 40),
+    "tiles": ((1,), 192, 384, 64, 64),
+    "rows": ((2, 4), 16, 1025, 64, 64),
+    "decode": ((1, 4), 1, 3 * 1024 + 5, 128, 128),
+    "odd-head": ((2,), 33, 65, 13, 11),
+}
+
+
+@pytest.mark.parametrize("shape", list(SDPA_SHAPES))
+def test_sdpa_against_float64(low, shape, simd_mode):
+    batch, L, S, E, Ev = SDPA_SHAPES[shape]
+    rng = np.random.default_rng(L + S)
+    q, k, v = normal(rng, batch + (L, E), low), normal(rng, batch + (S, E), low), normal(rng, batch + (S, Ev), low)
+    out, weights, lse = F.scaled_dot_product_attention(q, k, v, return_weights=True, return_lse=True)
+    r_out, r_weights, r_lse = oracle(q, k, v)
+    assert out.dtype == low and weights.dtype == low and lse.dtype == np.float32
+    assert_close(out, r_out, low, "out")
+    assert_close(weights, r_weights, low, "weights")
+    assert_close(lse, r_lse, np.float32, "lse", tol=1e-5)
+
+
+@pytest.mark.parametrize("L,S", [(7, 9), (97, 193), (4, 2050)])
+def test_sdpa_masks_bias_causal(low, L, S, simd_mode):
+    rng = np.random.default_rng(L * S)
+    q, k, v = (normal(rng, (2, 3, n, 16), low) for n in (L, S, S))
+    keep = rng.random((2, 1, L, S)) > 0.3
+    bias = normal(rng, (3, L, S), low)
+    for kw, ref in (({"attn_mask": keep}, {"keep": keep}), ({"attn_bias": bias}, {"bias": bias}),
+                    ({"is_causal": True}, {"causal": True}),
+                    ({"attn_bias": bias, "is_causal": True, "scale": 0.3}, {"bias": bias, "causal": True,
+                                                                            "scale": 0.3})):
+        out, weights = F.scaled_dot_product_attention(q, k, v, return_weights=True, **kw)
+        r_out, r_weights, _ = oracle(q, k, v, **ref)
+        assert_close(out, r_out, low, str(kw.keys()))
+        assert_close(weights, r_weights, low, str(kw.keys()))
+
+
+def test_sdpa_window_and_gqa_decode(low, simd_mode):
+    """Bottom-right causal with a window, grouped-query heads, three splits of keys."""
+    rng = np.random.default_rng(3)
+    S, window = 3 * 1024 + 7, 1500
+    q, k, v = normal(rng, (2, 8, 4, 64), low), normal(rng, (2, 2, S, 64), low), normal(rng, (2, 2, S, 64), low)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right",
+                                         window=(window, 0), enable_gqa=True)
+    i, j = np.arange(4)[:, None], np.arange(S)[None, :]
+    diagonal = i + S - 4
+    bias = np.where((j <= diagonal) & (j >= diagonal - window), 0.0, -np.inf)
+    r_out = oracle(q, np.repeat(k, 4, axis=1), np.repeat(v, 4, axis=1), bias=bias)[0]
+    assert_close(out, r_out, low)
+
+
+def test_sdpa_dropout(low):
+    """Dropout with a seed: the same factors as float32 (a counter-based mask keyed by the seed
+    and the element), read off with zero q, k and value = I; then the output against the
+    oracle with those factors."""
+    rng = np.random.default_rng(4)
+    p, seed, L, S = 0.3, 77, 40, 200
+    eye = np.broadcast_to(np.eye(S, dtype=np.float32), (2, S, S))
+    factors = F.scaled_dot_product_attention(np.zeros((2, L, 8), np.float32), np.zeros((2, S, 8), np.float32), eye,
+                                             dropout_p=p, seed=seed) * S
+    q, k, v = normal(rng, (2, L, 8), low), normal(rng, (2, S, 8), low), normal(rng, (2, S, 8), low)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=seed)
+    _, r_weights, _ = oracle(q, k, v)
+    assert_close(out, (r_weights * factors) @ wide(v)[0], low)
+
+
+@pytest.mark.parametrize("shape", ["tile-edges", "rows", "decode"])
+def test_sdpa_same_bits_any_threads_and_with_weights(low, shape, restore_threads):
+    batch, L, S, E, Ev = SDPA_SHAPES[shape]
+    rng = np.random.default_rng(5)
+    q, k, v = normal(rng, batch + (L, E), low), normal(rng, batch + (S, E), low), normal(rng, batch + (S, Ev), low)
+    attnc.set_num_threads(1)
+    alone = F.scaled_dot_product_attention(q[:1], k[:1], v[:1], is_causal=True)
+    results = []
+    for threads in (1, 2, 3):
+        attnc.set_num_threads(threads)
+        results.append(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        results.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)[0])
+    for other in results[1:]:
+        np.testing.assert_array_equal(other.view(np.uint16), results[0].view(np.uint16))
+    np.testing.assert_array_equal(alone.view(np.uint16), results[0][:1].view(np.uint16))
+
+
+def test_sdpa_is_float32_rounded_once(low, simd_mode):
+    """Computed in float32: the result is the float32 kernel's, on the widened inputs,
+    rounded once (the two instantiations share every operation)."""
+    rng = np.random.default_rng(6)
+    q, k, v = normal(rng, (2, 3, 97, 32), low), normal(rng, (2, 3, 300, 32), low), normal(rng, (2, 3, 300, 32), low)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out32 = F.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)), is_causal=True)
+    np.testing.assert_array_equal(out.view(np.uint16), out32.astype(low).view(np.uint16))
+
+
+# ----------------------------------------------------------------------------
+# linear
+
+
+@pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4096, 64), (64, 1000, 96), (130, 64, 700)])
+def test_linear_against_float64(low, M, K, N, simd_mode):
+    """K = 1000 and 4096 sum over several K blocks (768): the sums stay in float32
+    between them, rounded once."""
+    rng = np.random.default_rng(M + K + N)
+    x, w, b = normal(rng, (M, K), low), normal(rng, (N, K), low) / np.sqrt(K).astype(low), normal(rng, (N,), low)
+    out = F.linear(x, w, b)
+    x64, w64, b64 = wide(x, w, b)
+    assert out.dtype == low
+    assert_close(out, x64 @ w64.T + b64, low)
+
+
+# ----------------------------------------------------------------------------
+# the dtype rule
+
+
+@pytest.mark.parametrize("dts,expected", [
+    ((BF16, BF16, BF16), BF16), ((BF16, BF16, np.float16), np.float32), ((BF16, np.float32, BF16), np.float32),
+    ((BF16, np.int8, BF16), np.float32), ((np.float16, np.float16, np.float64), np.float64),
+    ((np.float16, np.bool_, np.float16), np.float32),
+], ids=str)
+def test_mixed_inputs_promote_never_down(dts, expected):
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.integers(-2, 3, (2, 4, 8)).astype(d) for d in dts)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    assert out.dtype == np.dtype(expected)
+    assert lse.dtype == (np.float64 if np.dtype(expected) == np.float64 else np.float32)
+    assert F.linear(q[0], k[0], v[0, :, 0]).dtype == np.dtype(expected)
+
+
+def test_mask_and_bias_never_change_the_dtype(low):
+    rng = np.random.default_rng(8)
+    q = normal(rng, (2, 5, 8), low)
+    for kw in ({"attn_bias": np.zeros((5, 5))}, {"attn_mask": np.ones((5, 5), np.float64)}):
+        assert F.scaled_dot_product_attention(q, q, q, **kw).dtype == low
+
+
+# ----------------------------------------------------------------------------
+# backward: within PyTorch's gradient tolerances
+
+
+# PyTorch's tests of its fused kernels' low-precision gradients multiply the deviation of
+# its own low-precision math path by fudge factors above 1 (test_transformers.py,
+# get_tolerances); here a single factor of 2, below the ones it uses.
+FUDGE = 2.0
+
+
+def assert_as_close_as_torch(got, expected, torch_low, dtype, what):
+    """PyTorch's test for low-precision gradients (test_transformers.py: get_tolerances):
+    atol is the larger of the default and FUDGE times torch's own float16/bfloat16 result's
+    largest deviation from the float64 oracle; rtol is the default. So attnc is within twice
+    torch's own error of the exact gradient, wherever that error is above the default."""
+    atol, rtol = LOW_PRECISION_TOLERANCES[np.dtype(dtype).name]
+    atol = max(atol, FUDGE * float(np.max(np.abs(np.asarray(torch_low, np.float64) - expected))))
+    assert got.dtype == dtype, (what, got.dtype)
+    excess = np.abs(got.astype(np.float64) - expected) - (atol + rtol * np.abs(expected))
+    worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
+    assert excess[worst] <= 0, f"{what}: |{got[worst]} - {expected[worst]}| > {atol:.2e} + {rtol} * |expected|"
+
+
+def torch_low(dtype):
+    return torch.float16 if np.dtype(dtype) == np.float16 else torch.bfloat16
+
+
+def torch_sdpa_grads(q, k, v, g, causal, tdt):
+    """torch's SDPA and autograd in tdt on the given values: (grad_q, grad_k, grad_v)."""
+    tq, tk, tv = (torch.tensor(np.asarray(a, np.float64)).to(tdt).requires_grad_() for a in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    out.backward(torch.tensor(np.asarray(g, np.float64)).to(tdt))
+    return [t.grad.double().numpy() for t in (tq, tk, tv)]
+
+
+@pytest.mark.parametrize("L,S,causal", [(7, 9, False), (97, 193, True), (200, 130, False)])
+def test_sdpa_backward_against_float64(low, L, S, causal, simd_mode):
+    """The gradients from the 16-bit out and lse (as a training step has them), against
+    float64 autograd on the same rounded inputs, within PyTorch's tolerances."""
+    rng = np.random.default_rng(L)
+    q, k, v = (normal(rng, (2, 3, n, 16), low) for n in (L, S, S))
+    g = normal(rng, (2, 3, L, 16), low)
+    out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, is_causal=causal)
+    expected = torch_sdpa_grads(*wide(q, k, v, g), causal, torch.float64)
+    torch_grads = torch_sdpa_grads(*wide(q, k, v, g), causal, torch_low(low))
+    for got, want, theirs, name in zip(grads, expected, torch_grads, ("dq", "dk", "dv")):
+        assert_as_close_as_torch(got, want, theirs, low, name)
+
+
+def set_dropout(module, p):
+    """The dropout submodule's rate (the same attribute name in attnc and the documents)."""
+    for name in ("attention_dropout", "dropout"):
+        if getattr(module, name, None) is not None:
+            getattr(module, name).p = p
+
+
+def torch_module_run(tm, x, g, masked):
+    """(out, grad_x, {name: grad}) of a document's torch module, by autograd."""
+    xt = torch.as_tensor(x).detach().clone().requires_grad_(True)
+    out = tm(xt, None) if masked else tm(xt)
+    out.backward(torch.as_tensor(g).to(out.dtype))
+    return (out.detach().double().numpy(), xt.grad.double().numpy(),
+            {name: p.grad.double().numpy() for name, p in tm.named_parameters()})
+
+
+@pytest.mark.parametrize("name", ["V2", "MHA", "SA-bias", "MHSA-bias"])
+def test_module_forward_backward_against_float64(low, name, simd_mode):
+    """A document's module in 16 bits against the document's torch module in float64 with
+    the same rounded weights, on the same rounded input: output, input gradient and every
+    parameter gradient, within PyTorch's tolerances (its own 16-bit module's deviation:
+    the projections are rounded to 16 bits between the steps, in both)."""
+    model = MODEL[name]
+    torch.manual_seed(1)
+    tm = model.make_torch(32).eval()
+    for p in tm.parameters():
+        p.data = p.data.to(torch_low(low)).double()   # weights exactly representable in 16 bits
+    tm_low = model.make_torch(32).eval().to(torch_low(low))
+    tm_low.load_state_dict(tm.state_dict())
+    am = model.make(32, dtype=low, rng=np.random.default_rng(0)).train()
+    for module in (am, tm, tm_low):
+        set_dropout(module, 0.0)
+    am.load_state_dict({key: value.numpy() for key, value in tm.state_dict().items()})
+    rng = np.random.default_rng(2)
+    x = normal(rng, (2, 10, 32), low)
+    out = am(x, None) if model.masked else am(x)
+    g = normal(rng, out.shape, low)
+    grad_x = am.backward(g)
+    expected = torch_module_run(tm, *wide(x, g), model.masked)
+    theirs = torch_module_run(tm_low, *(torch.tensor(a).to(torch_low(low)) for a in wide(x, g)), model.masked)
+    assert_as_close_as_torch(out, expected[0], theirs[0], low, "out")
+    assert_as_close_as_torch(grad_x, expected[1], theirs[1], low, "grad_x")
+    for key, grad in am.named_grads():
+        assert_as_close_as_torch(grad, expected[2][key], theirs[2][key], low, key)
+
+
+def test_training_steps_in_16_bits(low):
+    """AdamW on a 16-bit module lowers the loss without overflow or NaN (its update is
+    computed in float32: Adam's eps is 0 in float16), parameters stay 16-bit."""
+    rng = np.random.default_rng(10)
+    m = attnc.MultiHeadAttention(32, 4, dtype=low, rng=rng).train()
+    m.dropout.p = 0.0
+    opt = attnc.optim.AdamW(m, lr=1e-2)
+    x = normal(rng, (4, 8, 32), low)
+    losses = []
+    for _ in range(10):
+        y = m(x).astype(np.float32)
+        losses.append(float((y ** 2).mean()))
+        opt.zero_grad()
+        m.backward((2 * y / y.size).astype(low))
+        opt.step()
+    assert all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
+    assert all(p.dtype == low for _, p in m.named_parameters())
+
+
+# ----------------------------------------------------------------------------
+# modules and dtypes
+
+
+def test_module_dtype_spellings():
+    for spelling in (np.float16, "float16", "f2"):
+        assert attnc.Linear(2, 2, dtype=spelling).dtype == np.float16
+    for spelling in (ml_dtypes.bfloat16, BF16, "bfloat16"):
+        assert attnc.Linear(2, 2, dtype=spelling).dtype == BF16
+    assert attnc.Linear(2, 2).to("bfloat16").weight.dtype == BF16
+
+
+def test_bfloat16_without_ml_dtypes_says_how_to_get_it():
+    """Without ml_dtypes, bfloat16 is not offered: the error names the argument and the package."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["ml_dtypes"] = None  # as if not installed
+        import numpy as np, attnc
+        try:
+            attnc.MultiHeadAttention(8, 2, dtype="bfloat16")
+        except TypeError as error:
+            print(error)
+        print(attnc.functional.linear(np.ones((2, 2), np.float16), np.ones((2, 2), np.float16)).dtype)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message, f16 = result.stdout.strip().splitlines()
+    assert message.startswith("dtype: bfloat16 needs the ml_dtypes package") and "pip install ml_dtypes" in message
+    assert f16 == "float16"
+
+
+def test_tolerances_are_pytorchs():
+    """The tolerances these tests use are the ones PyTorch's SDPA tests use (and torch's
+    float16/bfloat16 math SDPA meets them against the same float64 oracle here)."""
+    assert LOW_PRECISION_TOLERANCES == {"float16": (1e-3, 1e-3), "bfloat16": (1e-3, 1.6e-2)}
+    rng = np.random.default_rng(11)
+    for low, tdt in zip(LOW, (torch.float16, torch.bfloat16)):
+        q, k, v = (normal(rng, (2, 3, 50, 16), low) for _ in range(3))
+        t_out = torch.nn.functional.scaled_dot_product_attention(
+            *(torch.tensor(a.astype(np.float32)).to(tdt) for a in (q, k, v)))
+        assert_close(t_out.float().numpy().astype(low), oracle(q, k, v)[0], low, "torch")
