@@ -11,8 +11,10 @@ import textwrap
 _DOC_FRAGMENTS = {
     "dtype": """\
 dtype : data-type, default numpy.float32
-    The module dtype, float32 or float64: parameters are stored and
-    forwards computed in it.""",
+    The module dtype, float16, bfloat16 (``ml_dtypes.bfloat16`` or
+    ``"bfloat16"``, with ml_dtypes), float32 or float64: parameters are
+    stored and outputs returned in it (16-bit modules compute in
+    float32 and round each step's result).""",
     "rng": """\
 rng : numpy.random.Generator, optional
     Draws the initial weights; None: the package's global generator
@@ -26,8 +28,9 @@ The probability of dropping each attention weight in training
 mode, in ``[0, 1]``.""",
     "constructor_type_error": """\
 TypeError
-    If a size is not an integer, `dtype` is not float32 or float64,
-    or `rng` is neither a ``numpy.random.Generator`` nor None.""",
+    If a size is not an integer, `dtype` is not one of the four (or is
+    bfloat16 without ml_dtypes: the message says how to get it), or
+    `rng` is neither a ``numpy.random.Generator`` nor None.""",
     "starts_in_training": """\
 The module starts in training mode (dropout active), as torch's; call
 `eval` for inference.""",

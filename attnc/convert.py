@@ -14,6 +14,7 @@ import numpy as np
 from .attention import (MultiHeadAttention, MultiHeadSelfAttention, SelfAttention, SelfAttentionV1, SelfAttentionV2,
                         SelfAttentionV3, SelfAttentionV4)
 from .module import Linear
+from ._checks import module_dtype
 from .multihead import MultiheadAttention
 
 
@@ -107,6 +108,19 @@ def _numpy(tensor):
 
 
 _TORCH_CLASSES = ("Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
+_TORCH_DTYPES = {"torch.float64": "float64", "torch.float32": "float32", "torch.float16": "float16",
+                 "torch.bfloat16": "bfloat16"}
+
+
+def _twin_dtype(torch_dtypes):
+    """The twin's dtype for weights of these torch dtypes: the narrowest of float16,
+    bfloat16, float32 and float64 that holds them all (float16 with bfloat16: float32),
+    as the functional rule; any other torch dtype counts as float32. bfloat16 needs
+    ml_dtypes (module_dtype's TypeError says how to get it)."""
+    names = {_TORCH_DTYPES.get(name, "float32") for name in torch_dtypes} or {"float32"}
+    if "float64" in names:
+        return module_dtype(np.float64)
+    return module_dtype(names.pop() if len(names) == 1 else np.float32)
 
 
 def _torch_twin(module, name, dtype, rng):
@@ -134,9 +148,10 @@ def from_torch(module, *, dtype=None, rng=None):
     module : torch.nn.Module
         One of the classes listed in the Notes.
     dtype : data-type, optional
-        The twin's dtype, float32 or float64; None (the default): float64
-        if any weight is float64, else float32 (float16 and bfloat16 are
-        widened exactly).
+        The twin's dtype: float16, bfloat16 (with ml_dtypes), float32 or
+        float64. None (the default): the weights' own, the narrowest of
+        those holding them all (float64 if any is float64; float32 for a
+        mix of float16 and bfloat16).
     rng : numpy.random.Generator, optional
         The twin's generator (initialisation, then dropout), as every
         constructor's; None: the package's global generator.
@@ -151,8 +166,8 @@ def from_torch(module, *, dtype=None, rng=None):
     TypeError
         Naming the class, when it is not one of those below, or when its
         parameters are not those of a version of that name (other layer
-        names, a missing bias); also for a `dtype` other than float32 or
-        float64.
+        names, a missing bias); also for another `dtype`, and for
+        bfloat16 weights without ml_dtypes when `dtype` is None.
     ValueError
         From the twin's constructor or `load_state_dict`, for sizes that
         do not fit (a head count that does not divide the dimension).
@@ -210,7 +225,7 @@ def from_torch(module, *, dtype=None, rng=None):
         raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
     tensors = dict(module.state_dict())
     if dtype is None:
-        dtype = np.float64 if any(str(t.dtype) == "torch.float64" for t in tensors.values()) else np.float32
+        dtype = _twin_dtype({str(t.dtype) for t in tensors.values()})
     weights = {key: _numpy(t) for key, t in tensors.items()}
     twin = _torch_twin(module, name, dtype, rng)
     if twin is None:

@@ -2,11 +2,23 @@
 functions: thin over attnc._C, which checks every argument (naming it)
 and computes.
 
-Result dtype: float64 if any floating input (x/weight/bias, or
-query/key/value, or the gradients and saved outputs a backward takes) is
-float64 (in any byte order), else float32; integer and bool inputs count
-as float32; a mask never changes it. Complex, object and string inputs
-raise TypeError. Inputs may be views, non-contiguous, Fortran-ordered,
+Result dtype: the narrowest of float16, bfloat16, float32 and float64
+that holds every input's values (x/weight/bias, or query/key/value, or the
+gradients and saved outputs a backward takes), in any byte order: float64
+if any is float64; float16 or bfloat16 if all floating inputs are that
+dtype and none is an integer or bool; else float32. Integer and bool
+inputs count as float32, and float16 with bfloat16 gives float32 (neither
+holds the other). Mixed inputs promote, never narrow. A mask or bias
+never changes the result dtype (a bias is converted to it), nor does
+``lse``. bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
+attnc never imports ml_dtypes itself. Complex, object and string inputs
+raise TypeError.
+
+float16 and bfloat16 are stored in 16 bits and computed in float32:
+products are accumulated, softmax and log-sum-exp taken in float32, and
+each result is rounded once to the nearest 16-bit value (ties to even);
+``lse`` comes in float32 for them. A 16-bit result is the float32
+computation on the widened inputs, rounded. Inputs may be views, non-contiguous, Fortran-ordered,
 read-only or byte-swapped; they are never modified, and every result is
 a new C-contiguous array.
 """
@@ -35,8 +47,8 @@ def linear(x, weight, bias=None):
     Returns
     -------
     ndarray, shape (..., out_features)
-        A new array: float64 if any of `x`, `weight`, `bias` is float64,
-        else float32.
+        A new array of the result dtype of `x`, `weight` and `bias` (the
+        module's dtype rule: float16, bfloat16, float32 or float64).
 
     Raises
     ------
@@ -78,8 +90,9 @@ def softmax(x, axis=-1):
     Returns
     -------
     ndarray
-        The shape of `x`; float64 if `x` is float64, else float32. A row
-        of all ``-inf`` gives NaN, as ``torch.softmax``.
+        The shape of `x`; in `x`'s dtype when it is float16, bfloat16 or
+        float64, else float32. A row of all ``-inf`` gives NaN, as
+        ``torch.softmax``.
 
     Raises
     ------
@@ -171,15 +184,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Returns
     -------
     out : ndarray, shape (..., L, Ev)
-        The attended values, over the broadcast batch dims; float64 if
-        any of `query`, `key`, `value` is float64, else float32 (as every
-        result). Alone, or first of the tuple ``(out, weights, lse)``
-        that the ``return_*`` flags select.
+        The attended values, over the broadcast batch dims, in the result
+        dtype of `query`, `key` and `value` (the module's dtype rule; so
+        are the weights). Alone, or first of the tuple ``(out, weights,
+        lse)`` that the ``return_*`` flags select.
     weights : ndarray, shape (..., L, S)
         The weights before dropout; only with ``return_weights=True``.
     lse : ndarray, shape (..., L)
         Each row's log-sum-exp of its scaled, biased, masked scores; only
-        with ``return_lse=True``.
+        with ``return_lse=True``. float32 for float16 and bfloat16 results
+        (computed in float32), else the result dtype.
 
     Raises
     ------
@@ -309,9 +323,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     -------
     grad_query : ndarray
         The shape of `query`: summed over the batch dims `query` was
-        broadcast along, as autograd does (so are the other two); float64
-        if any floating input is float64, else float32 (so are the
-        other two).
+        broadcast along, as autograd does (so are the other two); in the
+        result dtype of `grad_out`, `query`, `key`, `value` and `out`
+        (`lse` never counts; so are the other two).
     grad_key : ndarray
         The shape of `key`; with `enable_gqa` also summed over each group
         of query heads.
@@ -441,6 +455,11 @@ def _result_dtype(named):
     return dt, [_C.as_parameter(a, name=name, dtype=dt) for name, a in arrays.items()]
 
 
+def _widened(array):
+    """array in the dtype its arithmetic runs in: float32 for float16 and bfloat16."""
+    return array.astype(np.float32) if array.dtype.itemsize == 2 else array
+
+
 def linear_backward(grad_out, x, weight, need_bias_grad=True):
     """The gradients of `linear` with respect to x, weight and bias.
 
@@ -459,8 +478,8 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
     Returns
     -------
     grad_x : ndarray, shape (..., in_features)
-        ``grad_out @ weight``; float64 if any input is float64, else
-        float32 (as the other two).
+        ``grad_out @ weight``, in the result dtype of the three inputs
+        (as the other two).
     grad_weight : ndarray, shape (out_features, in_features)
         ``grad_out^T @ x`` summed over the leading dims.
     grad_bias : ndarray, shape (out_features,) or None
@@ -509,7 +528,7 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
     g2, x2 = g.reshape(rows, n_out), xa.reshape(rows, n_in)
     grad_x = _C.linear(g, w.T, dtype=dt)             # grad_out @ weight, weight read in place
     grad_weight = _C.linear(g2.T, x2.T, dtype=dt)    # grad_out^T @ x over all rows
-    grad_bias = g2.sum(axis=0) if need_bias_grad else None
+    grad_bias = _widened(g2).sum(axis=0).astype(dt, copy=False) if need_bias_grad else None
     return grad_x, grad_weight, grad_bias
 
 
@@ -532,8 +551,8 @@ def softmax_backward(grad_out, out, axis=-1):
     Returns
     -------
     ndarray
-        The shape of `out`; float64 if either input is float64, else
-        float32.
+        The shape of `out`, in the result dtype of the two inputs
+        (computed in float32 for float16 and bfloat16).
 
     Raises
     ------
@@ -552,7 +571,7 @@ def softmax_backward(grad_out, out, axis=-1):
     >>> print(F.softmax_backward(np.array([1.0, 0.0, 0.0]), out))
     [ 0.109375 -0.03125  -0.078125]
     """
-    _, (g, y) = _result_dtype({"grad_out": grad_out, "out": out})
+    dt, (g, y) = _result_dtype({"grad_out": grad_out, "out": out})
     if g.shape != y.shape:
         raise ValueError(f"grad_out: expected the shape of out, {y.shape}, got {g.shape}")
     try:
@@ -565,5 +584,6 @@ def softmax_backward(grad_out, out, axis=-1):
     shape = y.shape
     if y.ndim == 0:
         g, y, axis = g.reshape(1), y.reshape(1), 0
+    g, y = _widened(g), _widened(y)
     gy = g * y
-    return (y * (g - gy.sum(axis=axis, keepdims=True))).reshape(shape)
+    return (y * (g - gy.sum(axis=axis, keepdims=True))).reshape(shape).astype(dt, copy=False)

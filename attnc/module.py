@@ -41,8 +41,10 @@ class Module:
     Parameters
     ----------
     dtype : data-type, default numpy.float32
-        The module dtype: anything ``numpy.dtype`` maps to float32 or
-        float64. Parameters are stored in it and forwards compute in it.
+        The module dtype: anything ``numpy.dtype`` maps to float16,
+        float32 or float64, or bfloat16 (``ml_dtypes.bfloat16`` or
+        ``"bfloat16"``; needs the ml_dtypes package). Parameters are
+        stored in it and outputs returned in it.
     rng : numpy.random.Generator, optional
         The generator for parameter initialisation and dropout, kept by
         the module. None (the default): each draw comes from the
@@ -51,7 +53,7 @@ class Module:
     Attributes
     ----------
     dtype : numpy.dtype
-        float32 or float64.
+        float16, bfloat16, float32 or float64.
     training : bool
         True after construction (training mode), as in torch; see `train`
         and `eval`.
@@ -61,8 +63,9 @@ class Module:
     Raises
     ------
     TypeError
-        If `dtype` is not float32 or float64 (None included), or `rng` is
-        neither a ``numpy.random.Generator`` nor None.
+        If `dtype` is not one of the four (None included; bfloat16 without
+        ml_dtypes says how to get it), or `rng` is neither a
+        ``numpy.random.Generator`` nor None.
 
     Notes
     -----
@@ -71,6 +74,12 @@ class Module:
     their outputs are new arrays of it: a float64 input to a float32
     module gives a float32 result. Use `to` or ``dtype=np.float64`` for
     float64.
+
+    float16 and bfloat16 modules store their parameters, the steps'
+    results (projections, attention, gradients) and their outputs in 16
+    bits, as torch's do, and compute each step in float32: products are
+    accumulated, softmax and log-sum-exp taken in float32, and each
+    step's result rounded once (to nearest, ties to even).
 
     A parameter assigned after construction is converted to an aligned,
     writable, C-contiguous array of the module dtype. Pickling and
@@ -381,8 +390,9 @@ class Module:
         Parameters
         ----------
         dtype : data-type
-            float32 or float64 (anything ``numpy.dtype`` maps to one).
-            The parameters are converted, and `dtype` updated.
+            float16, bfloat16, float32 or float64, as the constructor's.
+            The parameters are converted (rounded to nearest when
+            narrower), and `dtype` updated.
 
         Returns
         -------
@@ -392,7 +402,7 @@ class Module:
         Raises
         ------
         TypeError
-            If `dtype` is not float32 or float64.
+            If `dtype` is not one of the four.
 
         Examples
         --------
@@ -535,7 +545,8 @@ class Linear(Module):
     bias : bool, default True
         Whether the layer has a bias (False: the `bias` attribute is None).
     dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64.
+        The module dtype: float16, bfloat16, float32 or float64 (see
+        `Module`).
     rng : numpy.random.Generator, optional
         Draws the initial weights; None: the package's global generator.
 
@@ -688,7 +699,8 @@ class Dropout(Module):
     p : float, default 0.5
         The probability of zeroing an element, in ``[0, 1]``.
     dtype : data-type, default numpy.float32
-        The module dtype, float32 or float64.
+        The module dtype: float16, bfloat16, float32 or float64 (see
+        `Module`).
     rng : numpy.random.Generator, optional
         Draws each training-mode forward's mask; None: the package's
         global generator, at each forward.

@@ -103,8 +103,8 @@ class MultiheadAttention(Module):
         ``[0, 1]``; the message names the argument.
     TypeError
         If a size is not an integer, `dropout` is not a number, `dtype`
-        is not float32 or float64, or `rng` is neither a
-        ``numpy.random.Generator`` nor None.
+        is not float16, bfloat16 (with ml_dtypes), float32 or float64, or
+        `rng` is neither a ``numpy.random.Generator`` nor None.
 
     See Also
     --------

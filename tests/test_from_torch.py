@@ -117,10 +117,15 @@ def test_weights_are_copies_and_dtypes():
     np.testing.assert_array_equal(twin.Q_proj.weight, before)
     assert attnc.from_torch(tm.double()).dtype == np.float64
     assert attnc.from_torch(tm, dtype=np.float32).dtype == np.float32
-    half = dm.SelfAttentionv1(4).to(torch.bfloat16)   # NumPy has no bfloat16: widened exactly
-    twin = attnc.from_torch(half)
-    assert twin.dtype == np.float32
-    np.testing.assert_array_equal(twin.K_proj.weight, half.K_proj.weight.detach().float().numpy())
+    for torch_dtype_, expected in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        half = dm.SelfAttentionv1(4).to(torch_dtype_)   # a 16-bit model: a 16-bit twin, the same values
+        twin = attnc.from_torch(half)
+        assert twin.dtype.name == expected
+        np.testing.assert_array_equal(twin.K_proj.weight.astype(np.float32),
+                                      half.K_proj.weight.detach().float().numpy())
+    mixed = dm.SelfAttentionv1(4).to(torch.float16)
+    mixed.K_proj.to(torch.bfloat16)   # float16 with bfloat16: neither holds the other
+    assert attnc.from_torch(mixed).dtype == np.float32
 
 
 @pytest.mark.parametrize("bias", [True, False])

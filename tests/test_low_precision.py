@@ -220,6 +220,25 @@ def test_linear_against_float64(low, M, K, N, simd_mode):
     assert_close(out, x64 @ w64.T + b64, low)
 
 
+def test_softmax_and_the_layer_backwards(low, simd_mode):
+    """softmax, and the backward functions of softmax and linear, against float64 on the
+    rounded inputs (each computed in float32 and rounded once)."""
+    rng = np.random.default_rng(12)
+    x, g = normal(rng, (4, 300), low), normal(rng, (4, 300), low)
+    out = F.softmax(x * np.array(4, low))
+    x64, g64 = wide(x * np.array(4, low), g)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    assert_close(out, e / e.sum(-1, keepdims=True), low, "softmax")
+    o64 = wide(out)[0]
+    assert_close(F.softmax_backward(g, out), o64 * (g64 - (g64 * o64).sum(-1, keepdims=True)), low, "softmax'")
+    x, w, g = normal(rng, (5, 70), low), normal(rng, (3, 70), low), normal(rng, (5, 3), low)
+    grad_x, grad_w, grad_b = F.linear_backward(g, x, w)
+    x64, w64, g64 = wide(x, w, g)
+    for got, want, name in ((grad_x, g64 @ w64, "grad_x"), (grad_w, g64.T @ x64, "grad_w"),
+                            (grad_b, g64.sum(0), "grad_b")):
+        assert_close(got, want, low, name)
+
+
 # ----------------------------------------------------------------------------
 # the dtype rule
 
