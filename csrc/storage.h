@@ -119,18 +119,31 @@ static inline void vstore_elems(elem *p, vreal v)
 }
 #  endif
 
-#else /* bfloat16: the same bit operations as the scalar ones, in vector extensions at every level */
+#else /* bfloat16: the same bit operations as the scalar ones, in vector extensions (and AVX2/AVX-512
+        * widening moves) */
 #  define ELEM_IS_REAL 0
 typedef uint16_t FN(vbits16) __attribute__((vector_size(SIMD_BYTES / 2)));
 typedef uint32_t FN(vbits32) __attribute__((vector_size(SIMD_BYTES)));
 static inline real to_real(elem x) { return attnc_bfloat_to_float(x.bits); }
 static inline elem to_elem(real x) { return (elem){attnc_float_to_bfloat(x)}; }
+#  if defined(ATTNC_ISA_AVX512) /* one widening move and a shift (GCC splits the generic form in halves) */
+static inline vreal vload_elems(const elem *p)
+{
+    return (vreal)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+}
+#  elif defined(ATTNC_ISA_AVX2)
+static inline vreal vload_elems(const elem *p)
+{
+    return (vreal)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+}
+#  else
 static inline vreal vload_elems(const elem *p)
 {
     FN(vbits16) h;
     memcpy(&h, p, sizeof h);
     return (vreal)(__builtin_convertvector(h, FN(vbits32)) << 16);
 }
+#  endif
 static inline void vstore_elems(elem *p, vreal v)
 {
     FN(vbits32) x = (FN(vbits32))v;
