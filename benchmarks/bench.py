@@ -10,7 +10,8 @@ Cases 7 and 8 sweep the small and medium sizes users run (MultiHeadAttention;
 SDPA, causal and decode-like shapes included) against torch, ONNX Runtime and
 OpenVINO; each output is checked against a float64 NumPy reference first, and
 each sample is a block of back-to-back calls. A peer that is not installed is
-skipped with a note.
+skipped with a note. Case 9 is float16 and bfloat16 against float32 (attnc,
+torch, ONNX Runtime float16, OpenVINO bfloat16): bench_low_precision.py.
 
 Run it as (see README.md: the two OpenBLAS variables slow a current NumPy down):
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench.py [--quick]
@@ -1184,10 +1185,12 @@ def print_peer_row(row):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (under a minute)")
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8",
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and few repeats (under a minute; case 9 keeps its sizes: about two more)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9",
                         help="comma-separated case numbers (default: all); 7: MultiHeadAttention sweep and 8: SDPA "
-                             "sweep with decode steps, against torch, ONNX Runtime and OpenVINO")
+                             "sweep with decode steps, against torch, ONNX Runtime and OpenVINO; 9: float16 and "
+                             "bfloat16 (bench_low_precision.py)")
     parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 5, quick: 3)")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
     parser.add_argument("--peak-gflops", type=float,
@@ -1226,15 +1229,24 @@ def main(argv=None):
         print(f"case {row.key}: {row.title}", flush=True)
         peer_results.append(run_peer_row(row, sizes, args))
         print_peer_row(peer_results[-1])
+    low_precision = None
+    if 9 in args.cases:
+        print("case 9: float16 and bfloat16 against float32", flush=True)
+        import bench_low_precision  # noqa: E402 (only case 9 needs ml_dtypes)
+        low_precision = bench_low_precision.run(args.repeats)
     env = environment(args, sizes) | {"attnc_extension_built": built, "load_average_1min": load_at_start,
                                "load_average_1min_end": os.getloadavg()[0],
                                "wall_seconds": time.perf_counter() - started}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as out:
         json.dump({"environment": env, "reference_gemm_gflops": gemms, "cases": results, "sweep": sweep,
-                   "peer_cases": peer_results}, out, indent=1)
+                   "peer_cases": peer_results,
+                   "low_precision": low_precision and {"results": low_precision[0], "targets": low_precision[2]}},
+                  out, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as out:
         out.write(markdown(env, gemms, results, peer_results))
+        if low_precision:
+            out.write("\n".join(["", "## float16 and bfloat16 against float32 (case 9)", "", *low_precision[1], ""]))
     if sweep:
         plot(sweep, os.path.join(args.out, "plot.png"))
     print(f"wrote {args.out}/results.json, results.md" + (", plot.png" if sweep else "")

@@ -14,6 +14,8 @@ call and a pause, the implementations alternating block by block (bench.time_int
 each figure is the median block. Each library runs on THREADS threads.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_low_precision.py [--out DIR]
+
+bench.py runs the same cases as its case 9 (their table goes into results.md).
 """
 import argparse
 import json
@@ -162,14 +164,8 @@ def run_case(name, rounds):
     return {label: statistics.median(times) * 1e3 for label, times in samples.items()}, notes
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    import torch
-    torch.set_num_threads(THREADS)
-    attnc.set_num_threads(THREADS)
+def run(rounds):
+    """Every case, then the targets: (results, markdown lines, {target: ratio})."""
     results, lines = {}, []
     lines.append(f"machine: {platform.processor() or platform.machine()}, {THREADS} threads, "
                  f"attnc kernel level {attnc._C.simd_level()}")
@@ -177,7 +173,7 @@ def main():
     lines.append("| case | implementation | ms (median block) | / attnc float32 |")
     lines.append("| --- | --- | --- | --- |")
     for name in CASES:
-        times, notes = run_case(name, args.rounds)
+        times, notes = run_case(name, rounds)
         results[name] = {"ms": times, "notes": notes}
         base = times["attnc float32"]
         for label, ms in times.items():
@@ -195,12 +191,23 @@ def main():
         targets.append(("S1 attnc bfloat16 <= OpenVINO bfloat16", s1["attnc bfloat16"] / s1["openvino bfloat16"], 1.0))
     lines += ["", "| target | ratio | |", "| --- | --- | --- |"]
     lines += [f"| {what} | {ratio:.2f} | {'PASS' if ratio <= bound else 'MISS'} |" for what, ratio, bound in targets]
-    print("\n".join(lines[-len(targets) - 2:]))
+    print("\n".join(lines[-len(targets) - 2:]), flush=True)
+    return results, lines, {what: ratio for what, ratio, _ in targets}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(THREADS)
+    attnc.set_num_threads(THREADS)
+    results, lines, targets = run(args.rounds)
     with open(os.path.join(args.out, "results_low_precision.md"), "w") as md:
         md.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "results_low_precision.json"), "w") as js:
-        json.dump({"results": results, "targets": {what: ratio for what, ratio, _ in targets},
-                   "level": attnc._C.simd_level()}, js, indent=1)
+        json.dump({"results": results, "targets": targets, "level": attnc._C.simd_level()}, js, indent=1)
 
 
 if __name__ == "__main__":
