@@ -19,6 +19,20 @@
 #ifndef ATTNC_STORAGE_ONCE
 #define ATTNC_STORAGE_ONCE
 
+static inline uint32_t attnc_float_bits(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+static inline float attnc_bits_float(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 #if defined(ATTNC_ISA_AVX2) || defined(ATTNC_ISA_AVX512)
 static inline float attnc_half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 static inline uint16_t attnc_float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
@@ -34,17 +48,13 @@ static inline float attnc_half_to_float(uint16_t h)
         float magnitude = (float)mantissa * 0x1p-24f;
         return sign ? -magnitude : magnitude;
     }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return attnc_bits_float(bits);
 }
 
 static inline uint16_t attnc_float_to_half(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
-    x &= 0x7fffffff;
+    uint32_t x = attnc_float_bits(f) & 0x7fffffff;
+    uint16_t sign = (uint16_t)(attnc_float_bits(f) >> 16 & 0x8000);
     if (x > 0x7f800000) return sign | 0x7e00 | (uint16_t)(x >> 13 & 0x3ff); /* NaN, quiet */
     if (x >= 0x477ff000) return sign | 0x7c00;                          /* 65520 and up round to inf */
     if (x >= 0x38800000) /* a normal half: round the mantissa at bit 13, ties to even, and rebias */
@@ -58,18 +68,11 @@ static inline uint16_t attnc_float_to_half(float f)
 }
 #endif
 
-static inline float attnc_bfloat_to_float(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+static inline float attnc_bfloat_to_float(uint16_t h) { return attnc_bits_float((uint32_t)h << 16); }
 
 static inline uint16_t attnc_float_to_bfloat(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
+    uint32_t x = attnc_float_bits(f);
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40); /* NaN, quiet */
     return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
 }
