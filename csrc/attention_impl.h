@@ -271,11 +271,11 @@ static attnc_status FN(attention_tiles)(const attnc_attention_args *a, idx_t n_i
     FN(tile_buffers) unused;
     FN(attention_job) job = {a, n_query_tiles, tiles, attnc_ceil_div(n_query_tiles, tiles),
                              FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0, 0};
-    idx_t n_tasks, workspace;
+    idx_t n_tasks, task_bytes; /* a task's allocation: checked here, made by each task */
     if (!attnc_mul_ok(n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
     if (a->weights && !ELEM_IS_REAL &&
         (!attnc_mul_ok(BLOCK_Q, a->S, &job.weights_elems) ||
-         !attnc_mul_ok(job.weights_elems + job.workspace_elems, sizeof(real), &workspace)))
+         !attnc_mul_ok(job.weights_elems + job.workspace_elems, sizeof(real), &task_bytes)))
         return ATTNC_EOVERFLOW;
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);

@@ -333,19 +333,17 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, kc_max, &a_bytes) ||
         !FN(packed_bytes)(job.N, GEMM_NR, kc_max, &b_bytes))
         return ATTNC_EOVERFLOW;
+    idx_t sums_bytes = 0;
+    if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))
+        return ATTNC_EOVERFLOW;
     /* one part's bias of reals is read in place; several, or elems, are
      * stacked (N reals) */
     int stack_bias = any_bias && (g->n_parts > 1 || !ELEM_IS_REAL);
     real *stacked_bias = stack_bias ? attnc_malloc((size_t)N * sizeof(real)) : NULL;
     job.bias = stack_bias ? stacked_bias : (const real *)g->parts[0].bias;
     /* elems: C summed in reals, (M, N), rounded at the end */
-    real *sums = NULL;
-    if (!ELEM_IS_REAL) {
-        idx_t n_sums;
-        if (!attnc_mul_ok(M, N, &n_sums) || (size_t)n_sums > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW;
-        sums = attnc_malloc((size_t)n_sums * sizeof(real));
-        job.c = sums, job.c_rs = N;
-    }
+    real *sums = ELEM_IS_REAL ? NULL : attnc_malloc((size_t)sums_bytes);
+    if (sums) job.c = sums, job.c_rs = N;
     job.packed_a = attnc_malloc(a_bytes);
     job.packed_b = attnc_malloc(b_bytes);
     attnc_status status = ATTNC_ENOMEM;

@@ -104,6 +104,24 @@ def test_linear_and_softmax_under_allocation_failures(shape, restore_threads):
     _sweep(lambda: attnc.Dropout(0.5).eval()(x), lambda r: assert_close(r, x, np.float32, "dropout"))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"], ids=["f16", "bf16"])
+def test_16_bit_calls_under_allocation_failures(dtype, restore_threads):
+    """The 16-bit paths' own allocations (the GEMM's float sums, the weights' float rows, the
+    row path's parts): each may fail, and the calls still give the same bits after."""
+    attnc.set_num_threads(2)
+    dtype = attnc.Linear(1, 1, dtype=dtype).dtype
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal(shape).astype(dtype) for shape in ((2, 100, 16), (2, 130, 16), (2, 130, 8)))
+    x, w = rng.standard_normal((300, 200)).astype(dtype), rng.standard_normal((150, 200)).astype(dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    grad = rng.standard_normal(out.shape).astype(dtype)
+    for call in (lambda: F.scaled_dot_product_attention(q, k, v, return_weights=True),
+                 lambda: F.scaled_dot_product_attention(q[:, :3], k, v, return_weights=True),  # the row path
+                 lambda: (F.linear(x, w),),
+                 lambda: F.scaled_dot_product_attention_backward(grad, q, k, v, out, lse)):
+        _sweep(call, _same_bits(call()))
+
+
 def _module_for_backward(name):
     """A registry module in training mode with its dropout off (every call then computes the same)."""
     m = MODEL[name].make(16, dtype=np.float64, rng=np.random.default_rng(5))
