@@ -36,7 +36,7 @@ tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__p
 "$python" -m venv "$work/venv"
 venv_py="$work/venv/bin/python"
 "$venv_py" -m pip install -q --upgrade pip setuptools wheel 2> /dev/null
-"$venv_py" -m pip install -q "numpy>=2.0" 2> /dev/null
+"$venv_py" -m pip install -q "numpy>=2.0" "ml_dtypes>=0.5" 2> /dev/null
 (cd "$work" && CFLAGS="-g -fno-omit-frame-pointer" "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1) \
     || { cat "$work/build.log"; exit 1; }
 
@@ -44,6 +44,7 @@ cat > "$work/loop.py" <<'PY'
 """Every entry point, ROUNDS times: results, rejected calls, allocation failures."""
 import sys
 
+import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -89,6 +90,16 @@ calls += [
     lambda: F.scaled_dot_product_attention(x, x64, x, attn_mask=mask, is_causal=True, return_weights=True),
     lambda: F.scaled_dot_product_attention(x[:, None], x, x64, dropout_p=0.2),
     lambda: F.scaled_dot_product_attention_backward(out, x, x64, x, out, lse, attn_mask=mask, is_causal=True),
+]
+x16, xb = x.astype(np.float16), x.astype(ml_dtypes.bfloat16)  # the 16-bit kernels
+out16, lse16 = F.scaled_dot_product_attention(x16, x16, x16, return_lse=True)
+mha_bf16 = attnc.MultiHeadAttention(16, 4, 0.1, dtype="bfloat16")
+calls += [
+    lambda: F.linear(x16, w.astype(np.float16)), lambda: F.linear(xb[0], xb[0]),
+    lambda: F.scaled_dot_product_attention(x16, x16, x16, attn_mask=mask, is_causal=True, return_weights=True),
+    lambda: F.scaled_dot_product_attention(xb[:, :3], xb, xb, return_weights=True, dropout_p=0.2),
+    lambda: F.scaled_dot_product_attention_backward(out16, x16, x16, x16, out16, lse16),
+    lambda: mha_bf16.backward(np.ones_like(mha_bf16.train()(xb))),
 ]
 rejected = [
     lambda: modules[3][0](x, mask[:, :, :5]), lambda: modules[4][0](x[..., :3]),

@@ -257,6 +257,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> print(weights[..., 2])
     [[0. 0. 0. 0.]
      [0. 0. 0. 0.]]
+
+    float16 (or ``ml_dtypes.bfloat16``) inputs give a result of their
+    dtype, computed in float32 and rounded once; lse stays float32:
+
+    >>> half = [a.astype(np.float16) for a in (query, key, value)]
+    >>> out, lse = F.scaled_dot_product_attention(*half, return_lse=True)
+    >>> out.dtype, lse.dtype
+    (dtype('float16'), dtype('float32'))
     """
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
     if grouped:
