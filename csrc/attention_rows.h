@@ -13,7 +13,8 @@
  * K and V are read once per group and split, a chunk at a time while every
  * row uses it. Then each row merges its splits in order:
  *   M = max_c m_c,  f_c = exp(m_c - M),  out = sum_c f_c part_c / sum_c f_c l_c
- *   weights (when asked for) = e * f_c / sum_c f_c l_c
+ *   weights (when asked for) = e * f_c / sum_c f_c l_c   (e kept in reals until then,
+ *                                                          so a weight is rounded once)
  * The splits depend on S alone, so the bits depend neither on the thread
  * count nor on the batch. A row whose scores are all -inf gets weights 0
  * and out 0 * V.
@@ -114,7 +115,7 @@ static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
  *                   per row and split, under 0.1% of the split's.
  * ROWS_CHUNK        keys per chunk: a chunk of K or V rows (16 KiB of float at
  *                   128 columns) stays in L1 while every row of the group uses it.
- * WAVE_BYTES        the split state (each split's row stats and parts) one wave
+ * WAVE_BYTES        the split state (each split's row stats, parts and kept e) one wave
  *                   of groups may hold.
  * ROWS_MAX_QUERIES  the most queries per item the row path takes: more fill
  *                   the flash path's tiles (attention_impl.h).
@@ -309,6 +310,8 @@ typedef struct {
     real *stats;               /* (n_groups, group_rows, n_splits, SPLIT_STATS): each split's row m and l */
     real *parts;               /* (n_groups, group_rows, n_splits, Ev): each split's part (NULL: the
                                   one split's part is out's row, out being reals) */
+    real *e_kept;              /* (n_groups, group_rows, n_splits, SPLIT_KEYS): each split's e, for
+                                  the weights (NULL when they are not asked for) */
     atomic_int failed;
 } FN(rows_job);
 
@@ -349,6 +352,11 @@ static real *FN(split_part)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c, 
     return job->parts + ((w * job->group_rows + r) * job->n_splits + c) * job->args->Ev;
 }
 
+static real *FN(split_e)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
+{
+    return job->e_kept + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_KEYS;
+}
+
 /* 1 when computing the split would give every row of the group e = 0
  * exactly, and it is skipped: the split has no key, or no row of the group
  * sees one of its keys and every number its scores and parts are made of
@@ -372,15 +380,15 @@ static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *
 }
 
 /* Row (b, i)'s e over the split from its scores: bias, mask, band, then
- * e = exp(s - m) and stats (m, l); e copied into the weights when asked
- * for, then dropped out. */
+ * e = exp(s - m) and stats (m, l); e copied to e_kept (the weights' rows,
+ * when asked for: NULL otherwise), then dropped out. */
 static void FN(split_softmax)(const attnc_attention_args *a, const FN(item_view) *item, idx_t b, idx_t i, idx_t s0,
-                              idx_t n, real *scores, real *stats)
+                              idx_t n, real *scores, real *stats, real *e_kept)
 {
     FN(finish_row_scores)(a, item, i, s0, n, scores);
     stats[0] = FN(row_max)(scores, n);
     stats[1] = FN(exp_shift_sum)(scores, n, FN(safe_shift)(stats[0]));
-    if (a->weights) FN(store_row)(FN(weights_at)(a, b, i, s0), scores, n);
+    if (e_kept) memcpy(e_kept, scores, (size_t)n * sizeof(real));
     if (a->dropout_p > 0) {
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i, s0);
         for (idx_t j = 0; j < n; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
@@ -418,11 +426,12 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
     FN(scale_row)(total, Ev, inverse);
     if (job->parts) FN(store_row)(out, total, Ev);
     if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
-    if (a->weights)
-        for (idx_t c = 0; c < n_splits; c++) {
-            FN(scale_elems)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS),
-                            FN(split_stats)(job, w, r, c)[0] * inverse);
-        }
+    for (idx_t c = 0; job->e_kept && c < n_splits; c++) { /* the weights: e f_c / sum, rounded once */
+        idx_t n = attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS);
+        real *e = FN(split_e)(job, w, r, c);
+        FN(scale_row)(e, n, FN(split_stats)(job, w, r, c)[0] * inverse);
+        FN(store_row)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), e, n);
+    }
 }
 
 /* Task t: split t / n_groups of the wave's group t % n_groups (a split's
@@ -453,8 +462,7 @@ static void FN(split_task)(void *ctx, idx_t t)
             stats[0] = -(real)INFINITY;
             stats[1] = 0;
             for (idx_t col = 0; col < a->Ev; col++) part[r][col] = 0;
-            if (a->weights)
-                memset(FN(weights_at)(a, item_of[r], query_of[r], s0), 0, (size_t)n * sizeof(elem));
+            if (job->e_kept) memset(FN(split_e)(job, w, r, c), 0, (size_t)n * sizeof(real));
         }
     } else {
         /* the scores (n_rows, n), then, for elems, the queries widened once (n_rows, E) */
@@ -470,7 +478,8 @@ static void FN(split_task)(void *ctx, idx_t t)
         }
         FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores);
         for (idx_t r = 0; r < n_rows; r++)
-            FN(split_softmax)(a, &items[r], item_of[r], query_of[r], s0, n, scores + r * n, FN(split_stats)(job, w, r, c));
+            FN(split_softmax)(a, &items[r], item_of[r], query_of[r], s0, n, scores + r * n, FN(split_stats)(job, w, r, c),
+                              job->e_kept ? FN(split_e)(job, w, r, c) : NULL);
         if (!attnc_interrupted()) FN(group_values)(scores, n_rows, n, v, a->v.row_stride, a->Ev, part);
         attnc_free(scores);
     }
@@ -486,7 +495,8 @@ static void FN(merge_task)(void *ctx, idx_t w)
 }
 
 /* The groups in waves whose split state fits in WAVE_BYTES (at least one
- * group: a group's state is at most ROWS_GROUP / SPLIT_KEYS of its values). */
+ * group: a group's state is at most ROWS_GROUP / SPLIT_KEYS of its values,
+ * plus, with the weights, as many reals as its weights). */
 static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_items)
 {
     FN(rows_job) job = {.args = a, .shared = FN(items_sharing_kv)(a)};
@@ -494,7 +504,8 @@ static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_it
     job.groups_per_kv = attnc_ceil_div(job.shared * a->L, ROWS_GROUP);
     job.n_splits = a->S > 0 ? attnc_ceil_div(a->S, SPLIT_KEYS) : 1;
     int own_parts = job.n_splits > 1 || !ELEM_IS_REAL; /* else each part is out's row */
-    idx_t n_groups = n_items / job.shared * job.groups_per_kv, per_split = SPLIT_STATS + (own_parts ? a->Ev : 0);
+    idx_t n_groups = n_items / job.shared * job.groups_per_kv;
+    idx_t per_split = SPLIT_STATS + (own_parts ? a->Ev : 0) + (a->weights ? SPLIT_KEYS : 0);
     idx_t per_group; /* elements of a group's split state */
     if (!attnc_mul_ok(job.group_rows * job.n_splits, per_split, &per_group) ||
         (size_t)per_group > SIZE_MAX / sizeof(real))
@@ -502,8 +513,10 @@ static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_it
     idx_t fit = WAVE_BYTES / ((idx_t)sizeof(real) * per_group), wave = attnc_min(n_groups, fit > 0 ? fit : 1);
     job.stats = attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * SPLIT_STATS) * sizeof(real));
     job.parts = own_parts ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * a->Ev) * sizeof(real)) : NULL;
+    job.e_kept = a->weights ? attnc_malloc((size_t)(wave * job.group_rows * job.n_splits * SPLIT_KEYS) * sizeof(real))
+                            : NULL;
     attnc_status status = ATTNC_OK;
-    if (!job.stats || (own_parts && !job.parts)) status = ATTNC_ENOMEM;
+    if (!job.stats || (own_parts && !job.parts) || (a->weights && !job.e_kept)) status = ATTNC_ENOMEM;
     for (job.first_group = 0; status == ATTNC_OK && job.first_group < n_groups && !attnc_interrupted();
          job.first_group += wave) {
         job.n_groups = attnc_min(wave, n_groups - job.first_group);
@@ -515,5 +528,6 @@ static attnc_status FN(attention_rows)(const attnc_attention_args *a, idx_t n_it
     }
     attnc_free(job.stats);
     attnc_free(job.parts);
+    attnc_free(job.e_kept);
     return status;
 }

@@ -7,7 +7,6 @@
  *   vload_elems(p)      VLANES elems from any p, as a vreal
  *   vstore_elems(p, v)  v rounded into VLANES elems at any p
  *   load_row, store_row n of them, between elems and reals
- *   scale_elems         n elems times a real, rounded
  *   ELEM_IS_REAL        1 for float and double (all four are plain loads
  *                       and stores), 0 for the 16-bit dtypes
  *
@@ -170,10 +169,4 @@ static inline void FN(store_row)(elem *dst, const real *src, idx_t n)
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) vstore_elems(dst + i, vloadu(src + i));
     for (; i < n; i++) dst[i] = to_elem(src[i]);
-}
-
-/* x (n elems) *= factor */
-static inline void FN(scale_elems)(elem *x, idx_t n, real factor)
-{
-    for (idx_t i = 0; i < n; i++) x[i] = to_elem(to_real(x[i]) * factor);
 }

@@ -194,14 +194,18 @@ def test_sdpa_same_bits_any_threads_and_with_weights(low, shape, restore_threads
     np.testing.assert_array_equal(alone.view(np.uint16), results[0][:1].view(np.uint16))
 
 
-def test_sdpa_is_float32_rounded_once(low, simd_mode):
-    """Computed in float32: the result is the float32 kernel's, on the widened inputs,
-    rounded once (the two instantiations share every operation)."""
+@pytest.mark.parametrize("L,S", [(97, 300), (3, 2100)], ids=["tiles", "rows"])
+def test_sdpa_is_float32_rounded_once(low, L, S, simd_mode):
+    """Computed in float32: the output and the weights are the float32 kernel's, on the
+    widened inputs, rounded once (the two instantiations share every operation; the row
+    path keeps each split's e in float32 until the weights are scaled)."""
     rng = np.random.default_rng(6)
-    q, k, v = normal(rng, (2, 3, 97, 32), low), normal(rng, (2, 3, 300, 32), low), normal(rng, (2, 3, 300, 32), low)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    out32 = F.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)), is_causal=True)
+    q, k, v = normal(rng, (2, 3, L, 32), low), normal(rng, (2, 3, S, 32), low), normal(rng, (2, 3, S, 32), low)
+    out, weights = F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    out32, weights32 = F.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)), is_causal=True,
+                                                      return_weights=True)
     np.testing.assert_array_equal(out.view(np.uint16), out32.astype(low).view(np.uint16))
+    np.testing.assert_array_equal(weights.view(np.uint16), weights32.astype(low).view(np.uint16))
 
 
 # ----------------------------------------------------------------------------
