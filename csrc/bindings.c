@@ -228,9 +228,11 @@ static PyArray_Descr *bfloat16_descr(void)
     return descr;
 }
 
+/* ml_dtypes' types are of kind 'V': only those ask for ml_dtypes (a
+ * lookup of sys.modules until it is imported), never a float or an int. */
 static int is_bfloat16(const PyArray_Descr *d)
 {
-    const PyArray_Descr *bf16 = bfloat16_descr();
+    const PyArray_Descr *bf16 = d->kind == 'V' ? bfloat16_descr() : NULL;
     return bf16 && d->type_num == bf16->type_num;
 }
 
