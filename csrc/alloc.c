@@ -1,14 +1,68 @@
-/* Checked size arithmetic and the one allocator every kernel uses.
+/* Checked size arithmetic and the one allocator every kernel uses: 64-byte
+ * aligned blocks, the large ones kept for the next call.
+ *
+ * A call's work buffers (the Q, K, V projections, packed GEMM operands,
+ * attention workspaces) are 64 KB to tens of MB, allocated and freed on
+ * every call. The C library hands blocks that large back to the system
+ * (munmap, or a trimmed heap), so the next call faulted every page in again:
+ * 2.5 MB per (2, 128, 256) module call, which then took 1.5x as long as its
+ * parts (benchmarks/NOTES.md). So a freed block of at least CACHE_MIN_BYTES
+ * is kept instead (up to CACHE_SLOTS blocks and CACHE_MAX_BYTES in all, the
+ * oldest let go first) and given to the next request it fits with no more
+ * than half of it to spare. Memory kept between calls is thus bounded by
+ * CACHE_MAX_BYTES whatever the calls. A kept block is unaddressable to ASan
+ * and valgrind until it is handed out again, and then uninitialised, as a
+ * new block would be.
+ *
  * The failure-injection counter lets tests prove that every allocation
  * failure becomes a clean MemoryError with nothing leaked. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "attnc.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define MARK_KEPT(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define MARK_REUSED(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#elif defined(__has_include)
+#if __has_include(<valgrind/memcheck.h>)
+#include <valgrind/memcheck.h>
+#define MARK_KEPT(p, n) VALGRIND_MAKE_MEM_NOACCESS(p, n)
+#define MARK_REUSED(p, n) VALGRIND_MAKE_MEM_UNDEFINED(p, n)
+#endif
+#endif
+#ifndef MARK_KEPT
+#define MARK_KEPT(p, n) ((void)(p), (void)(n))
+#define MARK_REUSED(p, n) ((void)(p), (void)(n))
+#endif
+
 #define ATTNC_ALIGNMENT 64 /* a cache line; also enough for any vector load */
+/* Each block starts with a header of one alignment unit holding its size,
+ * so that attnc_free knows it. */
+#define HEADER_BYTES ATTNC_ALIGNMENT
+#define CACHE_MIN_BYTES ((size_t)64 << 10)
+#define CACHE_MAX_BYTES ((size_t)64 << 20)
+#define CACHE_SLOTS 16
 
 static atomic_long allocs_until_failure = -1; /* < 0: never fail */
+
+/* The kept blocks, oldest first, and their total size; under cache_lock. */
+static struct {
+    char *block;
+    size_t bytes;
+} kept[CACHE_SLOTS];
+static int n_kept;
+static size_t kept_bytes;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
+
+/* A fork while another thread holds the lock would leave it locked in the
+ * child: the forking thread takes it first, and both sides release it. */
+static void lock_cache(void) { pthread_mutex_lock(&cache_lock); }
+static void unlock_cache(void) { pthread_mutex_unlock(&cache_lock); }
+static void register_fork_handlers(void) { pthread_atfork(lock_cache, unlock_cache, unlock_cache); }
 
 int attnc_mul_ok(idx_t a, idx_t b, idx_t *out)
 {
@@ -20,6 +74,31 @@ int attnc_mul_ok(idx_t a, idx_t b, idx_t *out)
 
 void attnc_fail_alloc_after(long n) { atomic_store(&allocs_until_failure, n); }
 
+static size_t block_bytes(const char *block) { return *(const size_t *)(block - HEADER_BYTES); }
+
+/* Drop kept[i], keeping the order of the rest. */
+static void forget_kept(int i)
+{
+    kept_bytes -= kept[i].bytes;
+    for (n_kept--; i < n_kept; i++) kept[i] = kept[i + 1];
+}
+
+/* The smallest kept block of `bytes` to 2 * bytes, taken out; NULL if none. */
+static char *take_kept(size_t bytes)
+{
+    pthread_once(&fork_handlers_once, register_fork_handlers);
+    lock_cache();
+    int best = -1;
+    for (int i = 0; i < n_kept; i++)
+        if (kept[i].bytes >= bytes && kept[i].bytes / 2 <= bytes && (best < 0 || kept[i].bytes < kept[best].bytes))
+            best = i;
+    char *block = best < 0 ? NULL : kept[best].block;
+    if (best >= 0) forget_kept(best);
+    unlock_cache();
+    if (block) MARK_REUSED(block, bytes);
+    return block;
+}
+
 void *attnc_malloc(size_t n_bytes)
 {
     long left = atomic_load(&allocs_until_failure);
@@ -28,8 +107,35 @@ void *attnc_malloc(size_t n_bytes)
         if (atomic_compare_exchange_weak(&allocs_until_failure, &left, left - 1)) break;
     }
     size_t rounded = (n_bytes + ATTNC_ALIGNMENT - 1) / ATTNC_ALIGNMENT * ATTNC_ALIGNMENT;
-    if (rounded < n_bytes) return NULL;
-    return aligned_alloc(ATTNC_ALIGNMENT, rounded ? rounded : ATTNC_ALIGNMENT);
+    if (rounded < n_bytes || rounded > SIZE_MAX - HEADER_BYTES) return NULL;
+    if (rounded == 0) rounded = ATTNC_ALIGNMENT;
+    char *block = rounded >= CACHE_MIN_BYTES ? take_kept(rounded) : NULL;
+    if (block) return block;
+    char *start = aligned_alloc(ATTNC_ALIGNMENT, HEADER_BYTES + rounded);
+    if (!start) return NULL;
+    *(size_t *)start = rounded;
+    return start + HEADER_BYTES;
 }
 
-void attnc_free(void *p) { free(p); }
+void attnc_free(void *p)
+{
+    if (!p) return;
+    char *block = p, *let_go[CACHE_SLOTS + 1];
+    size_t bytes = block_bytes(block);
+    int n_let_go = 0;
+    if (bytes < CACHE_MIN_BYTES || bytes > CACHE_MAX_BYTES) {
+        let_go[n_let_go++] = block;
+    } else {
+        MARK_KEPT(block, bytes);
+        pthread_once(&fork_handlers_once, register_fork_handlers);
+        lock_cache();
+        while (n_kept == CACHE_SLOTS || kept_bytes + bytes > CACHE_MAX_BYTES) {
+            let_go[n_let_go++] = kept[0].block;
+            forget_kept(0);
+        }
+        kept[n_kept].block = block, kept[n_kept].bytes = bytes;
+        kept_bytes += bytes, n_kept++;
+        unlock_cache();
+    }
+    for (int i = 0; i < n_let_go; i++) free(let_go[i] - HEADER_BYTES);
+}

@@ -46,9 +46,10 @@ static inline size_t attnc_compute_size(attnc_dtype dt) { return dt == ATTNC_F64
 
 /* *out = a * b; returns 0 on overflow of idx_t (a, b >= 0). */
 int attnc_mul_ok(idx_t a, idx_t b, idx_t *out);
-/* 64-byte aligned malloc with an allocation-failure injection hook for
- * tests: after attnc_fail_alloc_after(n), the (n+1)-th allocation fails
- * (n < 0: never). */
+/* 64-byte aligned malloc whose large freed blocks are kept for reuse (at
+ * most 64 MB in all), with an allocation-failure injection hook for tests:
+ * after attnc_fail_alloc_after(n), the (n+1)-th allocation fails (n < 0:
+ * never). Memory only from attnc_malloc goes to attnc_free. */
 void *attnc_malloc(size_t n_bytes);
 void attnc_free(void *p);
 void attnc_fail_alloc_after(long n);

@@ -177,3 +177,27 @@ def test_functional_backward_no_leak():
         out, lse = F.scaled_dot_product_attention(q, q, q, is_causal=True, return_lse=True)
         F.scaled_dot_product_attention_backward(out, q, q, q, out, lse, is_causal=True)
     _run_no_leak(call, [q, k, mask])
+
+
+def test_kept_work_buffers_are_bounded():
+    """attnc keeps freed work buffers for later calls, at most 64 MiB of them.
+
+    Each `linear` below packs x into a buffer of 34 to 64 MiB of a new size
+    (more than glibc's 32 MiB mmap threshold: returned to the system when
+    freed, unless attnc keeps it). Kept without the bound, the ten buffers
+    would hold about 480 MiB."""
+    K, N = 768, 16
+    rows = [int(mib * 2**20 / (K * 4)) for mib in np.linspace(34, 62, 10)]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows[-1], K), dtype=np.float32)
+    w = rng.standard_normal((N, K), dtype=np.float32)
+    expected = x[:64].astype(np.float64) @ w.T.astype(np.float64)
+    gc.collect()
+    rss = _rss_bytes()
+    for m in rows:
+        out = F.linear(x[:m], w)
+        np.testing.assert_allclose(out[:64], expected, rtol=1e-4, atol=1e-4)
+        del out
+    gc.collect()
+    grown = _rss_bytes() - rss
+    assert grown < (64 + 16) * 2**20, f"RSS grew {grown / 2**20:.0f} MiB over ten calls"
