@@ -4,9 +4,11 @@ ATTNC_SANITIZE=1 builds with AddressSanitizer and UBSan (see .ci/run).
 """
 import glob
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 compile_args = [
     "-std=c11",
@@ -32,7 +34,31 @@ if os.environ.get("ATTNC_SANITIZE"):
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g"] + sanitize
     link_args += sanitize
 
+
+
+class build_ext_concurrently(build_ext):
+    """Compiles the extension's C files side by side, one compiler per CPU:
+    the three kernel files (portable, AVX2, AVX-512) take most of a build,
+    and setuptools compiles one file at a time (build_ext's --parallel only
+    builds several extensions at once)."""
+
+    def build_extension(self, ext):
+        compile_files = self.compiler.compile
+
+        def compile_each(sources, **options):
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                objects = pool.map(lambda source: compile_files([source], **options), sources)
+                return [obj for objs in objects for obj in objs]
+
+        self.compiler.compile = compile_each
+        try:
+            super().build_extension(ext)
+        finally:
+            del self.compiler.compile
+
+
 setup(
+    cmdclass={"build_ext": build_ext_concurrently},
     ext_modules=[
         Extension(
             "attnc._C",
