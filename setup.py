@@ -35,7 +35,6 @@ if os.environ.get("ATTNC_SANITIZE"):
     link_args += sanitize
 
 
-
 class build_ext_concurrently(build_ext):
     """Compiles the extension's C files side by side, one compiler per CPU:
     the three kernel files (portable, AVX2, AVX-512) take most of a build,
