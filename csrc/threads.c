@@ -20,10 +20,17 @@
 #define MIN_PARALLEL_FLOPS 2.0e5
 /* A thread about to sleep on a condition variable polls it this long
  * first: a module's forward is several parallel steps back to back (the
- * projections, the attention, the output projection), and a sleeping
- * thread takes 5-50 us to wake for each. Short, so that the library that
- * runs next on these cores barely notices. */
-#define SPIN_SECONDS 50e-6
+ * projections, the attention, the output projection), calls follow each
+ * other within tens of microseconds, and a sleeping thread takes 5-50 us
+ * to wake for each. Worse, waking it may put it on its waker's CPU: in a
+ * virtual machine the scheduler takes an idle vCPU the host has
+ * descheduled for a busy one, and the two threads then take turns on one
+ * CPU. With 50 us, 50 back-to-back 0.45 ms attention calls on 2 threads
+ * ran at the one-thread time in most blocks, each thread ~20 ms in the run
+ * queue (/proc/<tid>/schedstat); with 500 us the workers stay awake and
+ * apart (benchmarks/NOTES.md). Still short next to the pause a benchmark
+ * leaves before the next library runs on these cores. */
+#define SPIN_SECONDS 500e-6
 
 typedef struct {
     pthread_mutex_t lock;
