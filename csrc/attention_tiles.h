@@ -83,10 +83,10 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
     return v;
 }
 
-/* The query columns a score tile computes for nq queries: whole NR
- * slivers for the score product, and whole MR runs for the value product,
- * which reads probabilities straight from the score tile. The columns past
- * nq are products with zero queries: zeros, never exponentiated. */
+/* The queries a tile's buffers hold for nq queries: whole NR slivers of
+ * packed queries, and whole MR runs of the value product, which reads
+ * probabilities straight from the score tile. The columns past nq are
+ * zeros, never exponentiated (score_product). */
 static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, GEMM_MR), GEMM_NR); }
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
@@ -147,16 +147,23 @@ static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_
     FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0);
 }
 
-/* scores_t (nk, BLOCK_Q)[:, :padded_queries(nq)] <- k_pack . q_pack^T
- * (stored, not added: the tile is never cleared first) */
+/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T
+ * (stored, not added: the tile is never cleared first). The products run
+ * over whole NR slivers up to nq; the value product reads whole MR runs of
+ * queries, and the columns of those past the last sliver (at most MR - 1)
+ * are set to the zeros a product with the zero-padded queries would give,
+ * rather than computed as one more sliver (at nq = 32 that sliver was a
+ * third of the product: 48 columns for 32 queries at MR 6, NR 16). */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E)
 {
-    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(padded_queries)(nq);
+    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = ROUND_UP(nq, GEMM_NR), runs = ROUND_UP(nq, GEMM_MR);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
             FN(tile_store)(E, k_pack + j0 * E, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
                            FN(zero_row));
+    for (idx_t j = 0; j < nk; j++)
+        for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }
 
 /* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys, column
