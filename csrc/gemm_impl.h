@@ -160,17 +160,23 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
         for (idx_t r = 0; r < rows; r++) dst[p * width + r] = to_real(row[r][p * cs]);
 }
 
-/* Pass 1, task t: the slivers of row block t of A, or of column block
- * t - n_row_blocks of C (rows of B). Sliver s starts at s * width * kc,
- * which is row * kc for its first row. */
+/* Pass 1, task t: PACK_SLIVERS slivers of A, or (from task n_pack_a on)
+ * of B. Small tasks, so that the threads end the pass together: with a
+ * task per block of C, one thread was left packing the last 512 rows of
+ * B alone (benchmarks/NOTES.md). Sliver s starts at s * width * kc, which
+ * is row * kc for its first row. */
+#define PACK_SLIVERS 4
+static idx_t FN(pack_tasks)(idx_t rows, idx_t width) { return attnc_ceil_div(rows, PACK_SLIVERS * width); }
+
 static void FN(pack_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
-    int is_a = t < job->n_row_blocks;
+    idx_t n_pack_a = FN(pack_tasks)(job->M, GEMM_MR);
+    int is_a = t < n_pack_a;
     const FN(gemm_operand) *x = is_a ? &job->a : &job->b;
     idx_t width = is_a ? GEMM_MR : GEMM_NR;
-    idx_t block = is_a ? job->mc : job->nc;
-    idx_t first = (is_a ? t : t - job->n_row_blocks) * block;
+    idx_t block = PACK_SLIVERS * width;
+    idx_t first = (is_a ? t : t - n_pack_a) * block;
     idx_t end = attnc_min(is_a ? job->M : job->N, first + block);
     real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->kc;
     for (idx_t r = first; r < end; r += width, dst += width * job->kc)
@@ -363,10 +369,12 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                 FN(pack_sliver)(job.packed_a + k * GEMM_MR * job.kc, &job.a, start, attnc_min(GEMM_MR, job.M - start),
                                 GEMM_MR, p0, job.kc);
             }
-            FN(pack_task)(&job, job.n_row_blocks);
+            idx_t n_pack_a = FN(pack_tasks)(job.M, GEMM_MR), n_pack_b = FN(pack_tasks)(job.N, GEMM_NR);
+            for (idx_t t = n_pack_a; t < n_pack_a + n_pack_b; t++) FN(pack_task)(&job, t);
             attnc_parallel_for(job.n_row_blocks, flops, FN(multiply_task), &job);
         } else {
-            attnc_parallel_for(job.n_row_blocks + job.n_col_blocks, packed_elements, FN(pack_task), &job);
+            attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + FN(pack_tasks)(job.N, GEMM_NR), packed_elements,
+                               FN(pack_task), &job);
             attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
         }
     }
