@@ -28,8 +28,9 @@
  * CPU. With 50 us, 50 back-to-back 0.45 ms attention calls on 2 threads
  * ran at the one-thread time in most blocks, each thread ~20 ms in the run
  * queue (/proc/<tid>/schedstat); with 500 us the workers stay awake and
- * apart (benchmarks/NOTES.md). Still short next to the pause a benchmark
- * leaves before the next library runs on these cores. */
+ * apart (benchmarks/NOTES.md), and one woken after a longer pause steps
+ * off its caller's CPU (leave_caller_cpu). Still short next to the pause
+ * a benchmark leaves before the next library runs on these cores. */
 #define SPIN_SECONDS 500e-6
 
 typedef struct {
@@ -46,11 +47,12 @@ typedef struct {
     idx_t n_tasks;
     atomic_llong next_task;
     attnc_call *call;  /* the call the job belongs to (interrupt.c) */
+    atomic_int caller_cpu; /* the CPU the job's caller was on when it opened the job */
     int wanted_workers; /* what resize_pool was last asked for */
 } pool_state;
 
-static pool_state pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, 0};
+static pool_state pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .work_ready = PTHREAD_COND_INITIALIZER,
+                          .work_done = PTHREAD_COND_INITIALIZER, .caller_cpu = -1};
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* who owns the pool */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
@@ -139,6 +141,28 @@ static int workers_busy(unsigned long unused)
     return atomic_load(&pool.workers_in_job) > 0;
 }
 
+/* A worker that finds itself on the CPU its caller was on steps off it.
+ * Woken after a pause, a worker may be put on its waker's CPU (in a
+ * virtual machine the scheduler takes an idle vCPU the host has
+ * descheduled for a busy one), and the two threads then take turns on one
+ * CPU until the load balancer parts them, milliseconds later: the first
+ * calls after a 0.25 s pause spent 1.3-1.6 ms (median) of every 6 module
+ * calls in the run queue. Leaving that CPU out of the worker's mask moves
+ * it at once (median 0-0.2 ms; benchmarks/NOTES.md); the mask is then
+ * given back, so the worker is never pinned. */
+static void leave_caller_cpu(void)
+{
+    int caller = atomic_load(&pool.caller_cpu);
+    if (caller < 0 || sched_getcpu() != caller) return;
+    cpu_set_t allowed, elsewhere;
+    if (pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0) return;
+    elsewhere = allowed;
+    CPU_CLR(caller, &elsewhere);
+    if (CPU_COUNT(&elsewhere) == 0) return;
+    if (pthread_setaffinity_np(pthread_self(), sizeof elsewhere, &elsewhere) == 0)
+        pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);
+}
+
 /* A worker joins each job it finds open. One that wakes after the caller
  * closed the job (all its tasks taken) leaves it alone: the caller waits
  * only for the workers that joined, never for a thread the system has not
@@ -147,6 +171,7 @@ static int workers_busy(unsigned long unused)
 static void *worker_main(void *start_generation)
 {
     unsigned long seen = (unsigned long)(uintptr_t)start_generation;
+    pthread_setname_np(pthread_self(), "attnc-worker"); /* as top -H and /proc/<pid>/task/<tid>/comm show it */
     for (;;) {
         spin_while(no_new_job, seen);
         pthread_mutex_lock(&pool.lock);
@@ -158,6 +183,7 @@ static void *worker_main(void *start_generation)
         seen = pool.generation;
         pool.workers_in_job++;
         pthread_mutex_unlock(&pool.lock);
+        leave_caller_cpu();
         attnc_join_call(pool.call);
         run_tasks();
         attnc_join_call(NULL);
@@ -248,6 +274,7 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
     pool.call = attnc_current_call();
+    atomic_store(&pool.caller_cpu, sched_getcpu());
     atomic_store(&pool.next_task, 0);
     pool.job_open = 1;
     pool.generation++;

@@ -153,3 +153,51 @@ def test_pool_works_after_fork(restore_threads):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     raise AssertionError("forked child hung (thread pool not rebuilt after fork?)")
+
+
+def _pool_workers():
+    """The native ids of attnc's pool threads (named attnc-worker by threads.c)."""
+    import os
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as comm:
+            if comm.read().strip() == "attnc-worker":
+                tids.append(int(tid))
+    return tids
+
+
+def test_workers_keep_their_cpu_mask(restore_threads):
+    """A worker that finds itself on its caller's CPU steps off it (threads.c) by leaving
+    that CPU out of its mask for a moment: afterwards every worker's mask is the
+    process's again (none is left pinned), and the results are the serial ones. Each
+    round first moves the workers onto the caller's CPU (a mask of that CPU alone, then
+    the full mask back, which leaves them there while they poll), so that the step is
+    taken; the scheduler has the last word, and with the mask left narrowed this test
+    failed in 4 of 5 runs."""
+    import os
+    allowed = os.sched_getaffinity(0)
+    x = np.random.default_rng(8).standard_normal((2, 4, 128, 64)).astype(np.float32)
+    attnc.set_num_threads(1)
+    expected = F.scaled_dot_product_attention(x, x, x)
+    attnc.set_num_threads(2)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(x, x, x), expected)  # the workers start here
+    workers = _pool_workers()
+    assert len(workers) == min(2, len(allowed)) - 1
+    outputs, masks_after = [], []
+    try:
+        for cpu in sorted(allowed):
+            os.sched_setaffinity(0, {cpu})  # this (the calling) thread only
+            for _ in range(100):
+                for tid in workers:
+                    os.sched_setaffinity(tid, {cpu})
+                    os.sched_setaffinity(tid, allowed)
+                outputs.append(F.scaled_dot_product_attention(x, x, x))
+                masks_after.append([os.sched_getaffinity(tid) for tid in workers])
+    finally:
+        os.sched_setaffinity(0, allowed)
+        for tid in workers:
+            os.sched_setaffinity(tid, allowed)
+    for out in outputs:
+        np.testing.assert_array_equal(out, expected)
+    for masks in masks_after:
+        assert all(mask == allowed for mask in masks), f"a worker was left with a narrowed CPU mask: {masks}"
