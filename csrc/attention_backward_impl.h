@@ -169,9 +169,9 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
 {
     const attnc_attention_args *a = &g->forward;
     const elem *q = item->fwd.q + i0 * a->q.row_stride, *dout = item->grad_out + i0 * g->grad_out.row_stride;
-    idx_t padded = FN(padded_queries)(nq);
-    FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, padded, a->E, GEMM_NR, (real)a->scale);
-    FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, padded, a->Ev, GEMM_NR, 1);
+    idx_t columns = FN(score_columns)(nq);
+    FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, columns, a->E, GEMM_NR, (real)a->scale);
+    FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, columns, a->Ev, GEMM_NR, 1);
     FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb);
     FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb);
     for (idx_t i = 0; i < nq; i++) {

@@ -64,7 +64,7 @@ static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args 
                                 idx_t q0, idx_t nq)
 {
     const elem *q = item->q + q0 * a->q.row_stride;
-    FN(pack_row_slivers)(t->q_pack, q, a->q.row_stride, nq, FN(padded_queries)(nq), a->E, GEMM_NR,
+    FN(pack_row_slivers)(t->q_pack, q, a->q.row_stride, nq, FN(score_columns)(nq), a->E, GEMM_NR,
                          (real)a->scale);
 }
 

@@ -83,11 +83,15 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
     return v;
 }
 
-/* The queries a tile's buffers hold for nq queries: whole NR slivers of
- * packed queries, and whole MR runs of the value product, which reads
- * probabilities straight from the score tile. The columns past nq are
- * zeros, never exponentiated (score_product). */
+/* The queries a tile's buffers are sized for, nq queries rounded to whole
+ * MR runs of the value product (which reads probabilities straight from
+ * the score tile) and to whole NR slivers. The columns past nq are zeros,
+ * never exponentiated (score_product). */
 static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, GEMM_MR), GEMM_NR); }
+
+/* The query columns the score product computes for nq queries, and so the
+ * rows of packed queries (and dO) it reads: whole NR slivers. */
+static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); }
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
  * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
@@ -157,7 +161,7 @@ static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E)
 {
-    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = ROUND_UP(nq, GEMM_NR), runs = ROUND_UP(nq, GEMM_MR);
+    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
             FN(tile_store)(E, k_pack + j0 * E, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
