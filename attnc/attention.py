@@ -43,7 +43,7 @@ class _Attention(Module):
         return 0.0
 
     def _attend(self, x, attention_mask=None, return_weights=False):
-        params = tuple(getattr(*self._owner_of(key)) for key in self._spec[0])
+        params = self._values_of(self._spec[0])
         p, training = self._dropout_p(), self.training  # read once: another thread may switch the mode
         result = _C.self_attention(x, params=params, spec=self._spec, attention_mask=attention_mask,
                                    dtype=self.dtype, dropout_p=p, training=training, rng=self.rng,

@@ -1,5 +1,6 @@
 """Module, Linear and Dropout: torch.nn's bookkeeping for NumPy arrays."""
 import collections
+import functools
 import math
 
 import numpy as np
@@ -22,6 +23,13 @@ def _grad_dtype(x, module_dtype):
     floating array (as torch's x.grad), else the module's."""
     dtype = getattr(x, "dtype", None)
     return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) else module_dtype
+
+
+@functools.lru_cache(maxsize=None)
+def _key_paths(keys):
+    """Dotted parameter names, each split once into (submodule path, name):
+    a forward looks up its parameters by name at every call."""
+    return tuple((tuple(path), name) for *path, name in (key.split(".") for key in keys))
 
 
 def _indent(text, spaces):
@@ -378,11 +386,22 @@ class Module:
 
     def _owner_of(self, key):
         """(module, attribute name) of the parameter named `key`."""
+        ((path, name),) = _key_paths((key,))
         owner = self
-        *path, name = key.split(".")
         for child in path:
             owner = owner._modules[child]
         return owner, name
+
+    def _values_of(self, keys):
+        """The current values of the parameters named by the tuple of
+        dotted `keys`, looked up now (a user may have replaced any)."""
+        values = []
+        for path, name in _key_paths(keys):
+            owner = self
+            for child in path:
+                owner = owner._modules[child]
+            values.append(getattr(owner, name))
+        return tuple(values)
 
     def to(self, dtype):
         """Convert the module and its submodules to another dtype.

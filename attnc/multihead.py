@@ -265,7 +265,7 @@ class MultiheadAttention(Module):
         >>> print(weights[0, 0, 0])  # the first query sees the first key only
         [1. 0. 0. 0. 0.]
         """
-        params = {name: getattr(*self._owner_of(name)) for name in _PARAMETERS}
+        params = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
         if is_causal and attn_mask is None:
