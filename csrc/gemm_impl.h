@@ -141,17 +141,26 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
     const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
     idx_t p = 0, cs = x->cs;
-    if (rows == width && width % VLANES == 0 && cs == 1)
-        /* whole slivers of rows in place (the weights of a linear layer):
-         * VLANES steps of VLANES rows at a time, turned in registers (a
-         * fifth of the instructions of the loop below) */
-        for (; p + VLANES <= kc; p += VLANES)
-            for (idx_t r = 0; r < width; r += VLANES) {
-                vreal block[VLANES];
-                for (int l = 0; l < VLANES; l++) block[l] = vload_elems(row[r + l] + p);
-                vtranspose(block);
-                for (int l = 0; l < VLANES; l++) vstoreu(dst + (p + l) * width + r, block[l]);
+    /* A width that is not a whole number of vectors (MR rows of A) ends
+     * each step with a group of fewer than VLANES rows: its store runs
+     * past the step into the next steps' first slots, which those steps
+     * write later, so a block needs that many steps after it in the
+     * sliver. */
+    idx_t spill = (VLANES - width % VLANES) % VLANES, spill_steps = attnc_ceil_div(spill, width);
+    if (rows == width && cs == 1)
+        /* whole slivers of rows in place (the weights of a linear layer,
+         * the rows of x): VLANES steps of up to VLANES rows at a time,
+         * turned in registers (a fifth of the instructions of the loop
+         * below) */
+        for (; p + VLANES + spill_steps <= kc; p += VLANES) {
+            vreal groups[(GEMM_MAX_WIDTH + VLANES - 1) / VLANES][VLANES];
+            for (idx_t r = 0, g = 0; r < width; r += VLANES, g++) {
+                for (idx_t l = 0; l < VLANES; l++) groups[g][l] = vload_elems(row[attnc_min(r + l, width - 1)] + p);
+                vtranspose(groups[g]);
             }
+            for (idx_t l = 0; l < VLANES; l++)
+                for (idx_t r = 0, g = 0; r < width; r += VLANES, g++) vstoreu(dst + (p + l) * width + r, groups[g][l]);
+        }
     if (rows < width)
         for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
     /* the rest one step p at a time: contiguous writes, and `width` rows

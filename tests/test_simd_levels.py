@@ -34,6 +34,20 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("k", [776, 777, 778, 784, 785, 786])
+def test_linear_last_k_block_every_level(k, dtype, simd_mode):
+    """The packed path (x too large to pack alone), with a last K block of
+    8 to 18 steps: around one vector's worth of steps (8 or 16 floats, 4 or 8
+    doubles), where packing the rows of x in register blocks stops (a block's
+    last store runs into the next step); each row's bits as when alone."""
+    rng = np.random.default_rng(k)
+    x, w, b = _r(rng, (60, k), dtype), _r(rng, (20, k), dtype), _r(rng, (20,), dtype)
+    out = F.linear(x, w, b)
+    assert_close(out, x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} K={k}")
+    for i in (0, 5, 6, 59):
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
+
+
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
