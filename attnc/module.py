@@ -25,10 +25,11 @@ def _grad_dtype(x, module_dtype):
     return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) else module_dtype
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def _key_paths(keys):
     """Dotted parameter names, each split once into (submodule path, name):
-    a forward looks up its parameters by name at every call."""
+    a forward looks up its parameters by name at every call (a module
+    class has a few such tuples: the cache stays small)."""
     return tuple((tuple(path), name) for *path, name in (key.split(".") for key in keys))
 
 
