@@ -385,24 +385,22 @@ class Module:
                 object.__setattr__(owner, name, array.copy())  # never the caller's memory
         return _IncompatibleKeys(missing, unexpected)
 
-    def _owner_of(self, key):
-        """(module, attribute name) of the parameter named `key`."""
-        ((path, name),) = _key_paths((key,))
+    def _submodule(self, path):
+        """The module at `path` (a tuple of child names) below this one."""
         owner = self
         for child in path:
             owner = owner._modules[child]
-        return owner, name
+        return owner
+
+    def _owner_of(self, key):
+        """(module, attribute name) of the parameter named `key`."""
+        ((path, name),) = _key_paths((key,))
+        return self._submodule(path), name
 
     def _values_of(self, keys):
         """The current values of the parameters named by the tuple of
         dotted `keys`, looked up now (a user may have replaced any)."""
-        values = []
-        for path, name in _key_paths(keys):
-            owner = self
-            for child in path:
-                owner = owner._modules[child]
-            values.append(getattr(owner, name))
-        return tuple(values)
+        return tuple([getattr(self._submodule(path), name) for path, name in _key_paths(keys)])
 
     def to(self, dtype):
         """Convert the module and its submodules to another dtype.
