@@ -210,7 +210,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
         for (idx_t j = 0; j < nk; j++)
             for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
     }
-    for (idx_t i = 0; i < nq; i++) {
+    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
         real *row = w + i * S;
         FN(scale_row)(row, S, FN(safe_inverse)(FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
         if (!ELEM_IS_REAL) FN(store_row)(FN(weights_at)(a, b, i0 + i, 0), row, S);
@@ -239,7 +239,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
     FN(flash_queries)(&t, a, &item, b, i0, i1);
     real *rows = work + job->workspace_elems; /* elems' weights rows */
     if (a->weights)
-        for (idx_t q0 = i0; q0 < i1; q0 += BLOCK_Q)
+        for (idx_t q0 = i0; q0 < i1 && !attnc_interrupted(); q0 += BLOCK_Q)
             FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1), rows);
     attnc_free(work);
 }
