@@ -195,6 +195,33 @@ static void FN(pack_task)(void *ctx, idx_t t)
 /* ------------------------------------------------------------------------ */
 /* blocks of C                                                               */
 
+/* C (j + s, i + r) <- tile (r, s) for r < m, s < n, or += it after the
+ * first K block: a transposed job's tile of C^T written to C. Blocks of
+ * VLANES x VLANES are turned in registers, and each column of the tile is
+ * stored as m elements of a row of C (at most MR: no write past the tile,
+ * which the next tile's task may be writing). */
+static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile, idx_t i, idx_t j, idx_t m, idx_t n,
+                                      int first)
+{
+    for (idx_t r0 = 0; r0 < m; r0 += VLANES)
+        for (idx_t s0 = 0; s0 < n; s0 += VLANES) {
+            vreal columns[VLANES];
+            for (idx_t l = 0; l < VLANES; l++) columns[l] = vloadu(tile + attnc_min(r0 + l, GEMM_MR - 1) * GEMM_NR + s0);
+            vtranspose(columns);
+            int rows = (int)attnc_min(VLANES, m - r0);
+            for (idx_t l = 0; l < attnc_min(VLANES, n - s0); l++) {
+                real *c = job->c + (j + s0 + l) * job->c_rs + i + r0;
+                if (first) {
+                    vstore_first(c, columns[l], rows);
+                    continue;
+                }
+                real column[VLANES];
+                vstoreu(column, columns[l]);
+                for (int r = 0; r < rows; r++) c[r] += column[r];
+            }
+        }
+}
+
 /* The C tile at (i, j) += its A sliver . B sliver, or, in the first K
  * block, = bias + that. A tile cut by the bottom or right edge of C, or
  * written transposed, is computed in a buffer first. Either way each
@@ -235,9 +262,13 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
         start = init;
     }
     FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs);
+    if (job->transposed) {
+        FN(store_tile_transposed)(job, tile, i, j, m, n, first);
+        return;
+    }
     for (idx_t r = 0; r < m; r++)
         for (idx_t s = 0; s < n; s++) {
-            real *c = job->transposed ? job->c + (j + s) * job->c_rs + i + r : job->c + (i + r) * job->c_rs + j + s;
+            real *c = job->c + (i + r) * job->c_rs + j + s;
             *c = first ? tile[r * GEMM_NR + s] : *c + tile[r * GEMM_NR + s];
         }
 }

@@ -7,6 +7,9 @@
  *   vzero(), vset1(x)  all zeros, x in every lane
  *   vload(p)           from p aligned to the vector's size
  *   vloadu(p)          from any p;  vstoreu(p, v) to any p
+ *   vstore_first(p, v, n)  lanes [0, n) of v to p (n <= VLANES), and
+ *                      nothing past them: a masked store where the ISA
+ *                      has one
  *   vadd(a, b)         a + b
  *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
  *   sfma(a, b, c)      the scalar twin of vfma: the same rounding, so a
@@ -32,6 +35,7 @@
 #define vload FN(vload)
 #define vloadu FN(vloadu)
 #define vstoreu FN(vstoreu)
+#define vstore_first FN(vstore_first)
 #define vadd FN(vadd)
 #define vfma FN(vfma)
 #define sfma FN(sfma)
@@ -166,4 +170,22 @@ static inline real sfma(real a, real b, real c) { return fma(a, b, c); }
 static inline vreal vset1(real x) { return (vreal){0} + x; }
 static inline vreal vfma(vreal a, vreal b, vreal c) { return a * b + c; }
 static inline real sfma(real a, real b, real c) { return a * b + c; }
+#endif
+
+#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
+static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v); }
+#elif defined(ATTNC_ISA_AVX512)
+static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_pd(p, (__mmask8)((1u << n) - 1), v); }
+#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+static inline void vstore_first(real *p, vreal v, int n)
+{
+    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
+}
+#elif defined(ATTNC_ISA_AVX2)
+static inline void vstore_first(real *p, vreal v, int n)
+{
+    _mm256_maskstore_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3)), v);
+}
+#else
+static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t)n * sizeof(real)); }
 #endif

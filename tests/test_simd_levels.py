@@ -21,7 +21,7 @@ def _r(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (13, 11, 300), (300, 37, 9), (97, 299, 131), (255, 17, 257),
-                                   (25, 300, 769), (7, 5, 3)])
+                                   (25, 300, 769), (9, 35, 1550), (7, 5, 3)])
 @pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
 def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     rng = np.random.default_rng(m + 7 * n + 13 * k)
