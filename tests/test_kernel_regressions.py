@@ -193,6 +193,36 @@ def test_sigint_interrupts_a_long_call(call):
     assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
 
 
+def test_sigint_skips_the_weights_rows_left():
+    """Interrupted in its first product pass, a task with the weights wanted
+    went on to normalise all its weights rows (8 query tiles x 96 rows x S
+    keys each): 65536 keys made that 50 M elements per thread, and their
+    pages, after the interrupt. It now stops at once (a poll every 20 ms)."""
+    out = _run_child("""
+        import os, signal, threading, time
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        attnc.set_num_threads(2)
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 8, 768, 64), dtype=np.float32)
+        k = rng.standard_normal((1, 8, 65536, 64), dtype=np.float32)
+        sent = []
+        def interrupt():
+            time.sleep(0.02)  # inside every thread's first pass of products
+            sent.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            F.scaled_dot_product_attention(q, k, k, return_weights=True)
+        except KeyboardInterrupt:
+            print("delay", time.perf_counter() - sent[0])
+    """, timeout=300)
+    delay = float(out.split("delay")[1].split()[0])
+    assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
+
+
 # ============================================================================
 # finding 5: extra memory bounded by max(64 MiB, 2 x (inputs + outputs))
 
