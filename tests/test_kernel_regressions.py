@@ -218,6 +218,8 @@ def test_sigint_skips_the_weights_rows_left():
             F.scaled_dot_product_attention(q, k, k, return_weights=True)
         except KeyboardInterrupt:
             print("delay", time.perf_counter() - sent[0])
+        else:
+            raise SystemExit("the call ended without an interrupt")
     """, timeout=300)
     delay = float(out.split("delay")[1].split()[0])
     assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
