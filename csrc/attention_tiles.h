@@ -96,20 +96,35 @@ static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
  * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
  * (a multiple of width) are zeros. Queries (width NR, the scale folded in)
- * and keys (width MR). */
+ * and keys (width MR). VLANES rows x VLANES columns at a time are turned
+ * in registers into VLANES steps of VLANES rows each (a sliver's last group
+ * of rows stored short when the width is not whole vectors: MR), then the
+ * columns past E's whole vectors one by one. The scalar scatter this
+ * replaced was a fifth of a small call's time (benchmarks/NOTES.md). */
 static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
                                  idx_t width, real scale)
 {
-    for (idx_t r0 = 0; r0 < padded_n; r0 += width) {
-        real *sliver = dst + r0 * E;
-        for (idx_t r = 0; r < width; r++) {
-            const elem *row = src + (r0 + r) * src_rs;
-            if (r0 + r < n)
-                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = scale * to_real(row[p]);
-            else
-                for (idx_t p = 0; p < E; p++) sliver[p * width + r] = 0;
+    for (idx_t r0 = 0; r0 < padded_n; r0 += width)
+        for (idx_t g = 0; g < width; g += VLANES) {
+            real *run = dst + r0 * E + g;
+            int lanes = (int)attnc_min(VLANES, width - g);
+            const elem *rows[VLANES]; /* NULL: a padding row */
+            for (int l = 0; l < VLANES; l++) rows[l] = l < lanes && r0 + g + l < n ? src + (r0 + g + l) * src_rs : NULL;
+            idx_t p = 0;
+            for (; p + VLANES <= E; p += VLANES) {
+                vreal block[VLANES];
+                for (int l = 0; l < VLANES; l++) block[l] = rows[l] ? vset1(scale) * vload_elems(rows[l] + p) : vzero();
+                vtranspose(block);
+                for (int l = 0; l < VLANES; l++) {
+                    if (lanes == VLANES)
+                        vstoreu(run + (p + l) * width, block[l]);
+                    else
+                        vstore_first(run + (p + l) * width, block[l], lanes);
+                }
+            }
+            for (; p < E; p++)
+                for (int l = 0; l < lanes; l++) run[p * width + l] = rows[l] ? scale * to_real(rows[l][p]) : 0;
         }
-    }
 }
 
 /* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
