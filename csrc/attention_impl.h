@@ -128,7 +128,10 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
  * of the buffers): the scores against the packed key tile [j0, j0+nk),
  * the running max and sum updated (what was accumulated under an older
  * max is rescaled when the max grows), then P.V added to acc. A row with
- * no finite score yet keeps max -inf and shift 0: its e are exactly 0. */
+ * no finite score yet keeps max -inf and shift 0: its e are exactly 0, so
+ * its sum and acc are +0 (or NaN, from a NaN score or 0 * inf), which the
+ * correction exp(-inf) = 0 would leave as they are: it is not applied
+ * (for S <= BLOCK_K, no row is ever rescaled). */
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
@@ -136,7 +139,9 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     for (idx_t i = 0; i < nq; i++) {
         real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
-        t->correction[i] = new_max == t->run_max[i] ? 1 : FN(vexp)(t->run_max[i] - new_max);
+        t->correction[i] = new_max == t->run_max[i] || t->run_max[i] == -(real)INFINITY
+                               ? 1
+                               : FN(vexp)(t->run_max[i] - new_max);
         t->run_sum[i] *= t->correction[i];
         t->run_max[i] = new_max;
         t->tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
@@ -165,7 +170,8 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         idx_t q0 = i0 + tile * BLOCK_Q;
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
-        for (idx_t i = 0; i < BLOCK_Q * t->Ev_padded; i++) view.acc[i] = 0;
+        idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR); /* the rows value_product adds to */
+        for (idx_t i = 0; i < acc_rows * t->Ev_padded; i++) view.acc[i] = 0;
         for (idx_t i = 0; i < BLOCK_Q; i++) {
             view.run_max[i] = -(real)INFINITY;
             view.run_sum[i] = 0;

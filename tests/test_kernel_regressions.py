@@ -72,6 +72,29 @@ def test_rows_of_minus_inf_scores_match_torch_math(L, S, is_causal, dtype, simd_
     assert_close(weights, expected_weights, dtype, "weights")
 
 
+@pytest.mark.parametrize("value_inf", [False, True], ids=["finite-values", "inf-value"])
+def test_rows_hidden_from_the_first_key_tile_match_torch_math(value_inf, dtype, simd_mode):
+    """Rows that score -inf against every key of the first key tile (192 keys) and
+    finite against later tiles: their sum and accumulator are not rescaled by the
+    later tiles' max (a no-op on zeros), and a hidden infinite value there still
+    makes the row NaN (0 * inf), as in torch's math path."""
+    rng = np.random.default_rng(7)
+    L, S = 100, 400
+    q = rng.standard_normal((1, L, 3)).astype(dtype)
+    k = rng.standard_normal((1, S, 3)).astype(dtype)
+    v = rng.standard_normal((1, S, 5)).astype(dtype)
+    q[..., 0] = np.where(rng.random((1, L)) < 0.5, -1.0, 1.0)
+    k[0, :250, 0] = np.inf  # -inf scores for the rows with a negative first feature
+    if value_inf:
+        v[0, 20, 1] = np.inf
+    expected = _torch_math_sdpa(q, k, v)
+    hidden = q[0, :, 0] < 0
+    assert hidden.any() and (~hidden).any()
+    assert np.isnan(expected[0, ~hidden]).all()  # +inf scores: NaN, as torch
+    assert np.isnan(expected[0, hidden, 1]).all() == value_inf
+    assert_close(F.scaled_dot_product_attention(q, k, v), expected, dtype)
+
+
 def test_documents_masked_rows_stay_uniform():
     """The documents' -1e20 fill is finite: a fully masked row attends uniformly."""
     rng = np.random.default_rng(1)
