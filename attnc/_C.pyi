@@ -22,7 +22,7 @@ def dropout(x: npt.ArrayLike, p: float = 0.5, *, training: bool = True, rng: _Rn
             dtype: Optional[npt.DTypeLike] = None, seed: Optional[int] = None) -> _Array: ...
 def scaled_dot_product_attention(
     query: npt.ArrayLike, key: npt.ArrayLike, value: npt.ArrayLike, attn_mask: Optional[npt.ArrayLike] = None,
-    dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, *, rng: _Rng = None,
+    dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, rng: _Rng = None,
     return_weights: bool = False, return_lse: bool = False, attn_bias: Optional[npt.ArrayLike] = None,
     causal_alignment: str = "top_left", window: Optional[Tuple[Optional[int], Optional[int]]] = None,
     dtype: Optional[npt.DTypeLike] = None, seed: Optional[int] = None,

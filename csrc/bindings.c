@@ -899,7 +899,7 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject *objs[3], *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
     score_options o = {Py_None, Py_None, Py_None, NULL, NULL, 0};
     int want_weights = 0, want_lse = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpO$OppOOOOO:scaled_dot_product_attention", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOOppOOOOO:scaled_dot_product_attention", kwlist,
                                      &objs[0], &objs[1], &objs[2], &o.mask, &p_obj, &o.is_causal, &o.scale, &rng,
                                      &want_weights, &want_lse, &o.bias, &o.alignment, &o.window, &dtype_obj,
                                      &seed_obj))
