@@ -1251,7 +1251,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
              *scale_obj = Py_None;
     int training = 0, want_weights = 0, save = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|O$OOpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|OOOpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
                                      &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
                                      &rng, &want_weights, &scale_obj, &save))
         return NULL;
