@@ -157,13 +157,13 @@ static const real FN(zero_row)[64];
 static __attribute__((noinline)) void FN(tile_store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
                                                      idx_t c_rs, const real *init)
 {
-    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0);
+    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0);
 }
 
 static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
                                                    idx_t c_rs)
 {
-    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0);
+    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T

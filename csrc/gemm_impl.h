@@ -42,6 +42,11 @@
  * computed by direct loops with no workspace (e.g. the documents' tiny
  * examples). */
 #define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
+/* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
+ * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
+ * per A sliver; on an Ice Lake core the hardware prefetchers alone left
+ * the kernel 10 % slower (benchmarks/NOTES.md). */
+#define GEMM_PREFETCH_STEPS 8
 
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
@@ -57,10 +62,12 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
  * elements per step, aligned to the vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
- * loads of B and 2 * MR FMAs. c's rows are c_rs apart. */
+ * loads of B and 2 * MR FMAs. c's rows are c_rs apart. With stream_b (a
+ * constant), b is a GEMM sliver KC steps deep, larger than L1, and its rows
+ * GEMM_PREFETCH_STEPS ahead are asked for while these compute. */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
-                                                                const real *init, idx_t init_rs)
+                                                                const real *init, idx_t init_rs, int stream_b)
 {
     vreal acc[GEMM_MR][2];
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
@@ -72,6 +79,10 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
     }
     for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
+        if (stream_b) {
+            __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
+            __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
+        }
         vreal b0 = vload(b), b1 = vload(b + VLANES);
         _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
             vreal ai = vset1(a[i * a_rs]);
@@ -243,9 +254,9 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0);
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1);
         else
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0);
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -261,7 +272,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
         start = init;
     }
-    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs);
+    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1);
     if (job->transposed) {
         FN(store_tile_transposed)(job, tile, i, j, m, n, first);
         return;
