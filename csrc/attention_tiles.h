@@ -95,12 +95,10 @@ static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); 
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
  * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
- * (a multiple of width) are zeros. Queries (width NR, the scale folded in)
- * and keys (width MR). VLANES rows x VLANES columns at a time are turned
- * in registers into VLANES steps of VLANES rows each (a sliver's last group
- * of rows stored short when the width is not whole vectors: MR), then the
- * columns past E's whole vectors one by one. The scalar scatter this
- * replaced was a fifth of a small call's time (benchmarks/NOTES.md). */
+ * (a multiple of width) are zeros. Queries and dO (width NR, the scale
+ * folded into the queries), keys and values (width MR). VLANES steps of
+ * VLANES rows at a time go through turn_rows (gemm_impl.h), the columns
+ * past E's whole vectors one by one. */
 static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
                                  idx_t width, real scale)
 {
@@ -111,17 +109,7 @@ static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t
             const elem *rows[VLANES]; /* NULL: a padding row */
             for (int l = 0; l < VLANES; l++) rows[l] = l < lanes && r0 + g + l < n ? src + (r0 + g + l) * src_rs : NULL;
             idx_t p = 0;
-            for (; p + VLANES <= E; p += VLANES) {
-                vreal block[VLANES];
-                for (int l = 0; l < VLANES; l++) block[l] = rows[l] ? vset1(scale) * vload_elems(rows[l] + p) : vzero();
-                vtranspose(block);
-                for (int l = 0; l < VLANES; l++) {
-                    if (lanes == VLANES)
-                        vstoreu(run + (p + l) * width, block[l]);
-                    else
-                        vstore_first(run + (p + l) * width, block[l], lanes);
-                }
-            }
+            for (; p + VLANES <= E; p += VLANES) FN(turn_rows)(run + p * width, rows, lanes, p, width, scale);
             for (; p < E; p++)
                 for (int l = 0; l < lanes; l++) run[p * width + l] = rows[l] ? scale * to_real(rows[l][p]) : 0;
         }

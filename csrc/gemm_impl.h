@@ -44,8 +44,8 @@
 #define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
- * per A sliver; on an Ice Lake core the hardware prefetchers alone left
- * the kernel 10 % slower (benchmarks/NOTES.md). */
+ * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
+ * time, 1 thread unchanged (benchmarks/NOTES.md). */
 #define GEMM_PREFETCH_STEPS 8
 
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
@@ -79,9 +79,9 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
     }
     for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
-        if (stream_b) {
+        if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
             __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
-            __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
+            if (GEMM_NR * sizeof(real) > 64) __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
         }
         vreal b0 = vload(b), b1 = vload(b + VLANES);
         _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
@@ -144,6 +144,27 @@ static const real FN(gemm_zeros)[64];
 
 #define GEMM_MAX_WIDTH (GEMM_NR > GEMM_MR ? GEMM_NR : GEMM_MR)
 
+/* dst[l * width + r] <- scale * rows[r][p + l] for r < lanes, l < VLANES:
+ * VLANES steps of a group of up to VLANES rows of a sliver `width` rows
+ * wide, turned in registers. A NULL row gives zeros (padding); a group of
+ * fewer than VLANES rows (the last of an MR-wide sliver) is stored short,
+ * never past its slots. Every packing of rows into slivers goes through
+ * it: the GEMM's operands (scale 1) and the attention's queries and keys. */
+static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const elem *const *rows, int lanes,
+                                                                idx_t p, idx_t width, real scale)
+{
+    vreal block[VLANES];
+    for (int l = 0; l < VLANES; l++)
+        block[l] = l < lanes && rows[l] ? vset1(scale) * vload_elems(rows[l] + p) : vzero();
+    vtranspose(block);
+    for (int l = 0; l < VLANES; l++) {
+        if (lanes == VLANES)
+            vstoreu(dst + l * width, block[l]);
+        else
+            vstore_first(dst + l * width, block[l], lanes);
+    }
+}
+
 /* dst (kc, width) <- x rows [r0, r0 + rows), steps [p0, p0 + kc); rows
  * past `rows` are zeros, so an edge tile computes like a full one. */
 static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
@@ -152,26 +173,14 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
     const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
     idx_t p = 0, cs = x->cs;
-    /* A width that is not a whole number of vectors (MR rows of A) ends
-     * each step with a group of fewer than VLANES rows: its store runs
-     * past the step into the next steps' first slots, which those steps
-     * write later, so a block needs that many steps after it in the
-     * sliver. */
-    idx_t spill = (VLANES - width % VLANES) % VLANES, spill_steps = attnc_ceil_div(spill, width);
     if (rows == width && cs == 1)
         /* whole slivers of rows in place (the weights of a linear layer,
          * the rows of x): VLANES steps of up to VLANES rows at a time,
          * turned in registers (a fifth of the instructions of the loop
          * below) */
-        for (; p + VLANES + spill_steps <= kc; p += VLANES) {
-            vreal groups[(GEMM_MAX_WIDTH + VLANES - 1) / VLANES][VLANES];
-            for (idx_t r = 0, g = 0; r < width; r += VLANES, g++) {
-                for (idx_t l = 0; l < VLANES; l++) groups[g][l] = vload_elems(row[attnc_min(r + l, width - 1)] + p);
-                vtranspose(groups[g]);
-            }
-            for (idx_t l = 0; l < VLANES; l++)
-                for (idx_t r = 0, g = 0; r < width; r += VLANES, g++) vstoreu(dst + (p + l) * width + r, groups[g][l]);
-        }
+        for (; p + VLANES <= kc; p += VLANES)
+            for (idx_t g = 0; g < width; g += VLANES)
+                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1);
     if (rows < width)
         for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
     /* the rest one step p at a time: contiguous writes, and `width` rows
