@@ -39,7 +39,7 @@ def scaled_dot_product_attention_backward(
 _Saved = Tuple[_Array, _Array, _Array, _Array, int]
 def self_attention(
     x: npt.ArrayLike, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,
-    attention_mask: Optional[npt.ArrayLike] = None, dtype: Optional[npt.DTypeLike] = None, dropout_p: float = 0.0,
+    attention_mask: Optional[npt.ArrayLike], dtype: npt.DTypeLike, dropout_p: float = 0.0,
     training: bool = False, rng: _Rng = None, return_weights: bool = False, scale: Optional[float] = None,
     save: bool = False,
 ) -> Union[_Out, Tuple[_Out, _Saved]]: ...

@@ -127,9 +127,9 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
 /* One step of the online softmax for queries [i0, i0+nq) (the tile's view
  * of the buffers): the scores against the packed key tile [j0, j0+nk),
  * the running max and sum updated (what was accumulated under an older
- * max is rescaled when the max grows), then P.V added to acc. A row with
- * no finite score yet keeps max -inf and shift 0: its e are exactly 0, so
- * its sum and acc are +0 (or NaN, from a NaN score or 0 * inf), which the
+ * max is rescaled when the max grows), then P.V added to acc. A row whose
+ * scores so far are all -inf or NaN keeps max -inf and shift 0: its e are
+ * 0 (or NaN), so its sum and acc are +0 (or NaN, also from 0 * inf), which the
  * correction exp(-inf) = 0 would leave as they are: it is not applied
  * (for S <= BLOCK_K, no row is ever rescaled). */
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,

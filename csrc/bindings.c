@@ -887,9 +887,9 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
 
 /* ======================================================================== */
 /* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
-/*     dropout_p=0.0, is_causal=False, scale=None, *, rng=None,              */
+/*     dropout_p=0.0, is_causal=False, scale=None, rng=None,                 */
 /*     return_weights=False, return_lse=False, attn_bias=None,               */
-/*     causal_alignment="top_left", window=None, dtype=None)                 */
+/*     causal_alignment="top_left", window=None, dtype=None, seed=None)      */
 
 static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -1020,9 +1020,9 @@ done:
 }
 
 /* ======================================================================== */
-/* self_attention(x, params, spec, attention_mask=None, *, dtype,           */
-/*     dropout_p=0.0, training=False, rng=None, return_weights=False,        */
-/*     scale=None)                                                           */
+/* self_attention(x, params, spec, attention_mask, dtype, dropout_p=0.0,    */
+/*     training=False, rng=None, return_weights=False, scale=None,           */
+/*     save=False)                                                           */
 /*                                                                          */
 /* A whole module forward. spec, built once at the module's construction   */
 /* (attnc/attention.py), describes the module:                              */
@@ -1251,7 +1251,7 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
              *scale_obj = Py_None;
     int training = 0, want_weights = 0, save = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!|OOOpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
                                      &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
                                      &rng, &want_weights, &scale_obj, &save))
         return NULL;
@@ -1539,7 +1539,7 @@ static PyMethodDef methods[] = {
      "seed: the mask's key (None: drawn from rng)."},
     {"scaled_dot_product_attention", FN(py_sdpa), KW,
      "scaled_dot_product_attention($module, /, query, key, value, attn_mask=None, dropout_p=0.0, "
-     "is_causal=False, scale=None, *, rng=None, return_weights=False, return_lse=False, attn_bias=None, "
+     "is_causal=False, scale=None, rng=None, return_weights=False, return_lse=False, attn_bias=None, "
      "causal_alignment='top_left', window=None, dtype=None, seed=None)\n--\n\n"
      "attnc.functional.scaled_dot_product_attention; dtype None: the functional dtype rule; seed: the dropout "
      "mask's key (None: drawn from rng)."},
@@ -1550,7 +1550,7 @@ static PyMethodDef methods[] = {
      "The gradients of query, key and value over the broadcast batch (not yet summed to their shapes); dropout "
      "needs the forward's seed."},
     {"self_attention", FN(py_self_attention), KW,
-     "self_attention($module, /, x, params, spec, attention_mask=None, *, dtype, dropout_p=0.0, training=False, "
+     "self_attention($module, /, x, params, spec, attention_mask, dtype, dropout_p=0.0, training=False, "
      "rng=None, return_weights=False, scale=None, save=False)\n--\n\n"
      "A whole module forward. params: the parameter arrays in the order of spec's names; spec: "
      "(names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused), built at the "

@@ -75,13 +75,12 @@ def test_rows_of_minus_inf_scores_match_torch_math(L, S, is_causal, dtype, simd_
 @pytest.mark.parametrize("value_inf", [False, True], ids=["finite-values", "inf-value"])
 def test_rows_hidden_from_the_first_key_tile_match_torch_math(value_inf, dtype, simd_mode):
     """Rows that score -inf against every key of the first key tile (192 keys) and
-    finite against later tiles: their sum and accumulator are not rescaled by the
-    later tiles' max (a no-op on zeros), and a hidden infinite value there still
-    makes the row NaN (0 * inf), as in torch's math path."""
+    finite against later tiles attend over the later keys as torch's math path does,
+    and a hidden infinite value in the first tile makes them NaN (0 * inf)."""
     rng = np.random.default_rng(7)
-    L, S = 100, 400
-    q = rng.standard_normal((1, L, 3)).astype(dtype)
-    k = rng.standard_normal((1, S, 3)).astype(dtype)
+    L, S, E = 100, 400, 20  # E: a whole vector of every level and a tail
+    q = rng.standard_normal((1, L, E)).astype(dtype)
+    k = rng.standard_normal((1, S, E)).astype(dtype)
     v = rng.standard_normal((1, S, 5)).astype(dtype)
     q[..., 0] = np.where(rng.random((1, L)) < 0.5, -1.0, 1.0)
     k[0, :250, 0] = np.inf  # -inf scores for the rows with a negative first feature
