@@ -149,7 +149,8 @@ static const real FN(gemm_zeros)[64];
  * wide, turned in registers. A NULL row gives zeros (padding); a group of
  * fewer than VLANES rows (the last of an MR-wide sliver) is stored short,
  * never past its slots. Every packing of rows into slivers goes through
- * it: the GEMM's operands (scale 1) and the attention's queries and keys. */
+ * it: the GEMM's operands (scale 1, pack_sliver) and the attention's
+ * queries, keys, values and dO (pack_row_slivers). */
 static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const elem *const *rows, int lanes,
                                                                 idx_t p, idx_t width, real scale)
 {
