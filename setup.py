@@ -29,6 +29,11 @@ link_args = ["-pthread"]
 # AVX-512 vector width and tile shapes (a test build: .ci/wide_vectors.sh)
 if os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES"):
     compile_args.append("-DATTNC_PORTABLE_BYTES=" + str(int(os.environ["ATTNC_PORTABLE_VECTOR_BYTES"])))
+# ATTNC_EMULATE_BF16_DOT=1: the AVX512_BF16 level's kernels with its dot
+# product emulated, offered on any AVX-512 CPU (a test build:
+# .ci/bf16_dot_emulated.sh)
+if os.environ.get("ATTNC_EMULATE_BF16_DOT"):
+    compile_args.append("-DATTNC_EMULATE_BF16_DOT")
 if os.environ.get("ATTNC_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g"] + sanitize
@@ -37,7 +42,7 @@ if os.environ.get("ATTNC_SANITIZE"):
 
 class build_ext_concurrently(build_ext):
     """Compiles the extension's C files side by side, one compiler per CPU:
-    the three kernel files (portable, AVX2, AVX-512) take most of a build,
+    the kernel files (portable, AVX2, AVX-512, AVX512_BF16) take most of a build,
     and setuptools compiles one file at a time (build_ext's --parallel only
     builds several extensions at once)."""
 

@@ -74,6 +74,7 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
 #undef PART
     t->E_padded = E_padded;
     t->Ev_padded = Ev_padded;
+    t->fwd.pairs = 0; /* the backward's products take widened operands */
     t->qb = qb;
     t->kb = kb;
     return used;
@@ -121,7 +122,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
  * (keys BLOCK_Q apart). Out of line, as tile_add. */
 static __attribute__((noinline)) void FN(tile_add_keys)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs)
 {
-    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, 0);
+    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, 0, 0);
 }
 
 /* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries
@@ -170,10 +171,10 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
     const attnc_attention_args *a = &g->forward;
     const elem *q = item->fwd.q + i0 * a->q.row_stride, *dout = item->grad_out + i0 * g->grad_out.row_stride;
     idx_t columns = FN(score_columns)(nq);
-    FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, columns, a->E, GEMM_NR, (real)a->scale);
-    FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, columns, a->Ev, GEMM_NR, 1);
-    FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb);
-    FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb);
+    FN(pack_row_slivers)(t->fwd.q_pack, q, a->q.row_stride, nq, columns, a->E, GEMM_NR, (real)a->scale, 0);
+    FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, columns, a->Ev, GEMM_NR, 1, 0);
+    FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb, 0);
+    FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb, 0);
     for (idx_t i = 0; i < nq; i++) {
         const elem *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
         real d = 0;
@@ -197,9 +198,9 @@ static void FN(prepare_keys)(FN(grad_buffers) *t, const attnc_attention_backward
 {
     const attnc_attention_args *a = &g->forward;
     const elem *k = item->fwd.k + j0 * a->k.row_stride, *v = item->fwd.v + j0 * a->v.row_stride;
-    FN(pack_row_slivers)(t->fwd.k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
-    FN(pack_row_slivers)(t->v_rows, v, a->v.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->Ev, GEMM_MR, 1);
-    if (with_dq) FN(pack_column_slivers)(t->k_cols, k, a->k.row_stride, nk, a->E, t->E_padded, GEMM_NR, t->kb);
+    FN(pack_row_slivers)(t->fwd.k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, 0);
+    FN(pack_row_slivers)(t->v_rows, v, a->v.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->Ev, GEMM_MR, 1, 0);
+    if (with_dq) FN(pack_column_slivers)(t->k_cols, k, a->k.row_stride, nk, a->E, t->E_padded, GEMM_NR, t->kb, 0);
 }
 
 /* The grad tile of queries [i0, i0+nq) and keys [j0, j0+nk) (both
@@ -210,7 +211,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
-    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev);
+    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, 0);
     for (idx_t j = 0; j < nk; j++) {
         real *p = t->fwd.scores_t + j * BLOCK_Q;
         for (idx_t i = 0; i < nq; i++) p[i] = FN(vexp)(p[i] - t->shift[i]) * t->norm[i];
@@ -287,7 +288,7 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
         FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
         FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
         if (dq_item)
-            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
+            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, nq, nk, t->E_padded, t->kb, 0);
     }
     FN(write_grad_rows)(item->grad_k + j0 * g->grad_k.row_stride, g->grad_k.row_stride, t->dk, t->E_padded, nk,
                         a->E);
@@ -309,7 +310,7 @@ static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_back
         idx_t nk = FN(block_keys)(a, j0);
         FN(prepare_keys)(t, g, item, j0, nk, 1);
         FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
-        FN(value_product)(t->dq, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb);
+        FN(value_product)(t->dq, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb, 0);
     }
     FN(write_grad_rows)(item->grad_q + i0 * g->grad_q.row_stride, g->grad_q.row_stride, t->dq, t->E_padded, nq, a->E);
 }

@@ -48,7 +48,7 @@ static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a
                               idx_t j0, idx_t nk)
 {
     const elem *k = item->k + j0 * a->k.row_stride;
-    FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1);
+    FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, t->pairs);
 }
 
 /* v_pack <- values [j0, j0+nk) of the item */
@@ -56,16 +56,17 @@ static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args 
                                 idx_t j0, idx_t nk)
 {
     const elem *v = item->v + j0 * a->v.row_stride;
-    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR, BLOCK_K);
+    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR, BLOCK_K, t->pairs);
 }
 
-/* q_pack <- the scaled queries [q0, q0+nq) of the item */
+/* q_pack <- the scaled queries [q0, q0+nq) of the item (as pairs
+ * unscaled: score_tile scales their scores) */
 static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                                 idx_t q0, idx_t nq)
 {
     const elem *q = item->q + q0 * a->q.row_stride;
     FN(pack_row_slivers)(t->q_pack, q, a->q.row_stride, nq, FN(score_columns)(nq), a->E, GEMM_NR,
-                         (real)a->scale);
+                         BF16_PAIRS && t->pairs ? 1 : (real)a->scale, t->pairs);
 }
 
 /* Queries in the query tile starting at q0 of a run ending at i1. */
@@ -79,10 +80,12 @@ static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOC
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
-    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E);
+    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, t->pairs);
     const attnc_band *band = &a->band;
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
+        if (BF16_PAIRS && t->pairs)
+            for (idx_t i = 0; i < nq; i++) row[i] *= (real)a->scale;
         if (item->bias) {
             const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
             for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
@@ -150,7 +153,10 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
-    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K);
+#if BF16_PAIRS
+    FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR), nk);
+#endif
+    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K, t->pairs);
 }
 
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:

@@ -45,6 +45,10 @@ typedef struct {
     real *run_max, *run_sum; /* per tile: (BLOCK_Q) each                           */
     real *tile_max, *correction; /* (BLOCK_Q) each                                */
     idx_t Ev_padded;
+    /* BF16_PAIRS' forward: queries, keys and values are packed as pairs of
+     * bfloat16 along the products' K (storage.h), queries unscaled, and
+     * the probabilities are rounded to pairs before the value product */
+    int pairs;
 } FN(tile_buffers);
 
 /* The workspace layout, in one place: carves `work` into t (when work is
@@ -53,6 +57,7 @@ typedef struct {
  * (attention_impl.h), so it cannot overflow. */
 static idx_t FN(tile_layout)(real *work, idx_t E, idx_t Ev, idx_t tiles, FN(tile_buffers) *t)
 {
+    t->pairs = BF16_PAIRS;
     idx_t used = 0, Ev_padded = ROUND_UP(Ev, GEMM_NR);
 #define PART(field, elems)                          \
     t->field = work ? work + used : NULL;           \
@@ -93,41 +98,69 @@ static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, 
  * rows of packed queries (and dO) it reads: whole NR slivers. */
 static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); }
 
+/* The steps of a product over E elements: E, or with pairs ceil(E / 2). */
+static inline idx_t FN(product_steps)(idx_t E, int pairs) { return BF16_PAIRS && pairs ? E / 2 + E % 2 : E; }
+
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
- * slivers of `width` rows: sliver s is (E, width); rows n to padded_n
+ * slivers of `width` rows: sliver s is (steps, width); rows n to padded_n
  * (a multiple of width) are zeros. Queries and dO (width NR, the scale
- * folded into the queries), keys and values (width MR). VLANES steps of
- * VLANES rows at a time go through turn_rows (gemm_impl.h), the columns
- * past E's whole vectors one by one. */
+ * folded into the queries), keys and values (width MR). With pairs, a
+ * step is a pair of elements (an odd E's last is (x, 0)) and scale is 1.
+ * VLANES steps of VLANES rows at a time go through turn_rows
+ * (gemm_impl.h), the steps past their whole vectors one by one. */
 static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
-                                 idx_t width, real scale)
+                                 idx_t width, real scale, int pairs)
 {
+    pairs = BF16_PAIRS && pairs; /* a constant 0 in the other instantiations */
+    idx_t steps = FN(product_steps)(E, pairs), whole = pairs ? E / 2 : E; /* whole: steps of two elements */
     for (idx_t r0 = 0; r0 < padded_n; r0 += width)
         for (idx_t g = 0; g < width; g += VLANES) {
-            real *run = dst + r0 * E + g;
+            real *run = dst + r0 * steps + g;
             int lanes = (int)attnc_min(VLANES, width - g);
             const elem *rows[VLANES]; /* NULL: a padding row */
             for (int l = 0; l < VLANES; l++) rows[l] = l < lanes && r0 + g + l < n ? src + (r0 + g + l) * src_rs : NULL;
             idx_t p = 0;
-            for (; p + VLANES <= E; p += VLANES) FN(turn_rows)(run + p * width, rows, lanes, p, width, scale);
-            for (; p < E; p++)
-                for (int l = 0; l < lanes; l++) run[p * width + l] = rows[l] ? scale * to_real(rows[l][p]) : 0;
+            for (; p + VLANES <= whole; p += VLANES) FN(turn_rows)(run + p * width, rows, lanes, p, width, scale, pairs);
+            for (; p < steps; p++)
+                for (int l = 0; l < lanes; l++) {
+                    real *slot = run + p * width + l;
+#if BF16_PAIRS
+                    if (pairs) {
+                        *slot = rows[l] ? FN(pair_of)(rows[l] + 2 * p, 2 * p + 1 < E ? rows[l] + 2 * p + 1 : NULL) : 0;
+                        continue;
+                    }
+#endif
+                    *slot = rows[l] ? scale * to_real(rows[l][p]) : 0;
+                }
         }
 }
 
 /* dst <- columns [0, cols) of src (n, cols; rows src_rs apart) cut into
- * slivers of `width` columns: sliver s is (sliver_rows >= n, width),
- * zero-padded up to padded_cols. Values (width NR). */
+ * slivers of `width` columns: sliver s is (sliver_rows >= steps, width),
+ * zero-padded up to padded_cols; steps is n, or with pairs ceil(n / 2):
+ * step j pairs rows 2j and 2j + 1 (an odd n's last with zeros). Values
+ * (width NR). */
 static void FN(pack_column_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t cols,
-                                    idx_t padded_cols, idx_t width, idx_t sliver_rows)
+                                    idx_t padded_cols, idx_t width, idx_t sliver_rows, int pairs)
 {
+    pairs = BF16_PAIRS && pairs; /* a constant 0 in the other instantiations */
+    idx_t steps = FN(product_steps)(n, pairs);
     for (idx_t c0 = 0; c0 < padded_cols; c0 += width) {
         real *sliver = dst + c0 * sliver_rows;
         idx_t valid = cols - c0 < width ? cols - c0 : width;
-        for (idx_t j = 0; j < n; j++) {
-            const elem *run = src + j * src_rs + c0;
-            for (idx_t c = 0; c < valid; c++) sliver[j * width + c] = to_real(run[c]);
-            for (idx_t c = valid; c < width; c++) sliver[j * width + c] = 0;
+        for (idx_t j = 0; j < steps; j++) {
+            real *step = sliver + j * width;
+            idx_t c = 0;
+#if BF16_PAIRS
+            if (pairs) {
+                const elem *first = src + 2 * j * src_rs + c0, *second = 2 * j + 1 < n ? first + src_rs : NULL;
+                for (; c + VLANES <= valid; c += VLANES)
+                    vstoreu(step + c, FN(vpair_rows)(first + c, second ? second + c : NULL));
+                for (; c < valid; c++) step[c] = FN(pair_of)(first + c, second ? second + c : NULL);
+            }
+#endif
+            for (; c < valid; c++) step[c] = to_real(src[j * src_rs + c0 + c]);
+            for (; c < width; c++) step[c] = 0;
         }
     }
 }
@@ -143,32 +176,40 @@ static const real FN(zero_row)[64];
  * the tile's row pointers from the stack; out of line, the float SDPA cases
  * measured 1-4% faster on Zen 3 (AVX2), the double ones unchanged. */
 static __attribute__((noinline)) void FN(tile_store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
-                                                     idx_t c_rs, const real *init)
+                                                     idx_t c_rs, const real *init, int pairs)
 {
-    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0);
+    if (BF16_PAIRS && pairs)
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0, 1);
+    else
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0, 0);
 }
 
 static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
-                                                   idx_t c_rs)
+                                                   idx_t c_rs, int pairs)
 {
-    FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0);
+    if (BF16_PAIRS && pairs)
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0, 1);
+    else
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T
- * (stored, not added: the tile is never cleared first). The products run
+ * (stored, not added: the tile is never cleared first), over E elements
+ * packed as product_steps(E, pairs) steps. The products run
  * over whole NR slivers up to nq; the value product reads whole MR runs of
  * queries, and the columns of those past the last sliver (at most MR - 1)
  * are set to the zeros a product with the zero-padded queries would give,
  * rather than computed as one more sliver (at nq = 32 that sliver was a
  * third of the product: 48 columns for 32 queries at MR 6, NR 16). */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
-                              idx_t E)
+                              idx_t E, int pairs)
 {
     idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR);
+    idx_t steps = FN(product_steps)(E, pairs);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
-            FN(tile_store)(E, k_pack + j0 * E, GEMM_MR, q_pack + i0 * E, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q,
-                           FN(zero_row));
+            FN(tile_store)(steps, k_pack + j0 * steps, GEMM_MR, q_pack + i0 * steps, scores_t + j0 * BLOCK_Q + i0,
+                           BLOCK_Q, FN(zero_row), pairs);
     for (idx_t j = 0; j < nk; j++)
         for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }
@@ -176,15 +217,36 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
 /* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys, column
  * slivers of sliver_rows): the micro-kernel reads the probabilities of MR
  * queries from each key's row of scores_t (nk, BLOCK_Q) in place, BLOCK_Q
- * apart, with no packing. */
+ * apart, with no packing. With pairs, scores_t holds the rows of
+ * pair_probabilities and v_pack pairs of keys: ceil(nk / 2) steps. */
 static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, idx_t nq, idx_t nk,
-                              idx_t Ev_padded, idx_t sliver_rows)
+                              idx_t Ev_padded, idx_t sliver_rows, int pairs)
 {
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
-            FN(tile_add)(nk, scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows, acc + i0 * Ev_padded + c0,
-                         Ev_padded);
+            FN(tile_add)(FN(product_steps)(nk, pairs), scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows,
+                         acc + i0 * Ev_padded + c0, Ev_padded, pairs);
 }
+
+#if BF16_PAIRS
+/* Row j of scores_t (nk, BLOCK_Q)[:, :cols] <- the probabilities of keys
+ * 2j and 2j + 1 rounded to a pair of bfloat16 (an odd nk's last with 0),
+ * in place: row j is written after rows 2j and 2j + 1 are read, and rows
+ * before them were read already. */
+static void FN(pair_probabilities)(real *scores_t, idx_t cols, idx_t nk)
+{
+    for (idx_t j = 0; j < FN(product_steps)(nk, 1); j++) {
+        const real *first = scores_t + 2 * j * BLOCK_Q, *second = 2 * j + 1 < nk ? first + BLOCK_Q : NULL;
+        real *pairs = scores_t + j * BLOCK_Q;
+        idx_t i = 0;
+        for (; i + VLANES <= cols; i += VLANES) vstoreu(pairs + i, FN(vround_pairs)(first + i, second ? second + i : NULL));
+        for (; i < cols; i++) {
+            elem low = to_elem(first[i]), high = second ? to_elem(second[i]) : (elem){0};
+            pairs[i] = FN(pair_of)(&low, &high);
+        }
+    }
+}
+#endif
 
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped
  * and reaches the result through the sum, as in PyTorch */

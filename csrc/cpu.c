@@ -11,6 +11,7 @@ extern const attnc_kernels attnc_kernels_portable[ATTNC_N_DTYPES];
 #ifdef ATTNC_X86
 extern const attnc_kernels attnc_kernels_avx2[ATTNC_N_DTYPES];
 extern const attnc_kernels attnc_kernels_avx512[ATTNC_N_DTYPES];
+extern const attnc_kernels attnc_kernels_avx512bf16_bf16;
 #endif
 
 /* 1 if this CPU (and OS) can run a level's kernels */
@@ -28,6 +29,16 @@ static int has_avx512(void)
     return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq");
 }
+/* AVX512_BF16 (and BW, which every CPU with it has): kernels_avx512bf16.c;
+ * any AVX-512 CPU in the test build that emulates it */
+static int has_avx512bf16(void)
+{
+#ifdef ATTNC_EMULATE_BF16_DOT
+    return has_avx512();
+#else
+    return has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+#endif
+}
 #endif
 
 /* The levels, each implying the ones before it. */
@@ -35,11 +46,13 @@ static const struct {
     const char *name;
     int (*cpu_has)(void);
     const attnc_kernels *kernels; /* by dtype */
+    const attnc_kernels *bf16;    /* bfloat16's in place of kernels[ATTNC_BF16], or NULL */
 } levels[] = {
-    {"portable", always, attnc_kernels_portable},
+    {"portable", always, attnc_kernels_portable, NULL},
 #ifdef ATTNC_X86
-    {"avx2", has_avx2_fma, attnc_kernels_avx2},
-    {"avx512", has_avx512, attnc_kernels_avx512},
+    {"avx2", has_avx2_fma, attnc_kernels_avx2, NULL},
+    {"avx512", has_avx512, attnc_kernels_avx512, NULL},
+    {"avx512bf16", has_avx512bf16, attnc_kernels_avx512, &attnc_kernels_avx512bf16_bf16},
 #endif
 };
 #define N_LEVELS ((int)(sizeof levels / sizeof levels[0]))
@@ -54,7 +67,11 @@ void attnc_select_kernels(void)
     atomic_store(&active_level, n_runnable - 1);
 }
 
-const attnc_kernels *attnc_kernels_for(attnc_dtype dt) { return &levels[atomic_load(&active_level)].kernels[dt]; }
+const attnc_kernels *attnc_kernels_for(attnc_dtype dt)
+{
+    int level = atomic_load(&active_level);
+    return dt == ATTNC_BF16 && levels[level].bf16 ? levels[level].bf16 : &levels[level].kernels[dt];
+}
 
 int attnc_n_levels(void) { return n_runnable; }
 

@@ -64,10 +64,14 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
  * loads of B and 2 * MR FMAs. c's rows are c_rs apart. With stream_b (a
  * constant), b is a GEMM sliver KC steps deep, larger than L1, and its rows
- * GEMM_PREFETCH_STEPS ahead are asked for while these compute. */
+ * GEMM_PREFETCH_STEPS ahead are asked for while these compute. With pairs
+ * (a constant; BF16_PAIRS only), a step is two of the product's: every
+ * element of a and b is a pair of bfloat16 (storage.h), multiplied by
+ * vdot_pairs. */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
-                                                                const real *init, idx_t init_rs, int stream_b)
+                                                                const real *init, idx_t init_rs, int stream_b,
+                                                                int pairs)
 {
     vreal acc[GEMM_MR][2];
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
@@ -86,8 +90,8 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         vreal b0 = vload(b), b1 = vload(b + VLANES);
         _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
             vreal ai = vset1(a[i * a_rs]);
-            acc[i][0] = vfma(ai, b0, acc[i][0]);
-            acc[i][1] = vfma(ai, b1, acc[i][1]);
+            acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
+            acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
         }
     }
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++, c += c_rs) {
@@ -148,15 +152,26 @@ static const real FN(gemm_zeros)[64];
  * VLANES steps of a group of up to VLANES rows of a sliver `width` rows
  * wide, turned in registers. A NULL row gives zeros (padding); a group of
  * fewer than VLANES rows (the last of an MR-wide sliver) is stored short,
- * never past its slots. Every packing of rows into slivers goes through
- * it: the GEMM's operands (scale 1, pack_sliver) and the attention's
- * queries, keys, values and dO (pack_row_slivers). */
+ * never past its slots. With pairs (BF16_PAIRS only), step p + l is the
+ * pair of elements 2 (p + l) and 2 (p + l) + 1, unscaled. Every packing of
+ * rows into slivers goes through it: the GEMM's operands (scale 1,
+ * pack_sliver) and the attention's queries, keys, values and dO
+ * (pack_row_slivers). */
 static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const elem *const *rows, int lanes,
-                                                                idx_t p, idx_t width, real scale)
+                                                                idx_t p, idx_t width, real scale, int pairs)
 {
     vreal block[VLANES];
-    for (int l = 0; l < VLANES; l++)
-        block[l] = l < lanes && rows[l] ? vset1(scale) * vload_elems(rows[l] + p) : vzero();
+    for (int l = 0; l < VLANES; l++) {
+        block[l] = vzero();
+        if (l >= lanes || !rows[l]) continue;
+#if BF16_PAIRS
+        if (pairs) {
+            block[l] = FN(vload_pairs)(rows[l] + 2 * p);
+            continue;
+        }
+#endif
+        block[l] = vset1(scale) * vload_elems(rows[l] + p);
+    }
     vtranspose(block);
     for (int l = 0; l < VLANES; l++) {
         if (lanes == VLANES)
@@ -181,7 +196,7 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
          * below) */
         for (; p + VLANES <= kc; p += VLANES)
             for (idx_t g = 0; g < width; g += VLANES)
-                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1);
+                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1, 0);
     if (rows < width)
         for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
     /* the rest one step p at a time: contiguous writes, and `width` rows
@@ -264,9 +279,9 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1);
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1, 0);
         else
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1);
+            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1, 0);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -282,7 +297,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
         start = init;
     }
-    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1);
+    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1, 0);
     if (job->transposed) {
         FN(store_tile_transposed)(job, tile, i, j, m, n, first);
         return;

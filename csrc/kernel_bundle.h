@@ -2,8 +2,9 @@
  * (float, double, float16, bfloat16), and the row of the kernel table
  * they make. Included once by each
  * ISA's translation unit (kernels_portable.c, kernels_avx2.c,
- * kernels_avx512.c) after it sets ATTNC_ISA and its target; the bodies see
- * the ISA only through the SIMD vocabulary (simd.h).
+ * kernels_avx512.c; kernels_avx512bf16.c: bfloat16 only) after it sets
+ * ATTNC_ISA and its target; the bodies see the ISA only through the SIMD
+ * vocabulary (simd.h).
  *
  * Adding a kernel: write its body once (NAME_impl.h, against simd.h,
  * dtype.h and storage.h), include it in kernel_bodies.h, and give it a field in attnc_kernels
@@ -15,12 +16,14 @@
 
 #include "attnc.h"
 
+#ifndef ATTNC_ISA_AVX512BF16
 #define ATTNC_REAL_F32
 #include "kernel_bodies.h"
 #define ATTNC_REAL_F64
 #include "kernel_bodies.h"
 #define ATTNC_REAL_F16
 #include "kernel_bodies.h"
+#endif
 #define ATTNC_REAL_BF16
 #include "kernel_bodies.h"
 
@@ -36,5 +39,12 @@
     {ATTNC_KERNELS_OF(f32, isa), ATTNC_KERNELS_OF(f64, isa), ATTNC_KERNELS_OF(f16, isa),           \
      ATTNC_KERNELS_OF(bf16, isa)}
 
+#ifdef ATTNC_ISA_AVX512BF16
+/* The AVX512_BF16 level adds bfloat16 kernels only (its instructions
+ * multiply bfloat16): cpu.c takes its other dtypes' from the AVX-512 row. */
+#define ATTNC_BF16_KERNELS(isa) ATTNC_KERNELS_OF(bf16, isa) /* isa expanded */
+const attnc_kernels attnc_kernels_avx512bf16_bf16 = ATTNC_BF16_KERNELS(ATTNC_ISA);
+#else
 /* This ISA's row of the table (cpu.c): its kernels by dtype. */
 const attnc_kernels ATTNC_TABLE_ROW(ATTNC_ISA)[ATTNC_N_DTYPES] = ATTNC_KERNELS_ROW(ATTNC_ISA);
+#endif

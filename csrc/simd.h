@@ -16,6 +16,9 @@
  *                      scalar loop gets the micro-kernel's bits
  *   vtranspose(rows)   rows[VLANES] <- its transpose (a VLANES x VLANES
  *                      block, in registers)
+ *   vmac(pairs, a, b, acc)  the micro-kernel's step: vfma(a, b, acc), or
+ *                      with pairs (BF16_PAIRS only) vdot_pairs(a, b, acc):
+ *                      a and b hold a pair of bfloat16 per 32-bit lane
  *   GEMM_MR            rows of the GEMM micro-kernel (its columns are
  *                      GEMM_NR = 2 vectors): as many accumulators as the
  *                      registers hold
@@ -41,12 +44,24 @@
 #define sfma FN(sfma)
 #define vlanes_mask FN(vlanes_mask)
 #define vtranspose FN(vtranspose)
+#define vdot_pairs FN(vdot_pairs)
+#define vmac FN(vmac)
 #define VLANES ((int)(sizeof(vreal) / sizeof(real)))
 #define GEMM_NR (2 * VLANES)
 #endif
 
 #if defined(ATTNC_ISA_AVX512) || defined(ATTNC_ISA_AVX2)
 #include <immintrin.h>
+#endif
+
+/* BF16_PAIRS: this instantiation (bfloat16 at the AVX512_BF16 level,
+ * kernels_avx512bf16.c) multiplies bfloat16 pairs by vdot_pairs, twice the
+ * products of vfma per instruction. */
+#undef BF16_PAIRS
+#if defined(ATTNC_ISA_AVX512BF16) && defined(ATTNC_REAL_BF16)
+#  define BF16_PAIRS 1
+#else
+#  define BF16_PAIRS 0
 #endif
 
 /* Per ISA: the vector's width, the micro-kernel's rows, and the two
@@ -189,3 +204,32 @@ static inline void vstore_first(real *p, vreal v, int n)
 #else
 static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t)n * sizeof(real)); }
 #endif
+
+#if BF16_PAIRS
+/* acc + a.first * b.first + a.second * b.second in each lane, where a lane
+ * of a and of b holds a pair of bfloat16 (the first in its low half):
+ * AVX512_BF16's vdpbf16ps. A test build (ATTNC_EMULATE_BF16_DOT,
+ * .ci/bf16_dot_emulated.sh) runs the kernels on any AVX-512 CPU with the
+ * instruction emulated as Intel's pseudo-code for it reads: the second
+ * products added first, then the first, each sum rounded (a product of two
+ * bfloat16 is exact in float); the instruction also flushes subnormals. */
+#  if defined(ATTNC_EMULATE_BF16_DOT)
+static inline vreal vdot_pairs(vreal a, vreal b, vreal acc)
+{
+    typedef uint32_t lanes32 __attribute__((vector_size(SIMD_BYTES)));
+    lanes32 high = (lanes32){0} + 0xffff0000u;
+    acc = vfma((vreal)((lanes32)a & high), (vreal)((lanes32)b & high), acc);
+    return vfma((vreal)((lanes32)a << 16), (vreal)((lanes32)b << 16), acc);
+}
+#  else
+static inline vreal vdot_pairs(vreal a, vreal b, vreal acc) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+#  endif
+#endif
+
+static inline __attribute__((always_inline)) vreal vmac(int pairs, vreal a, vreal b, vreal acc)
+{
+#if BF16_PAIRS
+    if (pairs) return vdot_pairs(a, b, acc);
+#endif
+    return vfma(a, b, acc);
+}

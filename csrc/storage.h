@@ -146,14 +146,50 @@ static inline vreal vload_elems(const elem *p)
     return (vreal)(__builtin_convertvector(h, FN(vbits32)) << 16);
 }
 #  endif
-static inline void vstore_elems(elem *p, vreal v)
+/* Each lane of v rounded to bfloat16, as to_elem does: its bits in the lane's low half. */
+static inline FN(vbits32) FN(vround_bits)(vreal v)
 {
     FN(vbits32) x = (FN(vbits32))v;
     FN(vbits32) nan = (FN(vbits32))((x & 0x7fffffff) > 0x7f800000); /* all ones in a NaN's lane */
     FN(vbits32) rounded = (x + 0x7fff + (x >> 16 & 1)) >> 16, quiet = x >> 16 | 0x40;
-    FN(vbits16) h = __builtin_convertvector((rounded & ~nan) | (quiet & nan), FN(vbits16));
+    return (rounded & ~nan) | (quiet & nan);
+}
+static inline void vstore_elems(elem *p, vreal v)
+{
+    FN(vbits16) h = __builtin_convertvector(FN(vround_bits)(v), FN(vbits16));
     memcpy(p, &h, sizeof h);
 }
+#  if BF16_PAIRS
+/* The operands of vdot_pairs (simd.h): a pair of bfloat16 per 32-bit lane,
+ * the first in the low half, held in reals' bits (packed like them). */
+/* VLANES pairs of consecutive elems from p (2 * VLANES elems) */
+static inline vreal FN(vload_pairs)(const elem *p)
+{
+    vreal v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+/* VLANES pairs (first[c], second[c]) of two rows; second NULL: zeros */
+static inline vreal FN(vpair_rows)(const elem *first, const elem *second)
+{
+    FN(vbits32) pairs = (FN(vbits32))vload_elems(first) >> 16;
+    return (vreal)(second ? pairs | (FN(vbits32))vload_elems(second) : pairs);
+}
+/* VLANES pairs (first[c], second[c]) of two rows of reals, each rounded */
+static inline vreal FN(vround_pairs)(const real *first, const real *second)
+{
+    FN(vbits32) pairs = FN(vround_bits)(vloadu(first));
+    return (vreal)(second ? pairs | FN(vround_bits)(vloadu(second)) << 16 : pairs);
+}
+/* The pair (first, second) as a real's bits; second NULL: zero */
+static inline real FN(pair_of)(const elem *first, const elem *second)
+{
+    uint32_t bits = first->bits | (second ? (uint32_t)second->bits << 16 : 0);
+    real pair;
+    memcpy(&pair, &bits, sizeof pair);
+    return pair;
+}
+#  endif
 #endif
 
 /* n elems widened into reals, and n reals rounded into elems. */

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))  # toolkit, doc_models
 
 import attnc  # noqa: E402
-from toolkit import SIMD_LEVELS  # noqa: E402
+from toolkit import KERNEL_LEVELS, SIMD_LEVELS  # noqa: E402
 
 torch.set_num_threads(2)
 
@@ -20,15 +20,26 @@ DEFAULT_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL") or SIMD_LEVELS[-1]
 attnc._C.set_simd_level(DEFAULT_LEVEL)
 
 
-@pytest.fixture(params=SIMD_LEVELS[::-1])
-def simd_mode(request):
-    """Runs a test at every kernel ISA level this CPU has (best first), then restores the default."""
-    attnc._C.set_simd_level(request.param)
+def at_level(level):
+    attnc._C.set_simd_level(level)
     try:
-        assert attnc._C.simd_level() == request.param
-        yield request.param
+        assert attnc._C.simd_level() == level
+        yield level
     finally:
         attnc._C.set_simd_level(DEFAULT_LEVEL)
+
+
+@pytest.fixture(params=KERNEL_LEVELS[::-1])
+def simd_mode(request):
+    """Runs a test at every kernel ISA level this CPU has (best first), then restores the
+    default; not at the levels that add bfloat16 kernels only (toolkit.BF16_ONLY_LEVELS)."""
+    yield from at_level(request.param)
+
+
+@pytest.fixture(params=SIMD_LEVELS[::-1])
+def simd_mode_all(request):
+    """simd_mode at the levels that add bfloat16 kernels only too."""
+    yield from at_level(request.param)
 
 
 @pytest.fixture

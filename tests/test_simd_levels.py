@@ -70,7 +70,7 @@ def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
 def test_levels_reported_and_capped():
     best, before = SIMD_LEVELS[-1], attnc._C.simd_level()
     assert SIMD_LEVELS[0] == "portable"
-    assert list(SIMD_LEVELS) == [lv for lv in ("portable", "avx2", "avx512") if lv in SIMD_LEVELS]
+    assert list(SIMD_LEVELS) == [lv for lv in ("portable", "avx2", "avx512", "avx512bf16") if lv in SIMD_LEVELS]
     # the import chooses the best level (checked in a fresh interpreter: this
     # session's level may have been set by conftest)
     chosen = subprocess.run([sys.executable, "-c", "import attnc; print(attnc._C.simd_level())"],
@@ -80,7 +80,7 @@ def test_levels_reported_and_capped():
         for level in SIMD_LEVELS:
             attnc._C.set_simd_level(level)
             assert attnc._C.simd_level() == level
-        for level in ("avx2", "avx512"):  # a level this CPU does not run is refused, nothing changes
+        for level in ("avx2", "avx512", "avx512bf16"):  # a level this CPU does not run is refused, nothing changes
             if level in SIMD_LEVELS:
                 continue
             attnc._C.set_simd_level("portable")
@@ -105,10 +105,12 @@ def test_avx512_available_where_the_cpu_has_it():
     has_avx512 = all(f in flags for f in ("avx512f", "avx512vl", "avx512dq", "avx2", "fma"))
     assert ("avx2" in SIMD_LEVELS) == has_avx2
     assert ("avx512" in SIMD_LEVELS) == has_avx512
+    has_avx512bf16 = has_avx512 and all(f in flags for f in ("avx512bw", "avx512_bf16"))
+    assert ("avx512bf16" in SIMD_LEVELS) == has_avx512bf16
     # the list agrees with what setting each level and reading it back finds
     found, before = [], attnc._C.simd_level()
     try:
-        for name in ("portable", "avx2", "avx512"):
+        for name in ("portable", "avx2", "avx512", "avx512bf16"):
             try:
                 attnc._C.set_simd_level(name)
             except ValueError:

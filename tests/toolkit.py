@@ -51,6 +51,10 @@ def simd_levels():
 
 
 SIMD_LEVELS = simd_levels()
+# Levels that add kernels for bfloat16 only (cpu.c: their other dtypes run the level
+# below's kernels); the simd_mode fixture leaves them to the tests of bfloat16.
+BF16_ONLY_LEVELS = ("avx512bf16",)
+KERNEL_LEVELS = tuple(level for level in SIMD_LEVELS if level not in BF16_ONLY_LEVELS)
 
 
 # ============================================================================
