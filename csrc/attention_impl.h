@@ -154,7 +154,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
 #if BF16_PAIRS
-    FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR), nk);
+    if (t->pairs) FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR), nk);
 #endif
     FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K, t->pairs);
 }

@@ -46,8 +46,10 @@ typedef struct {
     real *tile_max, *correction; /* (BLOCK_Q) each                                */
     idx_t Ev_padded;
     /* BF16_PAIRS' forward: queries, keys and values are packed as pairs of
-     * bfloat16 along the products' K (storage.h), queries unscaled, and
-     * the probabilities are rounded to pairs before the value product */
+     * bfloat16 along the products' K (storage.h), so their slivers are
+     * ceil(E / 2) and ceil(BLOCK_K / 2) steps deep, queries unscaled, and
+     * the probabilities in scores_t are rounded to pairs of keys before
+     * the value product */
     int pairs;
 } FN(tile_buffers);
 
@@ -105,14 +107,14 @@ static inline idx_t FN(product_steps)(idx_t E, int pairs) { return BF16_PAIRS &&
  * slivers of `width` rows: sliver s is (steps, width); rows n to padded_n
  * (a multiple of width) are zeros. Queries and dO (width NR, the scale
  * folded into the queries), keys and values (width MR). With pairs, a
- * step is a pair of elements (an odd E's last is (x, 0)) and scale is 1.
+ * step is a pair of elements (an odd E's last is (x, 0)), not scaled.
  * VLANES steps of VLANES rows at a time go through turn_rows
  * (gemm_impl.h), the steps past their whole vectors one by one. */
 static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t n, idx_t padded_n, idx_t E,
                                  idx_t width, real scale, int pairs)
 {
     pairs = BF16_PAIRS && pairs; /* a constant 0 in the other instantiations */
-    idx_t steps = FN(product_steps)(E, pairs), whole = pairs ? E / 2 : E; /* whole: steps of two elements */
+    idx_t steps = FN(product_steps)(E, pairs), whole = pairs ? E / 2 : E; /* whole: steps all of whose elements exist */
     for (idx_t r0 = 0; r0 < padded_n; r0 += width)
         for (idx_t g = 0; g < width; g += VLANES) {
             real *run = dst + r0 * steps + g;
@@ -157,9 +159,9 @@ static void FN(pack_column_slivers)(real *dst, const elem *src, idx_t src_rs, id
                 for (; c + VLANES <= valid; c += VLANES)
                     vstoreu(step + c, FN(vpair_rows)(first + c, second ? second + c : NULL));
                 for (; c < valid; c++) step[c] = FN(pair_of)(first + c, second ? second + c : NULL);
-            }
+            } else
 #endif
-            for (; c < valid; c++) step[c] = to_real(src[j * src_rs + c0 + c]);
+                for (; c < valid; c++) step[c] = to_real(src[j * src_rs + c0 + c]);
             for (; c < width; c++) step[c] = 0;
         }
     }
@@ -237,12 +239,12 @@ static void FN(pair_probabilities)(real *scores_t, idx_t cols, idx_t nk)
 {
     for (idx_t j = 0; j < FN(product_steps)(nk, 1); j++) {
         const real *first = scores_t + 2 * j * BLOCK_Q, *second = 2 * j + 1 < nk ? first + BLOCK_Q : NULL;
-        real *pairs = scores_t + j * BLOCK_Q;
+        real *dst = scores_t + j * BLOCK_Q;
         idx_t i = 0;
-        for (; i + VLANES <= cols; i += VLANES) vstoreu(pairs + i, FN(vround_pairs)(first + i, second ? second + i : NULL));
+        for (; i + VLANES <= cols; i += VLANES) vstoreu(dst + i, FN(vround_pairs)(first + i, second ? second + i : NULL));
         for (; i < cols; i++) {
             elem low = to_elem(first[i]), high = second ? to_elem(second[i]) : (elem){0};
-            pairs[i] = FN(pair_of)(&low, &high);
+            dst[i] = FN(pair_of)(&low, &high);
         }
     }
 }

@@ -212,14 +212,23 @@ static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t
  * .ci/bf16_dot_emulated.sh) runs the kernels on any AVX-512 CPU with the
  * instruction emulated as Intel's pseudo-code for it reads: the second
  * products added first, then the first, each sum rounded (a product of two
- * bfloat16 is exact in float); the instruction also flushes subnormals. */
+ * bfloat16 is exact in float), subnormal inputs taken as zeros and
+ * subnormal sums flushed to zeros (both keep their sign). */
 #  if defined(ATTNC_EMULATE_BF16_DOT)
+typedef uint32_t FN(lanes32) __attribute__((vector_size(SIMD_BYTES)));
+/* x with every subnormal lane made a zero of its sign */
+static inline FN(lanes32) FN(flush_subnormals)(FN(lanes32) x)
+{
+    return x & ((FN(lanes32))((x & 0x7f800000u) != 0) | 0x80000000u);
+}
 static inline vreal vdot_pairs(vreal a, vreal b, vreal acc)
 {
-    typedef uint32_t lanes32 __attribute__((vector_size(SIMD_BYTES)));
-    lanes32 high = (lanes32){0} + 0xffff0000u;
-    acc = vfma((vreal)((lanes32)a & high), (vreal)((lanes32)b & high), acc);
-    return vfma((vreal)((lanes32)a << 16), (vreal)((lanes32)b << 16), acc);
+    FN(lanes32) x = (FN(lanes32))a, y = (FN(lanes32))b;
+    vreal sum = vfma((vreal)FN(flush_subnormals)(x & 0xffff0000u), (vreal)FN(flush_subnormals)(y & 0xffff0000u),
+                     (vreal)FN(flush_subnormals)((FN(lanes32))acc));
+    sum = (vreal)FN(flush_subnormals)((FN(lanes32))sum);
+    sum = vfma((vreal)FN(flush_subnormals)(x << 16), (vreal)FN(flush_subnormals)(y << 16), sum);
+    return (vreal)FN(flush_subnormals)((FN(lanes32))sum);
 }
 #  else
 static inline vreal vdot_pairs(vreal a, vreal b, vreal acc) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }

@@ -172,14 +172,14 @@ static inline vreal FN(vload_pairs)(const elem *p)
 /* VLANES pairs (first[c], second[c]) of two rows; second NULL: zeros */
 static inline vreal FN(vpair_rows)(const elem *first, const elem *second)
 {
-    FN(vbits32) pairs = (FN(vbits32))vload_elems(first) >> 16;
-    return (vreal)(second ? pairs | (FN(vbits32))vload_elems(second) : pairs);
+    FN(vbits32) words = (FN(vbits32))vload_elems(first) >> 16;
+    return (vreal)(second ? words | (FN(vbits32))vload_elems(second) : words);
 }
 /* VLANES pairs (first[c], second[c]) of two rows of reals, each rounded */
 static inline vreal FN(vround_pairs)(const real *first, const real *second)
 {
-    FN(vbits32) pairs = FN(vround_bits)(vloadu(first));
-    return (vreal)(second ? pairs | FN(vround_bits)(vloadu(second)) << 16 : pairs);
+    FN(vbits32) words = FN(vround_bits)(vloadu(first));
+    return (vreal)(second ? words | FN(vround_bits)(vloadu(second)) << 16 : words);
 }
 /* The pair (first, second) as a real's bits; second NULL: zero */
 static inline real FN(pair_of)(const elem *first, const elem *second)

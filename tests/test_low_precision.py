@@ -54,8 +54,15 @@ ROWS_MAX_QUERIES = 16
 KEY_TILE = 192
 
 
-def rounds_probabilities(low, L):
-    return np.dtype(low) == BF16 and attnc._C.simd_level() == "avx512bf16" and L > ROWS_MAX_QUERIES
+FLASH_MAX_HEAD = 2048  # attention_impl.h: E + Ev above it take the row path
+
+
+def pairs_level(low):
+    return np.dtype(low) == BF16 and attnc._C.simd_level() == "avx512bf16"
+
+
+def rounds_probabilities(low, L, E, Ev):
+    return pairs_level(low) and L > ROWS_MAX_QUERIES and E + Ev <= FLASH_MAX_HEAD
 
 
 def rounded(x, low):
@@ -102,7 +109,7 @@ def oracle(q, k, v, bias=None, keep=None, causal=False, scale=None, factors=None
     m = s.max(-1, keepdims=True)
     e = np.exp(s - m)
     w = e / e.sum(-1, keepdims=True)
-    if rounds_probabilities(low, L) and not exact:
+    if rounds_probabilities(low, L, q.shape[-1], v.shape[-1]) and not exact:
         out = out_of_rounded_probabilities(s, np.broadcast_to(v, s.shape[:-2] + v.shape[-2:]), factors, low)
     else:
         out = (w if factors is None else w * factors) @ v
@@ -226,6 +233,20 @@ def test_sdpa_dropout(low):
     assert_close(out, oracle(q, k, v, factors=factors)[0], low)
 
 
+def test_subnormal_values_through_the_flash_path(low, simd_mode):
+    """One key: its weight is exactly 1 and out is v. Every level passes subnormal values
+    through exactly, but for bfloat16 at the AVX512_BF16 level, whose pair products
+    (vdpbf16ps) take subnormal inputs as zeros (docs/API.md); normal values pass everywhere."""
+    info = ml_dtypes.finfo(low)
+    values = np.array([float(info.smallest_subnormal), -3 * float(info.smallest_subnormal), 1.5,
+                       float(info.smallest_normal), -2.0, float(info.max)]).astype(low)
+    subnormal = np.abs(values.astype(np.float64)) < float(info.smallest_normal)
+    q, k = np.ones((2, 17, 4), low), np.ones((2, 1, 4), low)
+    out = F.scaled_dot_product_attention(q, k, np.broadcast_to(values, (2, 1, values.size)))
+    expected = np.where(subnormal & pairs_level(low), 0.0, values.astype(np.float64))
+    np.testing.assert_array_equal(out.astype(np.float64), np.broadcast_to(expected, out.shape))
+
+
 @pytest.mark.parametrize("shape", ["tile-edges", "rows", "decode"])
 def test_sdpa_same_bits_any_threads_and_with_weights(low, shape, restore_threads):
     batch, L, S, E, Ev = SDPA_SHAPES[shape]
@@ -248,7 +269,7 @@ def test_sdpa_is_float32_rounded_once(low, L, S, simd_mode):
     """Computed in float32: the output and the weights are the float32 kernel's, on the
     widened inputs, rounded once (the two instantiations share every operation; the row
     path keeps each split's e in float32 until the weights are scaled)."""
-    if rounds_probabilities(low, L):
+    if rounds_probabilities(low, L, 32, 32):
         pytest.skip("bfloat16 pairs: products of bfloat16, checked against their own oracle")
     rng = np.random.default_rng(6)
     q, k, v = normal(rng, (2, 3, L, 32), low), normal(rng, (2, 3, S, 32), low), normal(rng, (2, 3, S, 32), low)
