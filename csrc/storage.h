@@ -175,11 +175,22 @@ static inline vreal FN(vpair_rows)(const elem *first, const elem *second)
     FN(vbits32) words = (FN(vbits32))vload_elems(first) >> 16;
     return (vreal)(second ? words | (FN(vbits32))vload_elems(second) : words);
 }
+/* Each lane of v rounded to bfloat16 by vcvtneps2bf16, as to_elem does
+ * but for subnormals, which it takes as zeros (of their sign), as
+ * vdot_pairs does: its bits in the lane's low half. */
+static inline FN(vbits32) FN(vround_bits_for_pairs)(vreal v)
+{
+#    if defined(ATTNC_EMULATE_BF16_DOT)
+    return FN(vround_bits)((vreal)FN(flush_subnormals)((FN(lanes32))v));
+#    else
+    return (FN(vbits32))_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+#    endif
+}
 /* VLANES pairs (first[c], second[c]) of two rows of reals, each rounded */
 static inline vreal FN(vround_pairs)(const real *first, const real *second)
 {
-    FN(vbits32) words = FN(vround_bits)(vloadu(first));
-    return (vreal)(second ? words | FN(vround_bits)(vloadu(second)) << 16 : words);
+    FN(vbits32) words = FN(vround_bits_for_pairs)(vloadu(first));
+    return (vreal)(second ? words | FN(vround_bits_for_pairs)(vloadu(second)) << 16 : words);
 }
 /* The pair (first, second) as a real's bits; second NULL: zero */
 static inline real FN(pair_of)(const elem *first, const elem *second)
