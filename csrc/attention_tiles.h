@@ -161,7 +161,11 @@ static void FN(pack_column_slivers)(real *dst, const elem *src, idx_t src_rs, id
                 for (; c < valid; c++) step[c] = FN(pair_of)(first + c, second ? second + c : NULL);
             } else
 #endif
-                for (; c < valid; c++) step[c] = to_real(src[j * src_rs + c0 + c]);
+            {
+                const elem *row = src + j * src_rs + c0;
+                for (; c + VLANES <= valid; c += VLANES) vstoreu(step + c, vload_elems(row + c));
+                for (; c < valid; c++) step[c] = to_real(row[c]);
+            }
             for (; c < width; c++) step[c] = 0;
         }
     }
