@@ -100,9 +100,6 @@ static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, 
  * rows of packed queries (and dO) it reads: whole NR slivers. */
 static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); }
 
-/* The steps of a product over E elements: E, or with pairs ceil(E / 2). */
-static inline idx_t FN(product_steps)(idx_t E, int pairs) { return BF16_PAIRS && pairs ? E / 2 + E % 2 : E; }
-
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
  * slivers of `width` rows: sliver s is (steps, width); rows n to padded_n
  * (a multiple of width) are zeros. Queries and dO (width NR, the scale

@@ -17,7 +17,11 @@
  * with the same fused multiply-add, so a row's bits never depend on M.
  * For the 16-bit dtypes, A and B are widened as they are packed, C is
  * summed in a float buffer and rounded once at the end, so every element
- * gets exactly the float GEMM's sum of the widened operands.
+ * gets exactly the float GEMM's sum of the widened operands; but where
+ * BF16_PAIRS (bfloat16 at the AVX512_BF16 level), they are packed as pairs
+ * of bfloat16 along K and multiplied by vdot_pairs, every product through
+ * the packed path (no direct loops), so that a row's bits still never
+ * depend on M.
  */
 #ifndef ATTNC_GEMM_CONSTANTS
 #define ATTNC_GEMM_CONSTANTS
@@ -107,6 +111,9 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
 /* ------------------------------------------------------------------------ */
 /* packing                                                                   */
 
+/* The steps of a product over E elements: E, or with pairs ceil(E / 2). */
+static inline idx_t FN(product_steps)(idx_t E, int pairs) { return BF16_PAIRS && pairs ? E / 2 + E % 2 : E; }
+
 /* An operand of the product: rows stacked from up to ATTNC_GEMM_MAX_PARTS
  * strided blocks; element (r, p) of part q is data[q][r * rs + p * cs]
  * for r counted from the part's first row (ends[q - 1]). */
@@ -136,11 +143,11 @@ typedef struct {
     real *c;                 /* C (M, N), rows c_rs apart; (N, M) when transposed */
     idx_t c_rs;
     idx_t mc, nc, n_row_blocks, n_col_blocks;
-    real *packed_a, *packed_b; /* (M / MR, kc, MR), (N / NR, kc, NR), rounded up */
+    real *packed_a, *packed_b; /* (M / MR, steps, MR), (N / NR, steps, NR), rounded up */
     int transposed;            /* A read in place but for its irregular slivers: */
     int n_irregular;           /* those cut by the bottom edge or a part's end, */
     idx_t irregular[ATTNC_GEMM_MAX_PARTS]; /* by first row, packed in packed_a */
-    idx_t p0, kc;
+    idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
 } FN(gemm_job);
 
 /* The init row of the first K block when there is no bias. */
@@ -181,28 +188,35 @@ static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const
     }
 }
 
-/* dst (kc, width) <- x rows [r0, r0 + rows), steps [p0, p0 + kc); rows
- * past `rows` are zeros, so an edge tile computes like a full one. */
+/* dst (steps, width) <- x rows [r0, r0 + rows), elements [p0, p0 + kc)
+ * (with BF16_PAIRS a step is a pair of them, an odd kc's last (x, 0));
+ * rows past `rows` are zeros, so an edge tile computes like a full one. */
 static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_t rows, idx_t width, idx_t p0,
                             idx_t kc)
 {
     const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
-    idx_t p = 0, cs = x->cs;
+    idx_t p = 0, cs = x->cs, steps = FN(product_steps)(kc, BF16_PAIRS), whole = BF16_PAIRS ? kc / 2 : kc;
     if (rows == width && cs == 1)
         /* whole slivers of rows in place (the weights of a linear layer,
          * the rows of x): VLANES steps of up to VLANES rows at a time,
          * turned in registers (a fifth of the instructions of the loop
          * below) */
-        for (; p + VLANES <= kc; p += VLANES)
+        for (; p + VLANES <= whole; p += VLANES)
             for (idx_t g = 0; g < width; g += VLANES)
-                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1, 0);
+                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1,
+                              BF16_PAIRS);
     if (rows < width)
-        for (idx_t k = 0; k < kc * width; k++) dst[k] = 0;
+        for (idx_t k = 0; k < steps * width; k++) dst[k] = 0;
     /* the rest one step p at a time: contiguous writes, and `width` rows
      * read side by side, each sequentially when cs == 1 */
-    for (; p < kc; p++)
-        for (idx_t r = 0; r < rows; r++) dst[p * width + r] = to_real(row[r][p * cs]);
+    for (; p < steps; p++)
+        for (idx_t r = 0; r < rows; r++)
+#if BF16_PAIRS
+            dst[p * width + r] = FN(pair_of)(row[r] + 2 * p * cs, 2 * p + 1 < kc ? row[r] + (2 * p + 1) * cs : NULL);
+#else
+            dst[p * width + r] = to_real(row[r][p * cs]);
+#endif
 }
 
 /* Pass 1, task t: PACK_SLIVERS slivers of A, or (from task n_pack_a on)
@@ -223,8 +237,8 @@ static void FN(pack_task)(void *ctx, idx_t t)
     idx_t block = PACK_SLIVERS * width;
     idx_t first = (is_a ? t : t - n_pack_a) * block;
     idx_t end = attnc_min(is_a ? job->M : job->N, first + block);
-    real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->kc;
-    for (idx_t r = first; r < end; r += width, dst += width * job->kc)
+    real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->steps;
+    for (idx_t r = first; r < end; r += width, dst += width * job->steps)
         FN(pack_sliver)(dst, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
 }
 
@@ -271,17 +285,18 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     int in_place = job->transposed && slot == job->n_irregular;
     /* (transposed only when elem is real: see gemm) */
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
-                             : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->kc;
+                             : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
-    const real *b = job->packed_b + j * job->kc;
+    const real *b = job->packed_b + j * job->steps;
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1, 0);
+            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1,
+                          BF16_PAIRS);
         else
-            FN(gemm_tile)(job->kc, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1, 0);
+            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1, BF16_PAIRS);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -297,7 +312,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
         start = init;
     }
-    FN(gemm_tile)(job->kc, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1, 0);
+    FN(gemm_tile)(job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1, BF16_PAIRS);
     if (job->transposed) {
         FN(store_tile_transposed)(job, tile, i, j, m, n, first);
         return;
@@ -377,7 +392,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         any_bias |= g->parts[q].bias != NULL;
     }
     if (M <= 0 || N <= 0) return ATTNC_OK;
-    if ((double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS) {
+    /* (pairs: the direct loops' products would not be vdot_pairs') */
+    if (K == 0 || (!BF16_PAIRS && (double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS)) {
         FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
@@ -436,13 +452,14 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         job.p0 = p0;
         job.kc = attnc_min(GEMM_KC, K - p0);
+        job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
         double flops = 2.0 * M * N * job.kc;
         if (transposed) {
             /* the small operand, and the weights' irregular slivers,
              * packed here; then the products */
             for (int k = 0; k < job.n_irregular; k++) {
                 idx_t start = job.irregular[k];
-                FN(pack_sliver)(job.packed_a + k * GEMM_MR * job.kc, &job.a, start, attnc_min(GEMM_MR, job.M - start),
+                FN(pack_sliver)(job.packed_a + k * GEMM_MR * job.steps, &job.a, start, attnc_min(GEMM_MR, job.M - start),
                                 GEMM_MR, p0, job.kc);
             }
             idx_t n_pack_a = FN(pack_tasks)(job.M, GEMM_MR), n_pack_b = FN(pack_tasks)(job.N, GEMM_NR);
