@@ -125,7 +125,7 @@ static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t
                     real *slot = run + p * width + l;
 #if BF16_PAIRS
                     if (pairs) {
-                        *slot = rows[l] ? FN(pair_of)(rows[l] + 2 * p, 2 * p + 1 < E ? rows[l] + 2 * p + 1 : NULL) : 0;
+                        *slot = rows[l] ? FN(pair_at)(rows[l], p, 1, E) : 0;
                         continue;
                     }
 #endif
@@ -149,21 +149,17 @@ static void FN(pack_column_slivers)(real *dst, const elem *src, idx_t src_rs, id
         idx_t valid = cols - c0 < width ? cols - c0 : width;
         for (idx_t j = 0; j < steps; j++) {
             real *step = sliver + j * width;
-            idx_t c = 0;
 #if BF16_PAIRS
             if (pairs) {
                 const elem *first = src + 2 * j * src_rs + c0, *second = 2 * j + 1 < n ? first + src_rs : NULL;
+                idx_t c = 0;
                 for (; c + VLANES <= valid; c += VLANES)
                     vstoreu(step + c, FN(vpair_rows)(first + c, second ? second + c : NULL));
                 for (; c < valid; c++) step[c] = FN(pair_of)(first + c, second ? second + c : NULL);
             } else
 #endif
-            {
-                const elem *row = src + j * src_rs + c0;
-                for (; c + VLANES <= valid; c += VLANES) vstoreu(step + c, vload_elems(row + c));
-                for (; c < valid; c++) step[c] = to_real(row[c]);
-            }
-            for (; c < width; c++) step[c] = 0;
+                FN(load_row)(step, src + j * src_rs + c0, valid);
+            for (idx_t c = valid; c < width; c++) step[c] = 0;
         }
     }
 }
@@ -244,7 +240,7 @@ static void FN(pair_probabilities)(real *scores_t, idx_t cols, idx_t nk)
         idx_t i = 0;
         for (; i + VLANES <= cols; i += VLANES) vstoreu(dst + i, FN(vround_pairs)(first + i, second ? second + i : NULL));
         for (; i < cols; i++) {
-            elem low = to_elem(first[i]), high = second ? to_elem(second[i]) : (elem){0};
+            elem low = FN(round_for_pairs)(first[i]), high = second ? FN(round_for_pairs)(second[i]) : (elem){0};
             dst[i] = FN(pair_of)(&low, &high);
         }
     }

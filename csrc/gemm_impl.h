@@ -213,7 +213,7 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
     for (; p < steps; p++)
         for (idx_t r = 0; r < rows; r++)
 #if BF16_PAIRS
-            dst[p * width + r] = FN(pair_of)(row[r] + 2 * p * cs, 2 * p + 1 < kc ? row[r] + (2 * p + 1) * cs : NULL);
+            dst[p * width + r] = FN(pair_at)(row[r], p, cs, kc);
 #else
             dst[p * width + r] = to_real(row[r][p * cs]);
 #endif
@@ -222,8 +222,8 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
 /* Pass 1, task t: PACK_SLIVERS slivers of A, or (from task n_pack_a on)
  * of B. Small tasks, so that the threads end the pass together: with a
  * task per block of C, one thread was left packing the last 512 rows of
- * B alone (benchmarks/NOTES.md). Sliver s starts at s * width * kc, which
- * is row * kc for its first row. */
+ * B alone (benchmarks/NOTES.md). Sliver s starts at s * width * steps,
+ * which is row * steps for its first row. */
 #define PACK_SLIVERS 4
 static idx_t FN(pack_tasks)(idx_t rows, idx_t width) { return attnc_ceil_div(rows, PACK_SLIVERS * width); }
 
@@ -428,8 +428,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     job.n_row_blocks = attnc_ceil_div(job.M, job.mc);
     job.n_col_blocks = attnc_ceil_div(job.N, job.nc);
     size_t a_bytes, b_bytes;
-    if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, kc_max, &a_bytes) ||
-        !FN(packed_bytes)(job.N, GEMM_NR, kc_max, &b_bytes))
+    idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
+    if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
+        !FN(packed_bytes)(job.N, GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     idx_t sums_bytes = 0;
     if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))

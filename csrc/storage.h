@@ -9,6 +9,9 @@
  *   load_row, store_row n of them, between elems and reals
  *   ELEM_IS_REAL        1 for float and double (all four are plain loads
  *                       and stores), 0 for the 16-bit dtypes
+ * and, for bfloat16 where BF16_PAIRS (simd.h), the pairs of elements that
+ * vdot_pairs multiplies: vload_pairs, vpair_rows, vround_pairs, pair_of,
+ * pair_at, round_for_pairs.
  *
  * float16 uses the CPU's F16C conversions at the AVX2 and AVX-512 levels
  * (cpu.c requires F16C for them) and bit operations at the portable level;
@@ -17,6 +20,8 @@
  * NaN of the same sign, so results do not depend on the level. */
 #ifndef ATTNC_STORAGE_ONCE
 #define ATTNC_STORAGE_ONCE
+#include <float.h>
+#include <math.h>
 
 static inline uint32_t attnc_float_bits(float f)
 {
@@ -181,11 +186,13 @@ static inline vreal FN(vpair_rows)(const elem *first, const elem *second)
 static inline FN(vbits32) FN(vround_bits_for_pairs)(vreal v)
 {
 #    if defined(ATTNC_EMULATE_BF16_DOT)
-    return FN(vround_bits)((vreal)FN(flush_subnormals)((FN(lanes32))v));
+    return FN(vround_bits)((vreal)FN(flush_subnormals)((FN(vbits32))v));
 #    else
     return (FN(vbits32))_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
 #    endif
 }
+/* x rounded as a lane of vround_bits_for_pairs */
+static inline elem FN(round_for_pairs)(real x) { return to_elem(fabsf(x) < FLT_MIN ? copysignf(0, x) : x); }
 /* VLANES pairs (first[c], second[c]) of two rows of reals, each rounded */
 static inline vreal FN(vround_pairs)(const real *first, const real *second)
 {
@@ -199,6 +206,12 @@ static inline real FN(pair_of)(const elem *first, const elem *second)
     real pair;
     memcpy(&pair, &bits, sizeof pair);
     return pair;
+}
+/* Step p of a row of n elements cs apart: the pair of elements 2p and
+ * 2p + 1, or (2p, 0) when 2p + 1 is past the row's end */
+static inline real FN(pair_at)(const elem *row, idx_t p, idx_t cs, idx_t n)
+{
+    return FN(pair_of)(row + 2 * p * cs, 2 * p + 1 < n ? row + (2 * p + 1) * cs : NULL);
 }
 #  endif
 #endif

@@ -257,6 +257,21 @@ def test_subnormal_values_through_the_flash_path(low, simd_mode):
     np.testing.assert_array_equal(out.astype(np.float64), np.broadcast_to(expected, out.shape))
 
 
+def test_probabilities_near_the_smallest_normal_give_every_query_the_same_bits(low, simd_mode):
+    """Identical queries get identical outputs, whatever their column of the score tile.
+    Regression: at the AVX512_BF16 level a probability just below float32's smallest normal
+    was rounded to bfloat16's smallest normal by the tile's last columns (scalar) and to zero
+    by the others (vcvtneps2bf16), so queries 16-19 of 20 differed from the rest. Here exp
+    of scores near -87.3 lands on both sides of it, and V's 2^100 makes it visible."""
+    L = 20
+    q = np.ones((L, 2), low)
+    v = np.array([[0, 0], [2.0 ** 100, 2.0 ** 100]]).astype(low) if low == BF16 else np.zeros((2, 2), low)
+    for last in np.arange(-0.30, -0.38, -2.0 ** -10):
+        k = np.array([[0, 0], [-87, last]]).astype(low)
+        out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        np.testing.assert_array_equal(out.view(np.uint16), np.broadcast_to(out[:1], out.shape).view(np.uint16))
+
+
 @pytest.mark.parametrize("shape", ["tile-edges", "rows", "decode"])
 def test_sdpa_same_bits_any_threads_and_with_weights(low, shape, restore_threads):
     batch, L, S, E, Ev = SDPA_SHAPES[shape]
