@@ -111,7 +111,7 @@ static void FN(pack_row_slivers)(real *dst, const elem *src, idx_t src_rs, idx_t
                                  idx_t width, real scale, int pairs)
 {
     pairs = BF16_PAIRS && pairs; /* a constant 0 in the other instantiations */
-    idx_t steps = FN(product_steps)(E, pairs), whole = pairs ? E / 2 : E; /* whole: steps all of whose elements exist */
+    idx_t steps = FN(product_steps)(E, pairs), whole = FN(whole_steps)(E, pairs);
     for (idx_t r0 = 0; r0 < padded_n; r0 += width)
         for (idx_t g = 0; g < width; g += VLANES) {
             real *run = dst + r0 * steps + g;

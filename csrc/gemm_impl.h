@@ -111,8 +111,10 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
 /* ------------------------------------------------------------------------ */
 /* packing                                                                   */
 
-/* The steps of a product over E elements: E, or with pairs ceil(E / 2). */
+/* The steps of a product over E elements: E, or with pairs ceil(E / 2);
+ * and those all of whose elements exist (the rest is an odd E's last). */
 static inline idx_t FN(product_steps)(idx_t E, int pairs) { return BF16_PAIRS && pairs ? E / 2 + E % 2 : E; }
+static inline idx_t FN(whole_steps)(idx_t E, int pairs) { return BF16_PAIRS && pairs ? E / 2 : E; }
 
 /* An operand of the product: rows stacked from up to ATTNC_GEMM_MAX_PARTS
  * strided blocks; element (r, p) of part q is data[q][r * rs + p * cs]
@@ -196,7 +198,7 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
 {
     const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
-    idx_t p = 0, cs = x->cs, steps = FN(product_steps)(kc, BF16_PAIRS), whole = BF16_PAIRS ? kc / 2 : kc;
+    idx_t p = 0, cs = x->cs, steps = FN(product_steps)(kc, BF16_PAIRS), whole = FN(whole_steps)(kc, BF16_PAIRS);
     if (rows == width && cs == 1)
         /* whole slivers of rows in place (the weights of a linear layer,
          * the rows of x): VLANES steps of up to VLANES rows at a time,
