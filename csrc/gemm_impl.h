@@ -10,7 +10,12 @@
  *       for each B sliver (KC, NR) of the block:
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
- * The first K block starts the sums from the bias (or zeros) and stores
+ * Two other orders by the size of packed A: few rows (a short sequence),
+ * "transposed": C^T = B . A^T, B (the weights) read in place and only A
+ * packed; a packed A that stays in L2, "streamed": pass 1 packs A alone,
+ * and each task of pass 2 packs its B slivers one at a time and multiplies
+ * all of A by each, so the weights are read once and never written back
+ * packed. The first K block starts the sums from the bias (or zeros) and stores
  * them: C is never cleared or re-read just to add the bias. Each element of
  * C adds up its K blocks in the same order whatever task, thread or tile
  * computes it, and the small-problem loops (gemm_direct) repeat that order
@@ -37,6 +42,14 @@
  * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
  * double (twice that measured no faster). */
 #define GEMM_A_BLOCK_BYTES (144 * 1024)
+/* Up to this much packed A (per K block), the streamed order: A stays in
+ * L2 (1 MB on Zen 4 and 5, 1.25 MB on Ice Lake) while the B slivers pass.
+ * On Ice Lake, 2 threads, it took 0.94-0.98x the time of the usual order
+ * with up to 1.1 MB of packed A, and 1.00-1.10x with 1.5-2 MB
+ * (benchmarks/NOTES.md). */
+#define GEMM_STREAMED_A_BYTES (1024 * 1024)
+/* Tasks per thread of a streamed pass 2, when B has the slivers. */
+#define GEMM_STREAMED_TASKS 4
 /* NC: columns of C per task at most. BLIS sizes NC (4080) to keep a B panel in L3;
  * here B is packed once per K block for all tasks, so a narrower task costs
  * only re-reading its A block from L3, and narrow tasks balance threads:
@@ -145,7 +158,8 @@ typedef struct {
     real *c;                 /* C (M, N), rows c_rs apart; (N, M) when transposed */
     idx_t c_rs;
     idx_t mc, nc, n_row_blocks, n_col_blocks;
-    real *packed_a, *packed_b; /* (M / MR, steps, MR), (N / NR, steps, NR), rounded up */
+    real *packed_a, *packed_b; /* (M / MR, steps, MR), (N / NR, steps, NR), rounded up; */
+    int streamed;              /* or a sliver (steps, NR) per task, packed in pass 2 */
     int transposed;            /* A read in place but for its irregular slivers: */
     int n_irregular;           /* those cut by the bottom edge or a part's end, */
     idx_t irregular[ATTNC_GEMM_MAX_PARTS]; /* by first row, packed in packed_a */
@@ -278,7 +292,7 @@ static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile,
  * block, = bias + that. A tile cut by the bottom or right edge of C, or
  * written transposed, is computed in a buffer first. Either way each
  * element gets the same operations in the same order (a * b == b * a). */
-static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
+static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *b)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
     /* A's rows in place when transposed, but for an irregular sliver */
@@ -289,7 +303,6 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
                              : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
-    const real *b = job->packed_b + j * job->steps;
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
@@ -327,14 +340,20 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j)
 }
 
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
- * tasks share a column block, so its B slivers stay in cache. */
+ * tasks share a column block, so its B slivers stay in cache. A streamed
+ * job's task packs each B sliver of its block in turn into its own slot
+ * of packed_b (it stays in L1/L2) and multiplies all of A by it. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     const FN(gemm_job) *job = ctx;
     idx_t i0 = t % job->n_row_blocks * job->mc, i1 = attnc_min(job->M, i0 + job->mc);
     idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
-    for (idx_t j = j0; j < j1; j += GEMM_NR)
-        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j);
+    real *sliver = job->packed_b + t * GEMM_NR * job->steps; /* streamed */
+    for (idx_t j = j0; j < j1; j += GEMM_NR) {
+        if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
+        const real *b = job->streamed ? sliver : job->packed_b + j * job->steps;
+        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j, b);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -408,7 +427,10 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * few dozen rows). */
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
-    FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed};
+    /* A whole packed A that stays in L2: the streamed order (see the top) */
+    int streamed = !transposed &&
+                   attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <= GEMM_STREAMED_A_BYTES;
+    FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
     if (transposed) {
         /* the job's rows are B's: at least two tasks per thread of them */
         idx_t rows = attnc_ceil_div(attnc_ceil_div(N, GEMM_MR), 2 * threads) * GEMM_MR;
@@ -420,6 +442,12 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
             int cut = b.ends[q] % GEMM_MR != 0, seen = job.n_irregular && job.irregular[job.n_irregular - 1] == start;
             if (cut && !seen) job.irregular[job.n_irregular++] = start;
         }
+    } else if (streamed) {
+        /* one row block; column blocks of whole B slivers, at least
+         * GEMM_STREAMED_TASKS per thread, down to a sliver a task */
+        idx_t per_task = attnc_ceil_div(N, GEMM_NR) / (GEMM_STREAMED_TASKS * threads);
+        job.M = M, job.N = N, job.a = a, job.b = b;
+        job.mc = attnc_ceil_div(M, GEMM_MR) * GEMM_MR, job.nc = (per_task > 1 ? per_task : 1) * GEMM_NR;
     } else {
         /* narrower column blocks when there are too few row blocks to keep
          * every thread busy: at least two tasks per thread */
@@ -432,7 +460,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
-        !FN(packed_bytes)(job.N, GEMM_NR, steps_max, &b_bytes))
+        !FN(packed_bytes)(streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     idx_t sums_bytes = 0;
     if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))
@@ -469,8 +497,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
             for (idx_t t = n_pack_a; t < n_pack_a + n_pack_b; t++) FN(pack_task)(&job, t);
             attnc_parallel_for(job.n_row_blocks, flops, FN(multiply_task), &job);
         } else {
-            attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + FN(pack_tasks)(job.N, GEMM_NR), packed_elements,
-                               FN(pack_task), &job);
+            attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + (streamed ? 0 : FN(pack_tasks)(job.N, GEMM_NR)),
+                               packed_elements, FN(pack_task), &job);
             attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
         }
     }

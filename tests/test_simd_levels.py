@@ -48,6 +48,25 @@ def test_linear_last_k_block_every_level(k, dtype, simd_mode):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
 
 
+@pytest.mark.parametrize("m", [40, 400, 1000])
+def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
+    """The GEMM's three orders, by the size of packed x (K = 300): 40 rows
+    transposed (the weights read in place), 400 streamed (x packed whole,
+    the weights a sliver at a time), 1000 the blocked order: each against
+    float64, on 1 and 2 threads, and each row's bits as when alone (one row
+    takes the transposed order)."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, 300), dtype), _r(rng, (70, 300), dtype), _r(rng, (70,), dtype)
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m}")
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for i in (0, 11, m // 2, m - 1):
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+
+
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
