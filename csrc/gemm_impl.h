@@ -11,8 +11,9 @@
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
  * Two other orders by the size of packed A: few rows (a short sequence),
- * "transposed": C^T = B . A^T, B (the weights) read in place and only A
- * packed; a packed A that stays in L2, "streamed": pass 1 packs A alone,
+ * "transposed" (float and double only): C^T = B . A^T, B (the weights)
+ * read in place and only A packed; a packed A that stays in L2, and B
+ * slivers for every thread, "streamed": pass 1 packs A alone,
  * and each task of pass 2 packs its B slivers one at a time and multiplies
  * all of A by each, so the weights are read once and never written back
  * packed. The first K block starts the sums from the bias (or zeros) and stores
@@ -42,16 +43,18 @@
  * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
  * double (twice that measured no faster). */
 #define GEMM_A_BLOCK_BYTES (144 * 1024)
-/* Up to this much packed A (per K block), the streamed order: A stays in
- * L2 (1 MB on Zen 4 and 5, 1.25 MB on Ice Lake) while the B slivers pass.
- * On Ice Lake, 2 threads, it took 0.94-0.98x the time of the usual order
- * with up to 1.1 MB of packed A, and 1.00-1.10x with 1.5-2 MB
- * (benchmarks/NOTES.md). */
+/* Up to this much packed A (per K block), the streamed order, whose
+ * premise is that all of A stays in L2 while the B slivers pass: 1 MB, the
+ * L2 of a Zen 4 or 5 core (1.25 MB on Ice Lake). On Ice Lake it took
+ * 0.91-1.00x the usual order's time on 1 thread and 0.94-1.07x on 2, in
+ * that host's noise (benchmarks/NOTES.md). */
 #define GEMM_STREAMED_A_BYTES (1024 * 1024)
-/* Tasks per thread of a streamed pass 2, when B has the slivers. */
+/* Tasks per thread of a streamed pass 2 (a task per column block of B),
+ * when B has the slivers; with fewer than two slivers a thread, the
+ * blocked order splits the rows instead. */
 #define GEMM_STREAMED_TASKS 4
 /* NC: columns of C per task at most. BLIS sizes NC (4080) to keep a B panel in L3;
- * here B is packed once per K block for all tasks, so a narrower task costs
+ * here (the blocked order) B is packed once per K block for all tasks, so a narrower task costs
  * only re-reading its A block from L3, and narrow tasks balance threads:
  * a (768, 2304) C is 6 x 5 tasks. */
 #define GEMM_NC 512
@@ -341,14 +344,15 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
 
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
  * tasks share a column block, so its B slivers stay in cache. A streamed
- * job's task packs each B sliver of its block in turn into its own slot
- * of packed_b (it stays in L1/L2) and multiplies all of A by it. */
+ * job has one row block, so t is its column block: the task packs each B
+ * sliver of the block in turn into slot t of packed_b (it stays in L2) and
+ * multiplies all of A by it. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     const FN(gemm_job) *job = ctx;
     idx_t i0 = t % job->n_row_blocks * job->mc, i1 = attnc_min(job->M, i0 + job->mc);
     idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
-    real *sliver = job->packed_b + t * GEMM_NR * job->steps; /* streamed */
+    real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
     for (idx_t j = j0; j < j1; j += GEMM_NR) {
         if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
         const real *b = job->streamed ? sliver : job->packed_b + j * job->steps;
@@ -427,8 +431,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * few dozen rows). */
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
-    /* A whole packed A that stays in L2: the streamed order (see the top) */
-    int streamed = !transposed &&
+    /* A whole packed A that stays in L2, and B slivers for every thread:
+     * the streamed order (see the top) */
+    int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
                    attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <= GEMM_STREAMED_A_BYTES;
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
     if (transposed) {

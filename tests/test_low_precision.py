@@ -309,10 +309,11 @@ def test_sdpa_is_float32_rounded_once(low, L, S, simd_mode):
 # linear
 
 
-@pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4096, 64), (64, 1000, 96), (130, 64, 700)])
+@pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4096, 64), (64, 1000, 96), (130, 64, 700), (1000, 776, 40)])
 def test_linear_against_float64(low, M, K, N, simd_mode):
-    """K = 1000 and 4096 sum over several K blocks (768): the sums stay in float32
-    between them, rounded once."""
+    """K = 776, 1000 and 4096 sum over several K blocks (768): the sums stay in
+    float32 between them, rounded once. (130, 64, 700) takes the GEMM's streamed
+    order, (1000, 776, 40) its blocked order."""
     rng = np.random.default_rng(M + K + N)
     x, w, b = normal(rng, (M, K), low), normal(rng, (N, K), low) / np.sqrt(K).astype(low), normal(rng, (N,), low)
     out = F.linear(x, w, b)

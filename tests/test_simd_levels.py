@@ -34,17 +34,20 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
 
 
+@pytest.mark.parametrize("m", [60, 1000])
 @pytest.mark.parametrize("k", [776, 777, 778, 784, 785, 786])
-def test_linear_last_k_block_every_level(k, dtype, simd_mode):
-    """The packed path (x too large to pack alone), with a last K block of
-    8 to 18 steps: around one vector's worth of steps (8 or 16 floats, 4 or 8
-    doubles), where packing the rows of x in register blocks stops (a block's
-    last store runs into the next step); each row's bits as when alone."""
+def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
+    """The packed orders (x too large to pack alone: 60 rows take the
+    streamed order, 1000 the blocked one), with a last K block of 8 to 18
+    steps: around one vector's worth of steps (8 or 16 floats, 4 or 8
+    doubles), where packing the rows of x in register blocks stops (a
+    block's last store runs into the next step); each row's bits as when
+    alone."""
     rng = np.random.default_rng(k)
-    x, w, b = _r(rng, (60, k), dtype), _r(rng, (20, k), dtype), _r(rng, (20,), dtype)
+    x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
     out = F.linear(x, w, b)
     assert_close(out, x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} K={k}")
-    for i in (0, 5, 6, 59):
+    for i in (0, 5, 6, m - 1):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
 
 
