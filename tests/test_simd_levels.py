@@ -55,11 +55,12 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """The GEMM's three orders, by the size of packed x (K = 300): 40 rows
     transposed (the weights read in place), 400 streamed (x packed whole,
-    the weights a sliver at a time), 1000 the blocked order: each against
-    float64, on 1 and 2 threads, and each row's bits as when alone (one row
-    takes the transposed order)."""
+    the weights a sliver at a time; 130 outputs are at least two slivers a
+    thread at every level), 1000 the blocked order: each against float64,
+    on 1 and 2 threads, and each row's bits as when alone (one row takes the
+    transposed order)."""
     rng = np.random.default_rng(m)
-    x, w, b = _r(rng, (m, 300), dtype), _r(rng, (70, 300), dtype), _r(rng, (70,), dtype)
+    x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     outs = []
     for threads in (1, 2):
         attnc.set_num_threads(threads)
