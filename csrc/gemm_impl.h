@@ -10,23 +10,27 @@
  *       for each B sliver (KC, NR) of the block:
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
- * Two other orders by the size of packed A: few rows (a short sequence),
- * "transposed" (float and double only): C^T = B . A^T, B (the weights)
- * read in place and only A packed; a packed A that stays in L2, and B
- * slivers for every thread, "streamed": pass 1 packs A alone,
+ * Three other orders by the size of A. Up to GEMM_FEW_ROWS rows (a decode
+ * step), "few rows" (B's rows contiguous): nothing packed, B's rows read
+ * in place and turned in registers, all of A's rows multiplied at once. A
+ * few dozen rows (a short sequence), "transposed" (float and double
+ * only): C^T = B . A^T, B (the
+ * weights) read in place and only A packed; a packed A that stays in L2,
+ * and B slivers for every thread, "streamed": pass 1 packs A alone,
  * and each task of pass 2 packs its B slivers one at a time and multiplies
  * all of A by each, so the weights are read once and never written back
  * packed. The first K block starts the sums from the bias (or zeros) and stores
  * them: C is never cleared or re-read just to add the bias. Each element of
  * C adds up its K blocks in the same order whatever task, thread or tile
- * computes it, and the small-problem loops (gemm_direct) repeat that order
- * with the same fused multiply-add, so a row's bits never depend on M.
+ * computes it, and the small-problem loops (gemm_direct) and the few rows
+ * order repeat that order with the same fused multiply-add, so a row's
+ * bits never depend on M.
  * For the 16-bit dtypes, A and B are widened as they are packed, C is
  * summed in a float buffer and rounded once at the end, so every element
  * gets exactly the float GEMM's sum of the widened operands; but where
  * BF16_PAIRS (bfloat16 at the AVX512_BF16 level), they are packed as pairs
  * of bfloat16 along K and multiplied by vdot_pairs, every product through
- * the packed path (no direct loops), so that a row's bits still never
+ * the packed path (no direct loops or few rows), so that a row's bits still never
  * depend on M.
  */
 #ifndef ATTNC_GEMM_CONSTANTS
@@ -62,6 +66,15 @@
  * computed by direct loops with no workspace (e.g. the documents' tiny
  * examples). */
 #define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
+/* Up to GEMM_FEW_ROWS rows of A (a decode step's projections), gemm_few_rows,
+ * in GEMM_FEW_ROWS_TASKS tasks a thread. VLANES / 2 rows: 8 floats at
+ * AVX-512, where (8, 256) x (768, 256)^T took 0.62-0.67x the transposed
+ * order's time on an Ice Lake core, 12 rows 0.88x and 14 1.02x; 4 at AVX2
+ * (8 rows 0.77x) and for AVX-512's doubles (6 rows 0.78x, 8 1.04x); 2 at
+ * the 16-byte portable level (4 rows 0.73x) and AVX2's doubles (4 rows
+ * 0.99x). benchmarks/NOTES.md */
+#define GEMM_FEW_ROWS (VLANES / 2)
+#define GEMM_FEW_ROWS_TASKS 4
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -395,6 +408,107 @@ static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_ope
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* few rows of A                                                             */
+
+/* The job of gemm_few_rows: C (M, N) for M <= GEMM_FEW_ROWS, by blocks of
+ * VLANES outputs (rows of B), blocks_per_task blocks a task. */
+typedef struct {
+    const attnc_gemm_args *g;
+    FN(gemm_operand) b;
+    const real *a; /* A (M, K) widened, rows K apart */
+    idx_t N, blocks_per_task;
+} FN(few_rows_job);
+
+/* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
+ * (M a constant at each call, so the accumulators stay in registers): B's
+ * rows are read in place and turned in registers VLANES steps at a time,
+ * and each step is multiplied by every row's element. A lane past n
+ * repeats the last output and is not stored. Each element gets the packed
+ * path's operations in its order: from the bias, the multiply-adds of a K
+ * block one step after another, then the K blocks' sums added. */
+static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
+                                                                     int M)
+{
+    const attnc_gemm_args *g = job->g;
+    idx_t K = g->K;
+    const elem *rows[VLANES];
+    real bias[VLANES], sums[GEMM_FEW_ROWS][VLANES];
+    for (int l = 0; l < VLANES; l++) {
+        idx_t j = j0 + (l < n ? l : n - 1);
+        rows[l] = FN(operand_row)(&job->b, j);
+        bias[l] = FN(bias_at)(g, j);
+    }
+    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+        idx_t p = p0, end = attnc_min(K, p0 + GEMM_KC);
+        vreal acc[GEMM_FEW_ROWS];
+        for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
+        for (; p + VLANES <= end; p += VLANES) {
+            vreal steps[VLANES];
+            for (int l = 0; l < VLANES; l++) steps[l] = vload_elems(rows[l] + p);
+            vtranspose(steps);
+            _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
+                _Pragma("GCC unroll 16") for (int m = 0; m < M; m++)
+                    acc[m] = vfma(vset1(job->a[m * K + p + s]), steps[s], acc[m]);
+        }
+        for (; p < end; p++) {
+            real step[VLANES];
+            for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);
+            for (int m = 0; m < M; m++) acc[m] = vfma(vset1(job->a[m * K + p]), vloadu(step), acc[m]);
+        }
+        for (int m = 0; m < M; m++) vstoreu(sums[m], p0 == 0 ? acc[m] : vadd(vloadu(sums[m]), acc[m]));
+    }
+    for (int m = 0; m < M; m++) FN(store_row)((elem *)g->c + m * g->c_rs + j0, sums[m], n);
+}
+
+/* a copy of few_rows_block's loops for each M the level takes */
+#define FEW_ROWS_CASE(m)                                          \
+    case m:                                                       \
+        if (m <= GEMM_FEW_ROWS) FN(few_rows_block)(job, j, n, m); \
+        break;
+
+static void FN(few_rows_task)(void *ctx, idx_t t)
+{
+    const FN(few_rows_job) *job = ctx;
+    idx_t first = t * job->blocks_per_task * VLANES, end = attnc_min(job->N, first + job->blocks_per_task * VLANES);
+    for (idx_t j = first; j < end; j += VLANES) {
+        int n = (int)attnc_min(VLANES, end - j);
+        switch (job->g->M) {
+            FEW_ROWS_CASE(1)
+            FEW_ROWS_CASE(2)
+            FEW_ROWS_CASE(3)
+            FEW_ROWS_CASE(4)
+            FEW_ROWS_CASE(5)
+            FEW_ROWS_CASE(6)
+            FEW_ROWS_CASE(7)
+            FEW_ROWS_CASE(8)
+        }
+    }
+}
+#undef FEW_ROWS_CASE
+
+/* C = bias + A . B^T for M <= GEMM_FEW_ROWS rows of A by few_rows_block: A
+ * widened once into a buffer, B (rows of contiguous elements) read in
+ * place, nothing packed or padded to a micro-kernel's width. */
+static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const FN(gemm_operand) *a,
+                                      const FN(gemm_operand) *b)
+{
+    idx_t M = g->M, K = g->K, elements, bytes;
+    if (!attnc_mul_ok(M, K, &elements) || !attnc_mul_ok(elements, sizeof(real), &bytes)) return ATTNC_EOVERFLOW;
+    real *widened = attnc_malloc((size_t)bytes);
+    if (!widened) return ATTNC_ENOMEM;
+    for (idx_t i = 0; i < M; i++) {
+        const elem *row = FN(operand_row)(a, i);
+        for (idx_t p = 0; p < K; p++) widened[i * K + p] = to_real(row[p * a->cs]);
+    }
+    idx_t blocks = attnc_ceil_div(N, VLANES), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
+    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks)};
+    attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), 2.0 * (double)M * (double)N * (double)K,
+                       FN(few_rows_task), &job);
+    attnc_free(widened);
+    return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
+}
+
 /* *bytes = size of `rows` rows packed in slivers of `width`, kc steps deep. */
 static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)
 {
@@ -422,6 +536,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
+    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1) return FN(gemm_few_rows)(g, N, &a, &b);
     idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_running_threads();
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     /* Few rows of A (a short sequence, a decode step): C^T = B . A^T, so the

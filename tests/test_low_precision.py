@@ -322,6 +322,24 @@ def test_linear_against_float64(low, M, K, N, simd_mode):
     assert_close(out, x64 @ w64.T + b64, low)
 
 
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_linear_few_rows(low, M, simd_mode):
+    """A few rows take the GEMM's order that reads the weights in place (but
+    at the AVX512_BF16 level, whose bfloat16 products all run in pairs):
+    against float64, and each row's bits as when alone and as among 100 rows
+    (a packed order). 70 outputs end in a part-filled block of lanes; K = 777
+    is two K blocks, the second 9 steps."""
+    rng = np.random.default_rng(M)
+    x, w, b = normal(rng, (M, 777), low), normal(rng, (70, 777), low) / np.sqrt(777).astype(low), normal(rng, (70,), low)
+    out = F.linear(x, w, b)
+    x64, w64, b64 = wide(x, w, b)
+    assert_close(out, x64 @ w64.T + b64, low)
+    among = F.linear(np.concatenate([normal(rng, (60, 777), low), x, normal(rng, (40, 777), low)]), w, b)
+    np.testing.assert_array_equal(among[60:60 + M].view(np.uint16), out.view(np.uint16))
+    for i in range(M):
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b).view(np.uint16), out[i:i + 1].view(np.uint16))
+
+
 def test_softmax_and_the_layer_backwards(low, simd_mode):
     """softmax, and the backward functions of softmax and linear, against float64 on the
     rounded inputs (each computed in float32 and rounded once)."""

@@ -53,12 +53,12 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
 
 @pytest.mark.parametrize("m", [40, 400, 1000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
-    """The GEMM's three orders, by the size of packed x (K = 300): 40 rows
+    """Three of the GEMM's orders, by the size of packed x (K = 300): 40 rows
     transposed (the weights read in place), 400 streamed (x packed whole,
     the weights a sliver at a time; 130 outputs are at least two slivers a
     thread at every level), 1000 the blocked order: each against float64,
     on 1 and 2 threads, and each row's bits as when alone (one row takes the
-    transposed order)."""
+    few-rows order)."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     outs = []
@@ -68,6 +68,32 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m}")
     np.testing.assert_array_equal(outs[0], outs[1])
     for i in (0, 11, m // 2, m - 1):
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("k", [300, 1600])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_threads):
+    """Up to a few rows of x (half a vector's lanes: 8 floats at AVX-512, 4 at
+    AVX2, 2 at the portable level) the GEMM packs nothing: it reads the
+    weights' rows in place and turns them in registers. 130 outputs (a last
+    block of lanes part-filled), K = 300 (steps past the last whole vector)
+    and 1600 (three K blocks); against float64, on 1 and 2 threads, and each
+    row's bits as when alone and as among 100 rows (a packed order)."""
+    rng = np.random.default_rng(m + k)
+    x, w = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype)
+    b = _r(rng, (130,), dtype) if with_bias else None
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + (0 if b is None else b)
+    assert_close(outs[0], expected, dtype, f"{simd_mode} M={m} K={k}")
+    np.testing.assert_array_equal(outs[0], outs[1])
+    among = F.linear(np.concatenate([_r(rng, (50, k), dtype), x, _r(rng, (50 - m, k), dtype)]), w, b)
+    np.testing.assert_array_equal(among[50:50 + m], outs[0])
+    for i in range(m):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
 
 
