@@ -75,6 +75,12 @@
  * 0.99x). benchmarks/NOTES.md */
 #define GEMM_FEW_ROWS (VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
+/* Packing the weights costs about as much as multiplying them by this many
+ * more rows of A: (M, 256) x (768, 256)^T took 30 us more than 2.85 us a
+ * row (padded to MR) on an Ice Lake core at AVX-512, about 10 rows. The
+ * transposed order is taken only where it pads A by at most this much more
+ * than the packed orders (benchmarks/NOTES.md). */
+#define GEMM_PACKING_ROWS (GEMM_NR / 4)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -539,13 +545,17 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1) return FN(gemm_few_rows)(g, N, &a, &b);
     idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_running_threads();
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
-    /* Few rows of A (a short sequence, a decode step): C^T = B . A^T, so the
-     * weights B are read in place by the micro-kernel's broadcasts and only
-     * A is packed, into a block that stays in L2 like the A block of the
-     * usual order (packing the weights cost more than multiplying them by a
-     * few dozen rows). */
+    /* Few rows of A (a short sequence): C^T = B . A^T, so the weights B are
+     * read in place by the micro-kernel's broadcasts and only A is packed,
+     * into a block that stays in L2 like the A block of the usual order
+     * (packing the weights cost more than multiplying them by a few dozen
+     * rows). But A's rows are then the tiles' columns, NR wide: when that
+     * pads A more than the other orders' MR-row slivers do plus
+     * GEMM_PACKING_ROWS, packing the weights costs less. */
+    idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
-                     attnc_ceil_div(M, GEMM_NR) * GEMM_NR * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES;
+                     transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES &&
+                     transposed_rows <= attnc_ceil_div(M, GEMM_MR) * GEMM_MR + GEMM_PACKING_ROWS;
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&

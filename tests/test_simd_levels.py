@@ -51,10 +51,13 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
 
 
-@pytest.mark.parametrize("m", [40, 400, 1000])
+@pytest.mark.parametrize("m", [12, 32, 400, 1000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
-    """Three of the GEMM's orders, by the size of packed x (K = 300): 40 rows
-    transposed (the weights read in place), 400 streamed (x packed whole,
+    """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
+    transposed at every level (the weights read in place; x's rows the
+    tiles' columns), 12 rows transposed where the tiles' columns pad them
+    little and streamed where padding would cost more than packing the
+    weights (AVX-512 float: 32 columns), 400 streamed (x packed whole,
     the weights a sliver at a time; 130 outputs are at least two slivers a
     thread at every level), 1000 the blocked order: each against float64,
     on 1 and 2 threads, and each row's bits as when alone (one row takes the
