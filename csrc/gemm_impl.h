@@ -477,7 +477,7 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
 {
     const FN(few_rows_job) *job = ctx;
     idx_t first = t * job->blocks_per_task * VLANES, end = attnc_min(job->N, first + job->blocks_per_task * VLANES);
-    for (idx_t j = first; j < end; j += VLANES) {
+    for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
         int n = (int)attnc_min(VLANES, end - j);
         switch (job->g->M) {
             FEW_ROWS_CASE(1)
