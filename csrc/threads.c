@@ -2,9 +2,16 @@
  * own libgomp, and libgomp hangs in a child after fork).
  *
  * One job at a time owns the pool; the caller works on its own job too.
- * Tasks are handed out by an atomic counter, so which thread runs a task
- * varies, but every task's result is fixed: that keeps results independent
- * of the thread count. A forked child starts with no workers and builds
+ * The job's tasks are cut into one share a thread, in order (the caller's
+ * first, then each worker's in the order they join); a thread takes the
+ * tasks of its share one by one from an atomic counter, then helps with the
+ * others' in turn. A call repeated (a model's layers, a benchmark's loop)
+ * so gives each core the same tasks, whose operands are still in its
+ * cache, however late a thread joins: with one counter for all, the
+ * threads raced for them, and `linear` (32, 256) x (768, 256)^T took 1.14x
+ * the time on 2 threads (benchmarks/NOTES.md). Which thread runs a task
+ * still varies, but every task's result is fixed: that keeps results
+ * independent of the thread count. A forked child starts with no workers and builds
  * its own pool on first use. */
 #include <pthread.h>
 #include <sched.h>
@@ -45,7 +52,9 @@ typedef struct {
     attnc_task_fn fn;
     void *ctx;
     idx_t n_tasks;
-    atomic_llong next_task;
+    int n_shares;              /* the job's tasks cut in this many shares */
+    atomic_llong *share_next;  /* the next task of each share (n_workers + 1 of them) */
+    int joined;                /* workers that joined the job so far */
     attnc_call *call;  /* the call the job belongs to (interrupt.c) */
     atomic_int caller_cpu; /* the CPU the job's caller was on when it opened the job */
     int wanted_workers; /* what resize_pool was last asked for */
@@ -96,15 +105,26 @@ int attnc_running_threads(void)
 }
 
 /* The current job's tasks, taken one by one until none is left or the call
- * is interrupted. */
-static void run_tasks(void)
+ * is interrupted: those of share `share` first, then of the shares after it. */
+/* Share s of the job's tasks: runs as even as whole tasks allow. */
+static idx_t share_begin(int s)
+{
+    idx_t per = pool.n_tasks / pool.n_shares, extra = pool.n_tasks % pool.n_shares;
+    return per * s + (s < extra ? s : extra);
+}
+
+static void run_tasks(int share)
 {
     int was_inside = inside_task;
     inside_task = 1;
-    for (;;) {
-        idx_t t = (idx_t)atomic_fetch_add(&pool.next_task, 1);
-        if (t >= pool.n_tasks || attnc_interrupted()) break;
-        pool.fn(pool.ctx, t);
+    for (int k = 0; k < pool.n_shares && !attnc_interrupted(); k++) {
+        int s = (share + k) % pool.n_shares;
+        idx_t end = s + 1 == pool.n_shares ? pool.n_tasks : share_begin(s + 1);
+        for (;;) {
+            idx_t t = (idx_t)atomic_fetch_add(&pool.share_next[s], 1);
+            if (t >= end || attnc_interrupted()) break;
+            pool.fn(pool.ctx, t);
+        }
     }
     inside_task = was_inside;
 }
@@ -182,10 +202,11 @@ static void *worker_main(void *start_generation)
         }
         seen = pool.generation;
         pool.workers_in_job++;
+        int share = ++pool.joined % pool.n_shares;
         pthread_mutex_unlock(&pool.lock);
         leave_caller_cpu();
         attnc_join_call(pool.call);
-        run_tasks();
+        run_tasks(share);
         attnc_join_call(NULL);
         pthread_mutex_lock(&pool.lock);
         if (--pool.workers_in_job == 0 && !pool.job_open) pthread_cond_signal(&pool.work_done);
@@ -201,7 +222,9 @@ static void stop_workers(void)
     pthread_mutex_unlock(&pool.lock);
     for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.threads[i], NULL);
     free(pool.threads);
+    free(pool.share_next);
     pool.threads = NULL;
+    pool.share_next = NULL;
     pool.n_workers = 0;
     pool.shutting_down = 0;
 }
@@ -215,6 +238,7 @@ static void reset_after_fork(void)
     pthread_cond_init(&pool.work_done, NULL);
     pthread_mutex_init(&job_lock, NULL);
     pool.threads = NULL;
+    pool.share_next = NULL;
     pool.n_workers = 0;
     pool.shutting_down = 0;
     pool.job_open = 0;
@@ -235,7 +259,8 @@ static int resize_pool(int n_workers)
     stop_workers();
     pool.wanted_workers = n_workers;
     pool.threads = malloc(sizeof(pthread_t) * (size_t)n_workers);
-    if (!pool.threads) return 0;
+    pool.share_next = malloc(sizeof(atomic_llong) * ((size_t)n_workers + 1));
+    if (!pool.threads || !pool.share_next) return 0;
     for (int i = 0; i < n_workers; i++) {
         if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(uintptr_t)pool.generation) != 0) break;
         pool.n_workers++;
@@ -273,15 +298,17 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
+    pool.n_shares = pool.n_workers + 1;
+    pool.joined = 0;
+    for (int s = 0; s < pool.n_shares; s++) atomic_store(&pool.share_next[s], share_begin(s));
     pool.call = attnc_current_call();
     atomic_store(&pool.caller_cpu, sched_getcpu());
-    atomic_store(&pool.next_task, 0);
     pool.job_open = 1;
     pool.generation++;
     pthread_cond_broadcast(&pool.work_ready);
     pthread_mutex_unlock(&pool.lock);
 
-    run_tasks(); /* returns when every task is taken */
+    run_tasks(0); /* returns when every task is taken */
 
     pthread_mutex_lock(&pool.lock);
     pool.job_open = 0;
