@@ -59,15 +59,18 @@ ORT = "onnxruntime"
 OPENVINO = "openvino"
 
 # Shapes: mha (B, T, C, heads); sdpa/long (B, H, L, E); tiny (B, T, C);
-# tiny_calls (batches, calls per batch); linear (rows, in, out); sweep: L values;
+# tiny_calls (batches, calls per batch); linear (rows, in, out), linear_decode: two more, with
+# the rows of a decoding step (a model's QKV projection); sweep: L values;
 # repeats: timed rounds per case (--repeats overrides), sweep_repeats: per sweep point;
 # peer_block_s: the length of one timed block of back-to-back calls in cases 7 and 8.
 SIZES = {
     "full": dict(mha=(8, 512, 768, 12), sdpa=(8, 12, 1024, 64), long=(1, 8, 8192, 64), tiny=(3, 2, 4),
-                 tiny_calls=(20, 1000), linear=(4096, 768, 2304), sweep=(256, 512, 1024, 2048), gemm=2048,
+                 tiny_calls=(20, 1000), linear=(4096, 768, 2304), linear_decode=((1, 768, 2304), (1, 4096, 4096)),
+                 sweep=(256, 512, 1024, 2048), gemm=2048,
                  repeats=5, sweep_repeats=3, peer_block_s=0.1),
     "quick": dict(mha=(2, 128, 128, 4), sdpa=(2, 4, 256, 32), long=(1, 2, 2048, 32), tiny=(3, 2, 4),
-                  tiny_calls=(10, 200), linear=(256, 256, 768), sweep=(64, 128, 256, 512), gemm=512,
+                  tiny_calls=(10, 200), linear=(256, 256, 768), linear_decode=((1, 256, 768), (4, 768, 2304)),
+                  sweep=(64, 128, 256, 512), gemm=512,
                   repeats=3, sweep_repeats=2, peer_block_s=0.02),
 }
 # Cases 7 and 8, the sizes users run, the same in quick runs (which only time fewer and
@@ -79,6 +82,10 @@ PEER_SDPA = ((1, 4, 64, 64, 64, False), (2, 4, 256, 256, 64, False), (1, 12, 512
              (4, 16, 256, 256, 128, False), (8, 12, 1024, 1024, 64, False), (8, 12, 1024, 1024, 64, True))
 PEER_DECODE = ((1, 12, 1, 1024, 64, False), (4, 32, 1, 2048, 128, False))
 MAX_CALLS_PER_BLOCK = 10000
+# Case 5's decoding steps: each sample is this many back-to-back calls, as in a
+# decoding loop (one call after a pause measured the threads waking: 4.3 ms for
+# torch's 0.14 ms linear of one row).
+DECODE_CALLS = 200
 
 
 # ----------------------------------------------------------------------------
@@ -674,6 +681,7 @@ class Row:
     build: object  # names -> Bench
     target: object
     latency: bool = False
+    calls: int = 1  # back-to-back calls per timed sample (a decoding step is a call in a loop)
 
 
 def rows(sizes):
@@ -691,6 +699,9 @@ def rows(sizes):
             functools.partial(case_tiny, sizes["tiny"], f32), target_tiny, latency=True),
         Row("5", 5, "Linear", f32, (ATTNC, TORCH_LINEAR, NUMPY),
             functools.partial(case_linear, sizes["linear"], f32), target_linear),
+        *(Row(f"5-d{i}", 5, "Linear, a decoding step", f32, (ATTNC, TORCH_LINEAR, NUMPY),
+              functools.partial(case_linear, size, f32), target_linear, calls=DECODE_CALLS)
+          for i, size in enumerate(sizes["linear_decode"], 1)),
         Row("6-1", 6, "MultiHeadAttention float64", f64, mha_names, functools.partial(mha, f64), target_beat_all),
         Row("6-2", 6, "SDPA core float64", f64, core_names, functools.partial(sdpa, f64, False), target_beat_all),
         Row("6-2c", 6, "SDPA core float64, causal", f64, core_names, functools.partial(sdpa, f64, True),
@@ -843,7 +854,7 @@ def run_row(row, sizes, args):
         batches, calls = sizes["tiny_calls"]
         samples = time_interleaved(bench.impls, batches, calls)
     else:
-        samples = time_interleaved(bench.impls, args.repeats)
+        samples = time_interleaved(bench.impls, args.repeats, row.calls)
     measure_memory = not row.latency and (not args.quick or row.case == 3)
     peak = peak_for(row.dtype, args)
     impls = {}
