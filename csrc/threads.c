@@ -3,7 +3,7 @@
  *
  * One job at a time owns the pool; the caller works on its own job too.
  * The job's tasks are cut into one share a thread, in order (the caller's
- * first, then each worker's in the order they join); a thread takes the
+ * first, then worker 0's, 1's, ...); a thread takes the
  * tasks of its share one by one from an atomic counter, then helps with the
  * others' in turn. A call repeated (a model's layers, a benchmark's loop)
  * so gives each core the same tasks, whose operands are still in its
@@ -54,7 +54,7 @@ typedef struct {
     idx_t n_tasks;
     int n_shares;              /* the job's tasks cut in this many shares */
     atomic_llong *share_next;  /* the next task of each share (n_workers + 1 of them) */
-    int joined;                /* workers that joined the job so far */
+    unsigned long start_generation; /* the generation when the workers were created */
     attnc_call *call;  /* the call the job belongs to (interrupt.c) */
     atomic_int caller_cpu; /* the CPU the job's caller was on when it opened the job */
     int wanted_workers; /* what resize_pool was last asked for */
@@ -104,8 +104,6 @@ int attnc_running_threads(void)
     return requested < cpus ? requested : cpus;
 }
 
-/* The current job's tasks, taken one by one until none is left or the call
- * is interrupted: those of share `share` first, then of the shares after it. */
 /* Share s of the job's tasks: runs as even as whole tasks allow. */
 static idx_t share_begin(int s)
 {
@@ -113,6 +111,8 @@ static idx_t share_begin(int s)
     return per * s + (s < extra ? s : extra);
 }
 
+/* The current job's tasks, taken one by one until none is left or the call
+ * is interrupted: those of share `share` first, then of the shares after it. */
 static void run_tasks(int share)
 {
     int was_inside = inside_task;
@@ -187,10 +187,11 @@ static void leave_caller_cpu(void)
  * closed the job (all its tasks taken) leaves it alone: the caller waits
  * only for the workers that joined, never for a thread the system has not
  * scheduled yet (on a busy machine that wait was milliseconds).
- * `start_generation` is the generation when the worker was created. */
-static void *worker_main(void *start_generation)
+ * Worker `index` (from 0) runs share index + 1 of each job first. */
+static void *worker_main(void *index)
 {
-    unsigned long seen = (unsigned long)(uintptr_t)start_generation;
+    unsigned long seen = pool.start_generation;
+    int share = (int)(uintptr_t)index + 1;
     pthread_setname_np(pthread_self(), "attnc-worker"); /* as top -H and /proc/<pid>/task/<tid>/comm show it */
     for (;;) {
         spin_while(no_new_job, seen);
@@ -202,7 +203,6 @@ static void *worker_main(void *start_generation)
         }
         seen = pool.generation;
         pool.workers_in_job++;
-        int share = ++pool.joined % pool.n_shares;
         pthread_mutex_unlock(&pool.lock);
         leave_caller_cpu();
         attnc_join_call(pool.call);
@@ -261,8 +261,9 @@ static int resize_pool(int n_workers)
     pool.threads = malloc(sizeof(pthread_t) * (size_t)n_workers);
     pool.share_next = malloc(sizeof(atomic_llong) * ((size_t)n_workers + 1));
     if (!pool.threads || !pool.share_next) return 0;
+    pool.start_generation = pool.generation;
     for (int i = 0; i < n_workers; i++) {
-        if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(uintptr_t)pool.generation) != 0) break;
+        if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0) break;
         pool.n_workers++;
     }
     return pool.n_workers;
@@ -299,7 +300,6 @@ void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
     pool.n_shares = pool.n_workers + 1;
-    pool.joined = 0;
     for (int s = 0; s < pool.n_shares; s++) atomic_store(&pool.share_next[s], share_begin(s));
     pool.call = attnc_current_call();
     atomic_store(&pool.caller_cpu, sched_getcpu());
