@@ -69,7 +69,7 @@ SIZES = {
                  sweep=(256, 512, 1024, 2048), gemm=2048,
                  repeats=5, sweep_repeats=3, peer_block_s=0.1),
     "quick": dict(mha=(2, 128, 128, 4), sdpa=(2, 4, 256, 32), long=(1, 2, 2048, 32), tiny=(3, 2, 4),
-                  tiny_calls=(10, 200), linear=(256, 256, 768), linear_decode=((1, 256, 768), (4, 768, 2304)),
+                  tiny_calls=(10, 200), linear=(256, 256, 768), linear_decode=((1, 256, 768), (1, 768, 2304)),
                   sweep=(64, 128, 256, 512), gemm=512,
                   repeats=3, sweep_repeats=2, peer_block_s=0.02),
 }

@@ -75,11 +75,14 @@
  * 0.99x). benchmarks/NOTES.md */
 #define GEMM_FEW_ROWS (VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
-/* Packing the weights costs about as much as multiplying them by this many
- * more rows of A: (M, 256) x (768, 256)^T took 30 us more than 2.85 us a
- * row (padded to MR) on an Ice Lake core at AVX-512, about 10 rows. The
+/* Packing contiguous weights costs about as much as multiplying them by
+ * this many more rows of A: (M, 256) x (768, 256)^T took 30 us more than
+ * 2.85 us a row (padded to MR) on an Ice Lake core at AVX-512 float, about
+ * 10 rows, and NR / 4 is 8 there. The other levels take the same fraction
+ * of their NR unmeasured; the rule it sets was measured a gain at AVX2 and
+ * portable float and neutral for double (benchmarks/NOTES.md). The
  * transposed order is taken only where it pads A by at most this much more
- * than the packed orders (benchmarks/NOTES.md). */
+ * than the packed orders. */
 #define GEMM_PACKING_ROWS (GEMM_NR / 4)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
@@ -475,6 +478,7 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
 
 static void FN(few_rows_task)(void *ctx, idx_t t)
 {
+    _Static_assert(GEMM_FEW_ROWS <= 8, "a case below for every M up to GEMM_FEW_ROWS");
     const FN(few_rows_job) *job = ctx;
     idx_t first = t * job->blocks_per_task * VLANES, end = attnc_min(job->N, first + job->blocks_per_task * VLANES);
     for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
@@ -551,11 +555,13 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * (packing the weights cost more than multiplying them by a few dozen
      * rows). But A's rows are then the tiles' columns, NR wide: when that
      * pads A more than the other orders' MR-row slivers do plus
-     * GEMM_PACKING_ROWS, packing the weights costs less. */
+     * GEMM_PACKING_ROWS, packing contiguous weights costs less (weights
+     * with a column stride pack one element at a time: not measured, so
+     * they keep the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES &&
-                     transposed_rows <= attnc_ceil_div(M, GEMM_MR) * GEMM_MR + GEMM_PACKING_ROWS;
+                     (b.cs != 1 || transposed_rows <= attnc_ceil_div(M, GEMM_MR) * GEMM_MR + GEMM_PACKING_ROWS);
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&

@@ -328,7 +328,9 @@ def test_linear_few_rows(low, M, simd_mode):
     at the AVX512_BF16 level, whose bfloat16 products all run in pairs):
     against float64, and each row's bits as when alone and as among 100 rows
     (a packed order). 70 outputs end in a part-filled block of lanes; K = 777
-    is two K blocks, the second 9 steps."""
+    is two K blocks, the second 9 steps. This guards the widening and the one
+    rounding at the end; the float and double tests of test_simd_levels.py
+    guard the order of the sums, whose last bit a 16-bit result hides."""
     rng = np.random.default_rng(M)
     x, w, b = normal(rng, (M, 777), low), normal(rng, (70, 777), low) / np.sqrt(777).astype(low), normal(rng, (70,), low)
     out = F.linear(x, w, b)

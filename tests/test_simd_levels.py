@@ -75,15 +75,18 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
-@pytest.mark.parametrize("k", [300, 1600])
+@pytest.mark.parametrize("k", [301, 1543])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_threads):
     """Up to a few rows of x (half a vector's lanes: 8 floats at AVX-512, 4 at
     AVX2, 2 at the portable level) the GEMM packs nothing: it reads the
     weights' rows in place and turns them in registers. 130 outputs (a last
-    block of lanes part-filled), K = 300 (steps past the last whole vector)
-    and 1600 (three K blocks); against float64, on 1 and 2 threads, and each
-    row's bits as when alone and as among 100 rows (a packed order)."""
+    block of lanes part-filled), K = 301 (a step past the last whole vector
+    at every level) and 1543 (three K blocks, the last of 7 steps, past whole
+    vectors too); against float64, on 1 and 2 threads (the smallest products
+    stay on one), and each row's bits as when alone and as among 100 rows (a
+    packed order). These float and double bits guard the order of the sums:
+    a 16-bit result's rounding hides a different order's last bit."""
     rng = np.random.default_rng(m + k)
     x, w = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype)
     b = _r(rng, (130,), dtype) if with_bias else None
