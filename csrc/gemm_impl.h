@@ -11,27 +11,26 @@
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
  * Three other orders by the size of A. Up to GEMM_FEW_ROWS rows (a decode
- * step), "few rows" (B's rows contiguous): nothing packed, B's rows read
- * in place and turned in registers, all of A's rows multiplied at once. A
- * few dozen rows (a short sequence), "transposed" (float and double
- * only): C^T = B . A^T, B (the
- * weights) read in place and only A packed; a packed A that stays in L2,
- * and B slivers for every thread, "streamed": pass 1 packs A alone,
- * and each task of pass 2 packs its B slivers one at a time and multiplies
- * all of A by each, so the weights are read once and never written back
- * packed. The first K block starts the sums from the bias (or zeros) and stores
- * them: C is never cleared or re-read just to add the bias. Each element of
- * C adds up its K blocks in the same order whatever task, thread or tile
- * computes it, and the small-problem loops (gemm_direct) and the few rows
- * order repeat that order with the same fused multiply-add, so a row's
+ * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
+ * place and turned in registers, all of A's rows multiplied at once. A few
+ * dozen rows (a short sequence), "transposed" (float and double only):
+ * C^T = B . A^T, B (the weights) read in place and only A packed; a packed A that
+ * stays in L2, and B slivers for every thread, "streamed": pass 1 packs A
+ * alone, and each task of pass 2 packs its B slivers one at a time and
+ * multiplies all of A by each, so the weights are read once and never written
+ * back packed. The first K block starts the sums from the bias (or zeros) and
+ * stores them: C is never cleared or re-read just to add the bias. Each
+ * element of C adds up its K blocks in the same order whatever task, thread
+ * or tile computes it, and the small-problem loops (gemm_direct) and the few
+ * rows order repeat that order with the same fused multiply-add, so a row's
  * bits never depend on M.
- * For the 16-bit dtypes, A and B are widened as they are packed, C is
- * summed in a float buffer and rounded once at the end, so every element
- * gets exactly the float GEMM's sum of the widened operands; but where
- * BF16_PAIRS (bfloat16 at the AVX512_BF16 level), they are packed as pairs
- * of bfloat16 along K and multiplied by vdot_pairs, every product through
- * the packed path (no direct loops or few rows), so that a row's bits still never
- * depend on M.
+ * For the 16-bit dtypes, A and B are widened as they are packed, C is summed
+ * in a float buffer and rounded once at the end, so every element gets
+ * exactly the float GEMM's sum of the widened operands; but where BF16_PAIRS
+ * (bfloat16 at the AVX512_BF16 level), they are packed as pairs of bfloat16
+ * along K and multiplied by vdot_pairs, every product through the packed path
+ * (no direct loops or few rows), so that a row's bits still never depend on
+ * M.
  */
 #ifndef ATTNC_GEMM_CONSTANTS
 #define ATTNC_GEMM_CONSTANTS

@@ -1,18 +1,17 @@
 /* A small persistent pthread pool (not OpenMP: PyTorch wheels bundle their
  * own libgomp, and libgomp hangs in a child after fork).
  *
- * One job at a time owns the pool; the caller works on its own job too.
- * The job's tasks are cut into one share a thread, in order (the caller's
- * first, then worker 0's, 1's, ...); a thread takes the
- * tasks of its share one by one from an atomic counter, then helps with the
- * others' in turn. A call repeated (a model's layers, a benchmark's loop)
- * so gives each core the same tasks, whose operands are still in its
- * cache, however late a thread joins: with one counter for all, the
- * threads raced for them, and `linear` (32, 256) x (768, 256)^T took 1.14x
- * the time on 2 threads (benchmarks/NOTES.md). Which thread runs a task
- * still varies, but every task's result is fixed: that keeps results
- * independent of the thread count. A forked child starts with no workers and builds
- * its own pool on first use. */
+ * One job at a time owns the pool; the caller works on its own job too. The
+ * job's tasks are cut into one share a thread, in order (the caller's first,
+ * then worker 0's, 1's, ...); a thread takes the tasks of its share one by
+ * one from an atomic counter, then helps with the others' in turn. A call
+ * repeated (a model's layers, a benchmark's loop) so gives each core the same
+ * tasks, whose operands are still in its cache, however late a thread joins:
+ * with one counter for all, the threads raced for them, and `linear` (32,
+ * 256) x (768, 256)^T took 1.14x the time on 2 threads (benchmarks/NOTES.md).
+ * Which thread runs a task still varies, but every task's result is fixed:
+ * that keeps results independent of the thread count. A forked child starts
+ * with no workers and builds its own pool on first use. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
