@@ -453,8 +453,7 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
         for (; p + VLANES <= end; p += VLANES) {
             vreal steps[VLANES];
-            for (int l = 0; l < VLANES; l++) steps[l] = vload_elems(rows[l] + p);
-            vtranspose(steps);
+            FN(load_turned)(steps, rows, p);
             _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
                 _Pragma("GCC unroll 16") for (int m = 0; m < M; m++)
                     acc[m] = vfma(vset1(job->a[m * K + p + s]), steps[s], acc[m]);

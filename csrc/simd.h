@@ -16,6 +16,10 @@
  *                      scalar loop gets the micro-kernel's bits
  *   vtranspose(rows)   rows[VLANES] <- its transpose (a VLANES x VLANES
  *                      block, in registers)
+ *   vload_halves(low, high)  VLANES / 2 reals from low, then VLANES / 2
+ *                      from high (AVX2 and AVX-512: VLOAD_HALVES): loads
+ *                      that do vtranspose's first stage (swapping the rows'
+ *                      halves), so that vtranspose_rest finishes it
  *   vmac(pairs, a, b, acc)  the micro-kernel's step: vfma(a, b, acc), or
  *                      with pairs (BF16_PAIRS only) vdot_pairs(a, b, acc):
  *                      a and b hold a pair of bfloat16 per 32-bit lane
@@ -44,6 +48,8 @@
 #define sfma FN(sfma)
 #define vlanes_mask FN(vlanes_mask)
 #define vtranspose FN(vtranspose)
+#define vtranspose_rest FN(vtranspose_rest)
+#define vload_halves FN(vload_halves)
 #define vdot_pairs FN(vdot_pairs)
 #define vmac FN(vmac)
 #define VLANES ((int)(sizeof(vreal) / sizeof(real)))
@@ -155,21 +161,59 @@ typedef int64_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
             rows[i + (d)] = __builtin_shuffle(low, high, (vlanes_mask){LANE_LIST(SWAP_HIGH, d)}); \
         }
 /* The block transpose by swapping off-diagonal blocks of halving sizes:
- * log2(VLANES) stages of VLANES two-vector shuffles. */
-static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LANES])
+ * log2(VLANES) stages of VLANES two-vector shuffles (they commute). All
+ * stages but the first (blocks of VLANES / 2), which vload_halves does: */
+static inline __attribute__((always_inline)) void vtranspose_rest(vreal rows[SIMD_LANES])
 {
 #if SIMD_LANES > 8
-    TRANSPOSE_STAGE(8)
-#endif
-#if SIMD_LANES > 4
     TRANSPOSE_STAGE(4)
 #endif
-#if SIMD_LANES > 2
+#if SIMD_LANES > 4
     TRANSPOSE_STAGE(2)
 #endif
+#if SIMD_LANES > 2
     TRANSPOSE_STAGE(1)
+#endif
+    (void)rows;
+}
+
+static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LANES])
+{
+    TRANSPOSE_STAGE(SIMD_LANES / 2)
+    vtranspose_rest(rows);
 }
 #undef TRANSPOSE_STAGE
+
+/* Two half-vector loads joined, at AVX2 and AVX-512: the second is an
+ * insert from memory, which needs no shuffle port (a shuffle, as in
+ * vtranspose's first stage, can only use one on Intel cores). The portable
+ * level has no such instruction (SSE2 builds a float vector from halves
+ * through the stack) and turns whole loads with vtranspose. */
+#undef VLOAD_HALVES
+#if defined(ATTNC_ISA_AVX512) || defined(ATTNC_ISA_AVX2)
+#  define VLOAD_HALVES 1
+#endif
+#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vload_halves(const real *low, const real *high)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(low)), _mm256_loadu_ps(high), 1);
+}
+#elif defined(ATTNC_ISA_AVX512)
+static inline vreal vload_halves(const real *low, const real *high)
+{
+    return _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd(low)), _mm256_loadu_pd(high), 1);
+}
+#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vload_halves(const real *low, const real *high)
+{
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(low)), _mm_loadu_ps(high), 1);
+}
+#elif defined(ATTNC_ISA_AVX2)
+static inline vreal vload_halves(const real *low, const real *high)
+{
+    return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_loadu_pd(low)), _mm_loadu_pd(high), 1);
+}
+#endif
 #undef SWAP_LOW
 #undef SWAP_HIGH
 

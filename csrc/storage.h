@@ -216,6 +216,28 @@ static inline real FN(pair_at)(const elem *row, idx_t p, idx_t cs, idx_t n)
 #  endif
 #endif
 
+/* rows[s] <- element p + s of each of the VLANES rows src[l], in lane l
+ * (s < VLANES): a VLANES x VLANES block of the rows turned in registers.
+ * Reals at AVX2 and AVX-512 are loaded half a vector of two rows at a time
+ * (vload_halves), which does the transpose's first stage without its
+ * shuffles; 16-bit elems are widened a whole vector at a time, and the
+ * portable level loads whole vectors, both turned by vtranspose. */
+static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLANES], const elem *const src[VLANES],
+                                                                  idx_t p)
+{
+#if ELEM_IS_REAL && defined(VLOAD_HALVES)
+    const int half = VLANES / 2;
+    for (int l = 0; l < half; l++) {
+        rows[l] = vload_halves(src[l] + p, src[l + half] + p);
+        rows[l + half] = vload_halves(src[l] + p + half, src[l + half] + p + half);
+    }
+    vtranspose_rest(rows);
+#else
+    for (int l = 0; l < VLANES; l++) rows[l] = vload_elems(src[l] + p);
+    vtranspose(rows);
+#endif
+}
+
 /* n elems widened into reals, and n reals rounded into elems. */
 static inline void FN(load_row)(real *dst, const elem *src, idx_t n)
 {
