@@ -101,9 +101,11 @@ typedef struct {
     const elem *grad_out;
     const real *lse;
     elem *grad_q, *grad_k, *grad_v;
+    int skip_hidden; /* pairs outside the band are skipped (pair_seen) */
 } FN(grad_view);
 
-static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b)
+/* skip_hidden as grad_job's item_finite holds it (0 for none) */
+static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, int skip_hidden)
 {
     const attnc_batch *batch = &g->forward.batch;
     FN(grad_view) view = {
@@ -113,6 +115,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
         (elem *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
         (elem *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
         (elem *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
+        skip_hidden,
     };
     return view;
 }
@@ -248,14 +251,16 @@ static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t 
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
-/* 1 if some query of the tile at i0 sees some key of the block at j0 (its
- * band meets the block). Both passes ask this of every (tile, block)
- * pair, so they visit the same pairs: the bits never depend on the plan. */
-static inline int FN(pair_seen)(const attnc_attention_args *a, idx_t i0, idx_t j0)
+/* 1 if the pair of the tile at i0 and the block at j0 is computed: some
+ * query of the tile sees some key of the block (its band meets the
+ * block), or the item's hidden pairs are not skipped. Both passes ask this
+ * of every (tile, block) pair, so they visit the same pairs: the bits
+ * never depend on the plan. */
+static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0)
 {
     idx_t last_query = i0 + FN(tile_queries)(i0, a->L) - 1;
-    return attnc_band_begin(&a->band, i0, a->S) < j0 + FN(block_keys)(a, j0) &&
-           attnc_band_end(&a->band, last_query, a->S) > j0;
+    return !item->skip_hidden || (attnc_band_begin(&a->band, i0, a->S) < j0 + FN(block_keys)(a, j0) &&
+                                  attnc_band_end(&a->band, last_query, a->S) > j0);
 }
 
 /* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
@@ -263,7 +268,7 @@ static void FN(prepare_query_slots)(const FN(grad_buffers) *t, const attnc_atten
                                     const FN(grad_view) *item, idx_t j0)
 {
     for (idx_t i0 = 0; i0 < g->forward.L; i0 += BLOCK_Q) {
-        if (j0 >= 0 && !FN(pair_seen)(&g->forward, i0, j0)) continue;
+        if (j0 >= 0 && !FN(pair_seen)(&g->forward, item, i0, j0)) continue;
         FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
         FN(prepare_queries)(&slot, g, item, i0, FN(tile_queries)(i0, g->forward.L));
     }
@@ -281,7 +286,7 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
     memset(t->dk, 0, (size_t)(t->kb * t->E_padded) * sizeof(real));
     memset(t->dv, 0, (size_t)(t->kb * t->Ev_padded) * sizeof(real));
     for (idx_t i0 = 0; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
-        if (!FN(pair_seen)(a, i0, j0)) continue;
+        if (!FN(pair_seen)(a, item, i0, j0)) continue;
         idx_t nq = FN(tile_queries)(i0, a->L);
         FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
         FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk);
@@ -306,7 +311,7 @@ static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_back
     FN(prepare_queries)(t, g, item, i0, nq);
     memset(t->dq, 0, (size_t)(t->qb * t->E_padded) * sizeof(real));
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
-        if (!FN(pair_seen)(a, i0, j0)) continue;
+        if (!FN(pair_seen)(a, item, i0, j0)) continue;
         idx_t nk = FN(block_keys)(a, j0);
         FN(prepare_keys)(t, g, item, j0, nk, 1);
         FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
@@ -320,7 +325,23 @@ typedef struct {
     idx_t n_key_blocks, n_query_tiles, workspace_elems;
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
+    /* with a band: per item, 1 when its hidden pairs are skipped (every
+     * number its scores and dO are made of is finite), from a first pass */
+    uint8_t *item_finite;
 } FN(grad_job);
+
+/* The item's entry of item_finite: as the forward's skip_hidden, and dO,
+ * whose NaN or inf reaches the hidden scores' gradients (0 * NaN) in
+ * PyTorch's math path. */
+static void FN(finite_task)(void *ctx, idx_t b)
+{
+    FN(grad_job) *job = ctx;
+    const attnc_attention_backward_args *g = job->args;
+    const attnc_attention_args *a = &g->forward;
+    FN(grad_view) item = FN(grad_item_at)(g, b, 0);
+    job->item_finite[b] = FN(keys_finite)(a, &item.fwd) && FN(queries_finite)(a, &item.fwd, 0, a->L) &&
+                          FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
+}
 
 #ifndef ATTNC_GRAD_PASSES
 #define ATTNC_GRAD_PASSES
@@ -347,7 +368,7 @@ static void FN(grad_task)(void *ctx, idx_t task)
     const attnc_attention_args *a = &g->forward;
     FN(grad_layout)(work, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &t);
     if (job->pass == FUSED_PASS) {
-        FN(grad_view) item = FN(grad_item_at)(g, task);
+        FN(grad_view) item = FN(grad_item_at)(g, task, job->item_finite && job->item_finite[task]);
         memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
         FN(prepare_query_slots)(&t, g, &item, -1);
         for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K)
@@ -355,12 +376,12 @@ static void FN(grad_task)(void *ctx, idx_t task)
         FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, a->L, a->E);
     } else if (job->pass == KEY_PASS) {
         idx_t b = task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
-        FN(grad_view) item = FN(grad_item_at)(g, b);
+        FN(grad_view) item = FN(grad_item_at)(g, b, job->item_finite && job->item_finite[b]);
         FN(prepare_query_slots)(&t, g, &item, j0);
         FN(key_block_grads)(&t, g, &item, b, j0, NULL);
     } else {
         idx_t b = task / job->n_query_tiles;
-        FN(grad_view) item = FN(grad_item_at)(g, b);
+        FN(grad_view) item = FN(grad_item_at)(g, b, job->item_finite && job->item_finite[b]);
         FN(query_tile_grads)(&t, g, &item, b, task % job->n_query_tiles * BLOCK_Q);
     }
     attnc_free(work);
@@ -375,27 +396,34 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     idx_t n_items = 1; /* the gradients hold them all: no overflow */
     for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
     if (n_items == 0 || a->L == 0 || a->S == 0) return ATTNC_OK; /* the caller zero-filled the gradients */
-    FN(grad_job) job = {g, attnc_ceil_div(a->S, BLOCK_K), attnc_ceil_div(a->L, BLOCK_Q), 0, KEY_PASS, 0};
+    FN(grad_job) job = {g, attnc_ceil_div(a->S, BLOCK_K), attnc_ceil_div(a->L, BLOCK_Q), 0, KEY_PASS, 0, NULL};
     FN(grad_buffers) unused;
     idx_t dq_elems;
     if (!attnc_mul_ok(job.n_query_tiles * BLOCK_Q, ROUND_UP(a->E, GEMM_NR), &dq_elems) ||
         (size_t)dq_elems > SIZE_MAX / 4 / sizeof(real))
         return ATTNC_EOVERFLOW;
+    idx_t key_tasks, query_tasks;
+    if (!attnc_mul_ok(n_items, job.n_key_blocks, &key_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &query_tasks))
+        return ATTNC_EOVERFLOW;
+    if (a->band.on) {
+        job.item_finite = attnc_malloc((size_t)n_items);
+        if (!job.item_finite) return ATTNC_ENOMEM;
+        double reads = (double)a->L * (double)(2 * a->E + a->Ev + (a->bias ? a->S : 0)) + (double)a->S * (double)(a->E + a->Ev);
+        attnc_parallel_for(n_items, (double)n_items * reads, FN(finite_task), &job);
+    }
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
     int fused = n_items >= FUSED_MIN_ITEMS_PER_THREAD * (idx_t)attnc_running_threads();
-    idx_t n_tasks;
     if (fused) {
         job.pass = FUSED_PASS;
         job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
         attnc_parallel_for(n_items, flops * 1.25, FN(grad_task), &job);
     } else {
         job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
-        if (!attnc_mul_ok(n_items, job.n_key_blocks, &n_tasks)) return ATTNC_EOVERFLOW;
-        attnc_parallel_for(n_tasks, flops, FN(grad_task), &job);
+        attnc_parallel_for(key_tasks, flops, FN(grad_task), &job);
         job.pass = QUERY_PASS;
-        if (!attnc_mul_ok(n_items, job.n_query_tiles, &n_tasks)) return ATTNC_EOVERFLOW;
-        if (!atomic_load(&job.failed) && !attnc_interrupted()) attnc_parallel_for(n_tasks, flops, FN(grad_task), &job);
+        if (!atomic_load(&job.failed) && !attnc_interrupted()) attnc_parallel_for(query_tasks, flops, FN(grad_task), &job);
     }
+    attnc_free(job.item_finite);
     if (atomic_load(&job.failed)) return ATTNC_ENOMEM;
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }

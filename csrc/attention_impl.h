@@ -162,18 +162,19 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
  * see it. With a band (causal, window), a query tile skips the key tiles
- * outside it when the item's keys and values are finite. Otherwise every
- * key is visited, so that NaN and inf
- * reach every query as in PyTorch's math path (a hidden NaN key makes the
- * score NaN; a hidden NaN value is multiplied by its zero weight). */
+ * outside it when the numbers its scores are made of are finite
+ * (keys_finite, queries_finite); otherwise it visits every key, so that NaN and inf reach
+ * its rows as in PyTorch's math path. Decided per query tile, so a row's
+ * bits never depend on which rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
 {
-    int skip_hidden = a->band.on && FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
-                      FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
+    int skip_hidden[MAX_TILES_PER_TASK]; /* tiles_per_task never exceeds it */
+    int keys_finite = a->band.on && FN(keys_finite)(a, item);
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q;
+        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + FN(tile_queries)(q0, i1));
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
         idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR); /* the rows value_product adds to */
@@ -185,15 +186,20 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     }
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
      * tile meets the same key tiles however the queries are split into tasks */
-    idx_t begin, end, tile_begin, tile_end;
-    FN(key_range)(a, skip_hidden, i0, i1 - i0, &begin, &end);
+    idx_t begin = a->S, end = 0, tile_begin, tile_end;
+    for (idx_t tile = 0; tile < tiles; tile++) {
+        idx_t q0 = i0 + tile * BLOCK_Q;
+        FN(key_range)(a, skip_hidden[tile], q0, FN(tile_queries)(q0, i1), &tile_begin, &tile_end);
+        begin = attnc_min(begin, tile_begin);
+        end = tile_end > end ? tile_end : end;
+    }
     for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(end - j0, BLOCK_K);
         FN(pack_key_tile)(t, a, item, j0, nk);
         FN(pack_value_tile)(t, a, item, j0, nk);
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-            FN(key_range)(a, skip_hidden, q0, nq, &tile_begin, &tile_end);
+            FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
             FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));

@@ -357,6 +357,37 @@ static real *FN(split_e)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
     return job->e_kept + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_KEYS;
 }
 
+/* 1 if rows [i0, i1) of the item's bias (all S keys) are finite, or it
+ * has none; a broadcast row or column is read once. */
+static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t i1)
+{
+    if (!bias || i0 >= i1) return 1;
+    idx_t rows = a->bias_rs ? i1 - i0 : 1, keys = a->bias_cs ? a->S : 1;
+    bias += i0 * a->bias_rs;
+    if (a->bias_cs == 1) return FN(rows_finite)(bias, a->bias_rs, rows, keys);
+    for (idx_t i = 0; i < rows; i++)
+        if (!FN(rows_finite)(bias + i * a->bias_rs, a->bias_cs, keys, 1)) return 0;
+    return 1;
+}
+
+/* Whether the numbers the scores of queries [i0, i1) are made of are
+ * finite: the item's keys and values (keys_finite), and those queries and
+ * their bias (queries_finite). Only then may the keys outside a query's
+ * band be skipped (flash_queries and the backward): a hidden NaN or inf
+ * must still reach the row, as in PyTorch's math path, where the band adds
+ * -inf to the score (a hidden NaN key or bias makes the score NaN; a
+ * hidden NaN value is multiplied by its zero weight). */
+static int FN(keys_finite)(const attnc_attention_args *a, const FN(item_view) *item)
+{
+    return FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) && FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
+}
+
+static int FN(queries_finite)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1)
+{
+    return FN(rows_finite)(item->q + i0 * a->q.row_stride, a->q.row_stride, i1 - i0, a->E) &&
+           FN(bias_finite)(a, item->bias, i0, i1);
+}
+
 /* 1 when computing the split would give every row of the group e = 0
  * exactly, and it is skipped: the split has no key, or no row of the group
  * sees one of its keys and every number its scores and parts are made of

@@ -94,6 +94,51 @@ def test_rows_hidden_from_the_first_key_tile_match_torch_math(value_inf, dtype, 
     assert_close(F.scaled_dot_product_attention(q, k, v), expected, dtype)
 
 
+def _torch_math_with_grads(q, k, v, bias, grad_out, is_causal):
+    """out, lse, weights and the gradients of q, k, v by PyTorch's math path in float64:
+    the band adds -inf to the scores, so a hidden NaN or inf bias makes its score NaN."""
+    tq, tk, tv = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    scores = tq @ tk.transpose(-1, -2) / np.sqrt(q.shape[-1]) + torch.from_numpy(bias.astype(np.float64))
+    if is_causal:
+        L, S = scores.shape[-2:]
+        scores = scores + torch.full((L, S), -np.inf, dtype=torch.float64).triu(1)
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.softmax(scores, dim=-1)
+    out = weights @ tv
+    out.backward(torch.from_numpy(grad_out.astype(np.float64)))
+    return [t.detach().numpy() for t in (out, lse, weights, tq.grad, tk.grad, tv.grad)]
+
+
+HIDDEN_CASES = ["nan-bias", "inf-bias", "nan-grad-out"]
+
+
+@pytest.mark.parametrize("L", [40, 300], ids=["one-tile", "tiles"])
+@pytest.mark.parametrize("case", HIDDEN_CASES)
+def test_hidden_non_finite_bias_and_grad_out_reach_rows_at_every_length(case, L, dtype, simd_mode):
+    """A NaN or inf bias at a key the causal band hides from its row, or a NaN in dO, reaches
+    out, lse, weights and the gradients as in PyTorch's math path, whether or not the band
+    lets the kernels skip whole key tiles (L = 300: the flash path's tiles, 96 queries by 192
+    keys; the backward's pairs). Skipping used to check only K and V: the row stayed finite
+    from L = 97 on, and the gradients of the keys the row does not see missed the NaN."""
+    rng = np.random.default_rng(11)
+    E = 20
+    q, k, v = (rng.standard_normal((2, L, E)).astype(dtype) for _ in range(3))
+    grad_out = rng.standard_normal((2, L, E)).astype(dtype)
+    bias = (rng.standard_normal((2, L, L)) / 4).astype(dtype)
+    if case == "nan-grad-out":
+        grad_out[1, 3, 0] = np.nan
+    else:
+        bias[1, 3, L - 1] = np.nan if case == "nan-bias" else np.inf  # query 3 sees keys 0..3 only
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=True, return_lse=True)
+    _, weights = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=True, return_weights=True)
+    grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, attn_bias=bias, is_causal=True)
+    expected = _torch_math_with_grads(q, k, v, bias, grad_out, is_causal=True)
+    names = ["out", "lse", "weights", "grad_q", "grad_k", "grad_v"]
+    for what, actual, oracle in zip(names, [out, lse, weights, *grads], expected):
+        assert_close(actual, oracle, dtype, what)
+    assert np.isfinite(out[0]).all() and np.isfinite(np.asarray(grads[1])[0]).all()  # the other item
+
+
 def test_documents_masked_rows_stay_uniform():
     """The documents' -1e20 fill is finite: a fully masked row attends uniformly."""
     rng = np.random.default_rng(1)
