@@ -127,10 +127,22 @@ class Module:
 
     def __setattr__(self, name, value):
         if isinstance(value, Module):
+            if name in self._parameters:
+                raise TypeError(f"{name}: a parameter takes an array or None, got a {type(value).__name__} module")
             self._modules[name] = value
+        elif name in self._modules:
+            raise TypeError(f"{name}: a submodule takes a Module, got {type(value).__name__}")
         elif name in self._parameters:
             value = self._as_parameter(name, value)
+        elif name == "dtype":
+            value = module_dtype(value)
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        """A deleted submodule leaves the module (its forward then names it);
+        a deleted parameter stays registered, so assigning it again restores it."""
+        object.__delattr__(self, name)
+        self._modules.pop(name, None)
 
     def _as_parameter(self, name, value):
         """Any layout in, an aligned, writable, C-contiguous array of the
@@ -168,10 +180,21 @@ class Module:
         Raises
         ------
         TypeError
-            If `value` is complex, object or string.
+            If `name` is not a str, or `value` is complex, object or string.
+        KeyError
+            If `name` is empty, holds a ".", or names another attribute (a
+            submodule, a method), as torch's. Registering a parameter's name
+            again replaces its value.
         """
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, got {type(name).__name__}")
+        if not name or "." in name:
+            raise KeyError(f"name: a parameter name is not empty and has no '.', got {name!r}")
+        if name not in self._parameters and (name in self._modules or hasattr(self, name)):
+            raise KeyError(f"name: attribute {name!r} already exists")
         value = self._as_parameter(name, value)  # first: a value refused leaves no name behind
-        self._parameters.append(name)
+        if name not in self._parameters:
+            self._parameters.append(name)
         object.__setattr__(self, name, value)
 
     def forward(self, *args, **kwargs):
@@ -388,8 +411,12 @@ class Module:
     def _submodule(self, path):
         """The module at `path` (a tuple of child names) below this one."""
         owner = self
-        for child in path:
-            owner = owner._modules[child]
+        for depth, child in enumerate(path):
+            try:
+                owner = owner._modules[child]
+            except KeyError:
+                raise AttributeError(f"{'.'.join(path[:depth + 1])}: the module has no such submodule "
+                                     "(deleted?); its forward needs it") from None
         return owner
 
     def _owner_of(self, key):

@@ -265,7 +265,7 @@ class MultiheadAttention(Module):
         >>> print(weights[0, 0, 0])  # the first query sees the first key only
         [1. 0. 0. 0. 0.]
         """
-        params = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
+        params = self._checked_parameters()
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
         if is_causal and attn_mask is None:
@@ -291,6 +291,37 @@ class MultiheadAttention(Module):
         if average_attn_weights:
             weights = weights.mean(axis=1)
         return output, weights if batched else weights[0]
+
+    def _checked_parameters(self):
+        """The parameters by state_dict key, looked up now and checked
+        against the shapes the module's sizes give (a user may have replaced
+        any, or changed a size): ValueError naming the first that does not
+        fit."""
+        heads = positive_int(self.num_heads, "num_heads")
+        divides(heads, self.embed_dim, "num_heads", "embed_dim")
+        if self.head_dim != self.embed_dim // heads:
+            raise ValueError(f"num_heads: {heads} heads of embed_dim={self.embed_dim} are {self.embed_dim // heads} "
+                             f"wide, but head_dim is {self.head_dim}")
+        params = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
+        e, separate = self.embed_dim, not self._qkv_same_embed_dim
+        has_bias_kv = params["bias_k"] is not None or params["bias_v"] is not None
+        shapes = {"in_proj_weight": None if separate else (3 * e, e),
+                  "q_proj_weight": (e, e) if separate else None,
+                  "k_proj_weight": (e, self.kdim) if separate else None,
+                  "v_proj_weight": (e, self.vdim) if separate else None,
+                  "in_proj_bias": (3 * e,), "bias_k": (1, 1, e), "bias_v": (1, 1, e),
+                  "out_proj.weight": (e, e), "out_proj.bias": (e,)}
+        optional = {"in_proj_bias", "out_proj.bias"}
+        for name, value in params.items():
+            shape = shapes[name]
+            if value is None and (shape is None or name in optional or (name.startswith("bias_") and not has_bias_kv)):
+                continue
+            if shape is None:
+                raise ValueError(f"{name}: expected None (the module's {'separate' if separate else 'stacked'} "
+                                 f"projection weights are used), got shape {value.shape}")
+            if value is None or value.shape != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {None if value is None else value.shape}")
+        return params
 
     def _inputs(self, query, key, value, keep):
         """(batched, (query, key, value) batch first, (N, L or S, features),

@@ -13,6 +13,7 @@ that works; informational attributes (head_dim, ...) cannot break a
 forward; a bad dropout probability set after construction is named.
 """
 import pickle
+import types
 import warnings
 
 import numpy as np
@@ -507,3 +508,110 @@ def test_thread_count_above_the_cpu_count(restore_threads):
     attnc.set_num_threads(1)
     np.testing.assert_array_equal(m(x), out)
 
+
+
+# ============================================================================
+# submodules and parameters replaced by the wrong kind of object (a review
+# helper, 2026-11-24): a non-Module assigned to a submodule's name used to be
+# ignored by the forward, which kept computing with the old submodule
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+@pytest.mark.parametrize("value", [None, types.SimpleNamespace(weight=np.ones((DIM, DIM))), np.ones(3)],
+                         ids=["None", "namespace", "array"])
+def test_a_submodule_takes_only_a_module(model, value):
+    m = make_module(model.name, DIM).eval()
+    x = _x()
+    before = m(x)
+    for name in list(m._modules):
+        with pytest.raises(TypeError, match=f"^{name}: a submodule takes a Module"):
+            setattr(m, name, value)
+    np.testing.assert_array_equal(m(x), before)  # refused: nothing changed
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_a_deleted_submodule_is_named_and_can_be_restored(model):
+    m = make_module(model.name, DIM).eval()
+    x = _x()
+    before = m(x)
+    for name, child in list(m._modules.items()):
+        if isinstance(child, attnc.Dropout):
+            continue  # the dropout probability has its own test above
+        keys = list(m.state_dict())
+        delattr(m, name)
+        with pytest.raises(AttributeError, match=f"^{name}: the module has no such submodule"):
+            m(x)
+        assert not any(key.startswith(name + ".") for key in m.state_dict())
+        setattr(m, name, child)
+        assert sorted(m.state_dict()) == sorted(keys)
+        np.testing.assert_array_equal(m(x), before)
+
+
+def test_a_parameter_takes_no_module_and_the_dtype_attribute_is_checked():
+    lin = attnc.Linear(2, 2)
+    with pytest.raises(TypeError, match="^weight: a parameter takes an array or None"):
+        lin.weight = attnc.Linear(2, 2)
+    assert [name for name, _ in lin.named_parameters()] == ["weight", "bias"]
+    with pytest.raises(TypeError, match="^dtype: "):
+        lin.dtype = None  # used to make a Linear compute in float64
+    assert lin.dtype == np.float32
+
+
+def test_register_parameter_names_like_torch():
+    m = attnc.Linear(2, 2)
+    with pytest.raises(TypeError, match="^name: expected a str"):
+        m.register_parameter(3, np.ones(2))
+    for bad in ["", "a.b", "forward", "training"]:
+        with pytest.raises(KeyError, match="name: "):
+            m.register_parameter(bad, np.ones(2))
+    attention = attnc.SelfAttentionV2(DIM)
+    with pytest.raises(KeyError, match="name: attribute 'proj' already exists"):
+        attention.register_parameter("proj", np.ones(2))
+    m.register_parameter("bias", np.full(2, 7.0))  # again: replaces, never a second entry
+    assert [name for name, _ in m.named_parameters()] == ["weight", "bias"]
+    np.testing.assert_array_equal(m.bias, [7, 7])
+
+
+MHA_REPLACEMENTS = [
+    ("in_proj_weight", np.ones((25, 8)), "expected shape (24, 8)"),
+    ("in_proj_weight", np.ones((24, 9)), "expected shape (24, 8)"),
+    ("in_proj_weight", None, "expected shape (24, 8), got None"),
+    ("in_proj_bias", np.ones(29), "expected shape (24,)"),
+    ("in_proj_bias", np.float32(1), "expected shape (24,)"),
+    ("q_proj_weight", np.ones((8, 8)), "expected None"),
+    ("bias_k", np.ones((1, 1, 1)), "expected shape (1, 1, 8)"),
+    ("bias_k", np.ones(8), "expected shape (1, 1, 8)"),
+    ("bias_v", None, "expected shape (1, 1, 8), got None"),
+    ("out_proj.weight", np.ones((9, 8)), "expected shape (8, 8)"),
+    ("out_proj.bias", np.ones(9), "expected shape (8,)"),
+    ("num_heads", 3, "3 heads do not divide embed_dim=8"),
+    ("num_heads", 4, "4 heads of embed_dim=8 are 2 wide, but head_dim is 4"),
+]
+
+
+@pytest.mark.parametrize("key, value, message", MHA_REPLACEMENTS,
+                         ids=[f"{key}-{i}" for i, (key, _, _) in enumerate(MHA_REPLACEMENTS)])
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_nn_multihead_replaced_parameter_or_size_is_named(key, value, message, training):
+    """nn.MultiheadAttention used to run with a replaced parameter of the wrong shape (the first
+    24 rows of a 25-row in_proj_weight, one scalar broadcast as bias_k) and fail later with
+    NumPy's messages; now the forward names it."""
+    m = attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True, rng=np.random.default_rng(2)).train(training)
+    x = np.random.default_rng(3).standard_normal((5, 2, 8)).astype(np.float32)
+    before = m(x, x, x)[0]
+    owner, name = (m.out_proj, key.split(".")[1]) if key.startswith("out_proj.") else (m, key)
+    setattr(owner, name, value)
+    with pytest.raises(ValueError, match="^" + (("num_heads" if key == "num_heads" else key) + ": " + message)
+                       .replace("(", r"\(").replace(")", r"\)")):
+        m(x, x, x)
+    if key == "num_heads":
+        m.num_heads = 2
+    else:
+        setattr(owner, name, _mha_original(key))
+    np.testing.assert_array_equal(m(x, x, x)[0], before)
+
+
+def _mha_original(key):
+    """The value `key` had at construction (same seed as the test's module)."""
+    fresh = attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True, rng=np.random.default_rng(2))
+    return fresh.state_dict().get(key)
