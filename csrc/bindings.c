@@ -138,6 +138,19 @@ static int finite_number(PyObject *obj, const char *name, double *out)
     return 0;
 }
 
+/* An attention scale, finite also as the reals of dtype dt's kernels hold
+ * it: every dtype but float64 computes in float32, where a scale beyond
+ * FLT_MAX would be inf and every score 0 * inf = NaN. */
+static int scale_fits(double scale, attnc_dtype dt)
+{
+    if (dt == ATTNC_F64 || isfinite((float)scale)) return 1;
+    char text[32];
+    snprintf(text, sizeof text, "%g", scale);
+    PyErr_Format(PyExc_ValueError, "scale: expected a number that is finite in float32 (the compute dtype of "
+                 "float32, float16 and bfloat16), got %s", text);
+    return 0;
+}
+
 /* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow. */
 static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
 {
@@ -813,6 +826,7 @@ static int attention_operands(PyObject *const *objs, const score_options *o, int
         for (int i = 0; i < n_extra; i++) inputs[3 + i] = extra[i];
         *dt = result_dtype(inputs, 3 + n_extra);
     }
+    if (o->scale != Py_None && !scale_fits(scale, *dt)) return 0;
     for (int i = 0; i < 3; i++)
         if (!check_min_ndim(arr[i], names[i], 2, layouts[i])) return 0;
     npy_intp L = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 2), E = PyArray_DIM(arr[0], PyArray_NDIM(arr[0]) - 1);
@@ -1178,7 +1192,7 @@ static int module_setup(module_call *c, PyObject *params, PyObject *spec_obj, Py
         const char *p_name = PyUnicode_AsUTF8(c->spec.dropout_name);
         if (!p_name || !probability(p_obj, p_name, &dropout_p)) return 0;
     }
-    if (scale_obj != Py_None && !finite_number(scale_obj, "scale", &scale)) return 0;
+    if (scale_obj != Py_None && (!finite_number(scale_obj, "scale", &scale) || !scale_fits(scale, c->dt))) return 0;
     c->s = (attnc_self_attention_args){
         .dtype = c->dt, .C = c->spec.in_dim, .n_out = c->spec.out_dim >= 0 ? c->spec.out_dim : 0,
         .dropout_p = training ? dropout_p : 0.0,

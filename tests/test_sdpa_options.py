@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnc
 from attnc import functional as F
-from toolkit import MASKED_FILL
+from toolkit import MASKED_FILL, assert_close
 
 
 pytestmark = pytest.mark.usefixtures("serial_torch")
@@ -384,3 +384,21 @@ def test_bool_bias_is_refused_and_numpy_seeds_are_taken():
     assert str(info.value).startswith("attn_bias"), str(info.value)
     plain = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=7)
     np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=np.uint64(7)), plain)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64], ids=["f32", "f16", "f64"])
+def test_scale_beyond_float32_is_refused_where_the_kernels_compute_in_float32(dtype):
+    """scale=1e39 passed the finite check and became inf in the float32 kernels: every score
+    0 * inf = NaN. Refused there; float64 computes with it (scores 0: uniform weights)."""
+    z = np.zeros((4, 8), dtype)
+    v = np.arange(12.0).reshape(4, 3).astype(dtype)
+    out, lse = (np.zeros((4, 3), dtype), np.zeros(4, np.float32 if dtype != np.float64 else np.float64))
+    for scale in (1e39, -1e39):
+        if dtype == np.float64:
+            assert_close(F.scaled_dot_product_attention(z, z, v, scale=scale), np.tile(v.mean(0), (4, 1)), dtype)
+            continue
+        with pytest.raises(ValueError, match="^scale: expected a number that is finite in float32"):
+            F.scaled_dot_product_attention(z, z, v, scale=scale)
+        with pytest.raises(ValueError, match="^scale: expected a number that is finite in float32"):
+            F.scaled_dot_product_attention_backward(out, z, z, v, out, lse, scale=scale)
+    F.scaled_dot_product_attention(z, z, v, scale=3.4e38)  # the largest finite floats are fine
