@@ -776,12 +776,10 @@ static int window_side(PyObject *obj, idx_t *side)
 static int band_arguments(const score_options *o, idx_t L, idx_t S, attnc_band *band)
 {
     int bottom_right = 0;
-    if (o->alignment && o->alignment != Py_None) {
-        const char *text = PyUnicode_Check(o->alignment) ? PyUnicode_AsUTF8(o->alignment) : NULL;
-        if (text && (strcmp(text, "bottom_right") == 0 || strcmp(text, "top_left") == 0)) {
-            bottom_right = text[0] == 'b';
-        } else {
-            PyErr_Clear();
+    if (o->alignment) { /* exactly one of the two strings (None, or a NUL inside, is neither) */
+        int is_str = PyUnicode_Check(o->alignment);
+        bottom_right = is_str && PyUnicode_CompareWithASCIIString(o->alignment, "bottom_right") == 0;
+        if (!bottom_right && !(is_str && PyUnicode_CompareWithASCIIString(o->alignment, "top_left") == 0)) {
             PyErr_Format(PyExc_ValueError, "causal_alignment: expected 'top_left' or 'bottom_right', got %R",
                          o->alignment);
             return 0;

@@ -319,6 +319,9 @@ def test_dropout_with_seed(dtype, simd_mode):
 
 ERRORS = [
     ({"causal_alignment": "diagonal"}, ValueError, "causal_alignment"),
+    ({"causal_alignment": None}, ValueError, "causal_alignment"),  # was taken as "top_left"
+    ({"causal_alignment": "bottom_right\x00junk"}, ValueError, "causal_alignment"),  # was cut at the NUL
+    ({"causal_alignment": "TOP_LEFT"}, ValueError, "causal_alignment"),
     ({"window": (-1, 2)}, ValueError, "window"),
     ({"window": (1,)}, (ValueError, TypeError), "window"),
     ({"window": "ab"}, (ValueError, TypeError), "window"),
