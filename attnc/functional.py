@@ -8,10 +8,11 @@ gradients and saved outputs a backward takes), in any byte order: float64
 if any is float64; float16 or bfloat16 if all floating inputs are that
 dtype and none is an integer or bool; else float32. Integer and bool
 inputs count as float32, and float16 with bfloat16 gives float32 (neither
-holds the other). Mixed inputs promote, never narrow. A mask or bias
+holds the other). Mixed inputs promote, never narrow (but longdouble,
+which no kernel computes in, is taken as float64). A mask or bias
 never changes the result dtype (a bias is converted to it), nor does
 ``lse``. bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
-attnc never imports ml_dtypes itself. Complex, object and string inputs
+``import attnc`` does not import ml_dtypes (asking for "bfloat16" by name does). Complex, object and string inputs
 raise TypeError.
 
 float16 and bfloat16 are stored in 16 bits and computed in float32:
@@ -175,7 +176,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     window : tuple (left, right), optional
         Sliding-window attention: query i sees the keys in ``[c - left,
         c + right]``; each side an int >= 0, or None (unbounded). With
-        `is_causal`, `right` is at most 0.
+        `is_causal`, a `right` above 0 is taken as 0.
     seed : int, optional
         The key of the counter-based dropout mask, in ``[0, 2**64)``; the
         same seed gives the same mask for any thread count. Give it to
