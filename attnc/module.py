@@ -507,11 +507,22 @@ class Module:
         return grad
 
     def _add_grads(self, grads):
-        """Adds {dotted parameter name: gradient} into the buffers (None: skipped)."""
+        """Adds {dotted parameter name: gradient} into the buffers (None:
+        skipped): every buffer made and checked first, so that a failure
+        (MemoryError, a parameter whose dtype or shape was changed in place
+        since the forward) adds nothing, and the backward can be retried."""
+        targets = []
         for key, value in grads.items():
-            if value is not None:
-                owner, name = self._owner_of(key)
-                owner._grad(name)[...] += value
+            if value is None:
+                continue
+            owner, name = self._owner_of(key)
+            buffer = owner._grad(name)
+            if buffer.shape != value.shape or not np.can_cast(value.dtype, buffer.dtype, "same_kind"):
+                raise ValueError(f"{key}: the parameter is now {buffer.dtype} of shape {buffer.shape}, its gradient "
+                                 f"{value.dtype} of shape {value.shape} (changed in place since the forward?)")
+            targets.append((buffer, value))
+        for buffer, value in targets:
+            buffer[...] += value
 
     def _keep_for_backward(self, state, output_shape, x):
         """What this training-mode forward's backward needs (replacing any

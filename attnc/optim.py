@@ -31,6 +31,7 @@ import numbers
 
 import numpy as np
 
+from ._checks import is_floating
 from .module import Module
 
 __all__ = ["Optimizer", "SGD", "AdamW"]
@@ -122,13 +123,17 @@ class Optimizer:
             Naming the parameter, with no parameter updated, if a
             parameter was replaced since the previous step by one of
             another shape or dtype (its state cannot follow it: make a new
-            optimizer).
+            optimizer), or cannot be updated in place (read-only, or not
+            floating).
         NotImplementedError
             On the base class, which has no update rule.
         """
         triples = [(name, param, grad) for (name, param), (_, grad)
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
+            if not param.flags.writeable or not is_floating(param.dtype):
+                raise ValueError(f"{name}: step() updates parameters in place: expected a writable floating "
+                                 f"array, got {'a read-only ' if not param.flags.writeable else ''}{param.dtype} one")
             layout = param.shape, param.dtype
             before = self._layouts.setdefault(name, layout)
             if layout != before:

@@ -615,3 +615,50 @@ def _mha_original(key):
     """The value `key` had at construction (same seed as the test's module)."""
     fresh = attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True, rng=np.random.default_rng(2))
     return fresh.state_dict().get(key)
+
+
+# ============================================================================
+# a call that fails part way changes nothing (a review helper, 2026-11-24):
+# backward added the earlier parameters' gradients before failing on a later
+# one, so the retry the docs promise counted them twice; an optimizer step
+# updated three parameters before failing on a read-only fourth
+
+
+def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once():
+    x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    m = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(4))
+    twin = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(4))
+    y, y_twin = m(x), twin(x)
+    twin.backward(np.ones_like(y_twin))
+    bias = m.output_proj.bias  # the last parameter, its dtype changed in place
+    bias.dtype = np.int32
+    with pytest.raises(ValueError, match="^output_proj.bias: the parameter is now int32"):
+        m.backward(np.ones_like(y))
+    assert all((g == 0).all() for _, g in m.named_grads())
+    bias.dtype = np.float32
+    m.backward(np.ones_like(y))  # the retry
+    for (name, g), (_, expected) in zip(m.named_grads(), twin.named_grads()):
+        np.testing.assert_array_equal(g, expected, err_msg=name)
+
+
+@pytest.mark.parametrize("spoil", ["read-only", "int32"])
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_optimizer_step_refuses_a_parameter_it_cannot_update_before_updating_any(spoil, optimizer):
+    x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    m = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(4))
+    m.backward(np.ones_like(m(x)))
+    opt = getattr(attnc.optim, optimizer)(m, lr=0.1, **({"momentum": 0.9} if optimizer == "SGD" else {}))
+    opt.step()
+    state = {name: {k: np.copy(v) for k, v in s.items()} for name, s in opt.state.items()}
+    before = {name: p.copy() for name, p in m.named_parameters()}
+    if spoil == "read-only":
+        m.output_proj.bias.setflags(write=False)
+    else:
+        m.output_proj.bias.dtype = np.int32
+    with pytest.raises(ValueError, match="^output_proj.bias: step\\(\\) updates parameters in place"):
+        opt.step()
+    for name, p in m.named_parameters():
+        np.testing.assert_array_equal(p.view(before[name].dtype), before[name], err_msg=name)
+    for name, s in opt.state.items():
+        for k, v in s.items():
+            np.testing.assert_array_equal(v, state[name][k], err_msg=f"{name} {k}")
