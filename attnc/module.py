@@ -536,10 +536,11 @@ class Module:
         forward's output shape. A backward releases it (_release_kept) only
         once it has succeeded, so one that failed (a bad grad_output,
         MemoryError, KeyboardInterrupt) can be called again."""
-        if self._saved is None:
+        saved = self._saved  # read once: another thread may release it
+        if saved is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
                                "(each forward allows one backward; an eval-mode forward keeps nothing)")
-        state, shape, _ = self._saved
+        state, shape, _ = saved
         if np.shape(grad_output) != shape:
             raise ValueError(f"grad_output: expected shape {shape} (the forward's output), "
                              f"got {np.shape(grad_output)}")
@@ -547,8 +548,15 @@ class Module:
 
     def _release_kept(self, grad_x):
         """One backward per forward: the kept state goes once it is used;
-        grad_x in the dtype of the forward's input."""
-        grad_dtype = self._saved[2]
+        grad_x in the dtype of the forward's input. Another thread's backward
+        may have taken the same state meanwhile: a module in training mode
+        is one forward-backward pair at a time, not for sharing."""
+        saved = self._saved
+        if saved is None:
+            raise RuntimeError(f"{type(self).__name__}.backward: another backward used this forward's state meanwhile "
+                               "(a training-mode module runs one forward and backward at a time; share it between "
+                               "threads in eval mode)")
+        grad_dtype = saved[2]
         object.__setattr__(self, "_saved", None)
         return grad_x.astype(grad_dtype, copy=False)
 

@@ -220,3 +220,30 @@ def test_many_query_tiles_thread_count_never_changes_a_bit(causal, restore_threa
     expected, _ = ref_attend(q, k, v, 1 / np.sqrt(40), mask, causal)
     np.testing.assert_allclose(results[0], expected, rtol=1e-4, atol=1e-5)
     assert_close(results[0], expected, np.float32)
+
+
+def test_a_training_module_shared_by_threads_fails_clearly():
+    """Two threads running forward and backward on one training-mode module: a backward whose
+    state another thread's backward took raises RuntimeError saying so (it raised TypeError
+    from indexing None); each backward that runs gives the single-thread gradient of x."""
+    m = attnc.SelfAttentionV2(8, rng=np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal((2, 6, 8)).astype(np.float32)
+    expected = attnc.SelfAttentionV2(8, rng=np.random.default_rng(1))
+    expected_grad = expected.backward(np.ones_like(expected(x)))
+    errors, grads = [], []
+
+    def worker():
+        for _ in range(300):
+            y = m(x)
+            try:
+                grads.append(m.backward(np.ones_like(y)))
+            except Exception as error:  # noqa: BLE001 - every kind is recorded and checked below
+                errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert grads and all(np.array_equal(g, expected_grad) for g in grads)
+    assert all(isinstance(e, RuntimeError) and "backward" in str(e) for e in errors), errors[:3]
