@@ -383,7 +383,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
     if grouped:
         query, key, value, attn_mask, attn_bias = grouped.inputs
-        grad_out, out, lse = (grouped.split_heads(part, n) for part, n in ((grad_out, 2), (out, 2), (lse, 1)))
+        grad_out, out, lse = (grouped.split_result(part, n, name)
+                              for part, n, name in ((grad_out, 2, "grad_out"), (out, 2, "out"), (lse, 1, "lse")))
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
@@ -428,6 +429,15 @@ class _Grouped:
             return array  # too few dims to have a heads axis: the C layer names the shape error
         heads = (1, 1) if array.shape[axis] == 1 and self.heads != 1 else (self.kv_heads, self.group)
         return array.reshape(array.shape[:axis] + heads + array.shape[axis + 1:])
+
+    def split_result(self, array, trailing, name):
+        """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's."""
+        array = np.asarray(array)
+        axis = array.ndim - 1 - trailing
+        if axis >= 0 and array.shape[axis] != self.heads:
+            raise ValueError(f"{name}: expected the query's {self.heads} heads on axis {axis - array.ndim}, "
+                             f"got shape {array.shape}")
+        return self.split_heads(array, trailing)
 
     @staticmethod
     def _shared(array):

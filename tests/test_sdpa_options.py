@@ -405,3 +405,17 @@ def test_scale_beyond_float32_is_refused_where_the_kernels_compute_in_float32(dt
         with pytest.raises(ValueError, match="^scale: expected a number that is finite in float32"):
             F.scaled_dot_product_attention_backward(out, z, z, v, out, lse, scale=scale)
     F.scaled_dot_product_attention(z, z, v, scale=3.4e38)  # the largest finite floats are fine
+
+
+@pytest.mark.parametrize("wrong", ["grad_out", "out", "lse"])
+def test_gqa_backward_names_a_result_argument_with_the_wrong_heads(wrong):
+    """With enable_gqa, grad_out, out or lse with other than the query's heads failed in
+    NumPy's reshape ("cannot reshape array of size ..."), naming nothing."""
+    rng = np.random.default_rng(0)
+    q, k, v = normal(rng, (2, 4, 5, 8), np.float64), normal(rng, (2, 2, 7, 8), np.float64), \
+        normal(rng, (2, 2, 7, 8), np.float64)
+    out, lse = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_lse=True)
+    args = {"grad_out": np.ones_like(out), "out": out, "lse": lse}
+    args[wrong] = args[wrong][:, :3]
+    with pytest.raises(ValueError, match=f"^{wrong}: expected the query's 4 heads"):
+        F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"], enable_gqa=True)
