@@ -111,7 +111,8 @@ class _Attention(Module):
         ['Q_proj.weight', 'Q_proj.bias']
         """
         grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
-        saved, params, mask, p = self._kept(grad_output)
+        state = self._kept(grad_output)
+        saved, params, mask, p = state
         names = self._spec[0]
         self._check_unchanged(dict(zip(names, params)))
         grad_x, grad_w, grad_b, grad_w_out, grad_b_out = _C.self_attention_backward(
@@ -128,8 +129,7 @@ class _Attention(Module):
         if out_dim >= 0:
             grads[names[-2]] = grad_w_out
             grads[names[-1]] = grad_b_out if params[-1] is not None else None
-        self._add_grads(grads)
-        return self._release_kept(grad_x)
+        return self._finish_backward(state, grads, grad_x)
 
 
 @shared_docs

@@ -2,6 +2,7 @@
 import collections
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -9,6 +10,9 @@ from . import _C
 from ._checks import is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
+
+# _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
+_FINISH_LOCK = threading.Lock()
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -533,7 +537,7 @@ class Module:
 
     def _kept(self, grad_output):
         """The kept forward state, with grad_output checked against the
-        forward's output shape. A backward releases it (_release_kept) only
+        forward's output shape. A backward releases it (_finish_backward) only
         once it has succeeded, so one that failed (a bad grad_output,
         MemoryError, KeyboardInterrupt) can be called again."""
         saved = self._saved  # read once: another thread may release it
@@ -546,19 +550,21 @@ class Module:
                              f"got {np.shape(grad_output)}")
         return state
 
-    def _release_kept(self, grad_x):
-        """One backward per forward: the kept state goes once it is used;
-        grad_x in the dtype of the forward's input. Another thread's backward
-        may have taken the same state meanwhile: a module in training mode
-        is one forward-backward pair at a time, not for sharing."""
-        saved = self._saved
-        if saved is None:
-            raise RuntimeError(f"{type(self).__name__}.backward: another backward used this forward's state meanwhile "
-                               "(a training-mode module runs one forward and backward at a time; share it between "
-                               "threads in eval mode)")
-        grad_dtype = saved[2]
-        object.__setattr__(self, "_saved", None)
-        return grad_x.astype(grad_dtype, copy=False)
+    def _finish_backward(self, state, grads, grad_x):
+        """Adds `grads` (_add_grads) and releases the forward's kept `state`
+        (one backward per forward), both or neither: under a lock, so that
+        of two threads' backwards of one forward only one adds its
+        gradients, and a failure leaves the state for a retry. Returns
+        grad_x in the dtype of the forward's input."""
+        with _FINISH_LOCK:
+            saved = self._saved
+            if saved is None or saved[0] is not state:
+                raise RuntimeError(f"{type(self).__name__}.backward: another backward used this forward's state "
+                                   "meanwhile, or another forward replaced it (a training-mode module runs one "
+                                   "forward and backward at a time; share it between threads in eval mode)")
+            self._add_grads(grads)
+            object.__setattr__(self, "_saved", None)
+        return grad_x.astype(saved[2], copy=False)
 
     def _check_unchanged(self, params):
         """{dotted name: the array the forward used}: RuntimeError naming a
@@ -741,11 +747,11 @@ class Linear(Module):
         {'weight': array([[4., 6.]], dtype=float32), 'bias': array([2.], dtype=float32)}
         """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
-        x, weight, bias = self._kept(grad_output)
+        state = self._kept(grad_output)
+        x, weight, bias = state
         self._check_unchanged({"weight": weight, "bias": bias})
         grad_x, grad_weight, grad_bias = linear_backward(grad_output, x, weight, need_bias_grad=bias is not None)
-        self._add_grads({"weight": grad_weight, "bias": grad_bias})
-        return self._release_kept(grad_x)
+        return self._finish_backward(state, {"weight": grad_weight, "bias": grad_bias}, grad_x)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -865,8 +871,9 @@ class Dropout(Module):
             If `grad_output` does not have the forward output's shape.
         """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
-        seed, p = self._kept(grad_output)
-        return self._release_kept(_C.dropout(grad_output, p, dtype=self.dtype, seed=seed))
+        state = self._kept(grad_output)
+        seed, p = state
+        return self._finish_backward(state, {}, _C.dropout(grad_output, p, dtype=self.dtype, seed=seed))
 
     def extra_repr(self):
         return f"p={self.p}, inplace=False"

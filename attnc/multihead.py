@@ -482,8 +482,8 @@ class MultiheadAttention(Module):
         ((5, 3, 8), dtype('float64'))
         """
         grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
-        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched,
-         grad_dtypes) = self._kept(grad_output)
+        state = self._kept(grad_output)
+        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes) = state
         self._check_unchanged(params)
         grad_out = self._from_layout(grad_output, batched)
         grad_merged, grad_w_out, grad_b_out = linear_backward(
@@ -508,9 +508,8 @@ class MultiheadAttention(Module):
         if need_bias:
             grads["in_proj_bias"] = np.concatenate([part[2] for part in projected])
         grads["out_proj.weight"], grads["out_proj.bias"] = grad_w_out, grad_b_out
-        self._add_grads(grads)
         grad_query, grad_key, grad_value = (self._to_layout(g, batched) for g in grad_inputs)
-        return (self._release_kept(grad_query), grad_key.astype(grad_dtypes[0], copy=False),
+        return (self._finish_backward(state, grads, grad_query), grad_key.astype(grad_dtypes[0], copy=False),
                 grad_value.astype(grad_dtypes[1], copy=False))
 
     def _in_weights(self, params):

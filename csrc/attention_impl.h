@@ -35,7 +35,8 @@ typedef struct {
 /* The keys queries [i0, i0 + nq) are computed against: [*begin, *end).
  * A query sees only the keys of its band, so the key loop may skip the
  * tiles outside the band of every query of the tile (skip_hidden), which
- * is exact while those keys and values are finite: see flash_queries. */
+ * is exact while the numbers those scores are made of are finite: see
+ * flash_queries. */
 static void FN(key_range)(const attnc_attention_args *a, int skip_hidden, idx_t i0, idx_t nq, idx_t *begin,
                           idx_t *end)
 {

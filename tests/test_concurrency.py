@@ -225,15 +225,16 @@ def test_many_query_tiles_thread_count_never_changes_a_bit(causal, restore_threa
 def test_a_training_module_shared_by_threads_fails_clearly():
     """Two threads running forward and backward on one training-mode module: a backward whose
     state another thread's backward took raises RuntimeError saying so (it raised TypeError
-    from indexing None); each backward that runs gives the single-thread gradient of x."""
-    m = attnc.SelfAttentionV2(8, rng=np.random.default_rng(1))
-    x = np.random.default_rng(2).standard_normal((2, 6, 8)).astype(np.float32)
-    expected = attnc.SelfAttentionV2(8, rng=np.random.default_rng(1))
+    from indexing None) and adds nothing (it had added its gradients first); each backward
+    that runs gives the single-thread gradient of x and adds its gradients once."""
+    m = attnc.SelfAttentionV2(8, dtype=np.float64, rng=np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal((2, 6, 8))
+    expected = attnc.SelfAttentionV2(8, dtype=np.float64, rng=np.random.default_rng(1))
     expected_grad = expected.backward(np.ones_like(expected(x)))
     errors, grads = [], []
 
     def worker():
-        for _ in range(300):
+        for _ in range(1000):
             y = m(x)
             try:
                 grads.append(m.backward(np.ones_like(y)))
@@ -247,3 +248,10 @@ def test_a_training_module_shared_by_threads_fails_clearly():
         t.join()
     assert grads and all(np.array_equal(g, expected_grad) for g in grads)
     assert all(isinstance(e, RuntimeError) and "backward" in str(e) for e in errors), errors[:3]
+    # each backward that returned added its gradients once, and one that failed added nothing:
+    # the buffers hold len(grads) copies of one backward's, added one after another
+    for (name, g), (_, one) in zip(m.named_grads(), expected.named_grads()):
+        total = np.zeros_like(one)
+        for _ in grads:
+            total += one
+        np.testing.assert_array_equal(g, total, err_msg=name)
