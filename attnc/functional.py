@@ -12,8 +12,8 @@ holds the other). Mixed inputs promote, never narrow (but longdouble,
 which no kernel computes in, is taken as float64). A mask or bias
 never changes the result dtype (a bias is converted to it), nor does
 ``lse``. bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
-``import attnc`` does not import ml_dtypes (asking for "bfloat16" by name does). Complex, object and string inputs
-raise TypeError.
+``import attnc`` does not import ml_dtypes (asking for "bfloat16" by name
+does). Complex, object and string inputs raise TypeError.
 
 float16 and bfloat16 are stored in 16 bits and computed in float32:
 products are accumulated, softmax and log-sum-exp taken in float32, and

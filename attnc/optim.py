@@ -132,8 +132,9 @@ class Optimizer:
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
             if not param.flags.writeable or not is_floating(param.dtype):
+                kind = f"{'a read-only' if not param.flags.writeable else 'an'} {param.dtype} array"
                 raise ValueError(f"{name}: step() updates parameters in place: expected a writable floating "
-                                 f"array, got {'a read-only ' if not param.flags.writeable else ''}{param.dtype} one")
+                                 f"array, got {kind}")
             layout = param.shape, param.dtype
             before = self._layouts.setdefault(name, layout)
             if layout != before:

@@ -408,7 +408,8 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     if (a->band.on) {
         job.item_finite = attnc_malloc((size_t)n_items);
         if (!job.item_finite) return ATTNC_ENOMEM;
-        double reads = (double)a->L * (double)(2 * a->E + a->Ev + (a->bias ? a->S : 0)) + (double)a->S * (double)(a->E + a->Ev);
+        double reads = (double)a->L * (double)(2 * a->E + a->Ev + (a->bias ? a->S : 0)) +
+                       (double)a->S * (double)(a->E + a->Ev);
         attnc_parallel_for(n_items, (double)n_items * reads, FN(finite_task), &job);
     }
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
@@ -421,7 +422,8 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
         job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
         attnc_parallel_for(key_tasks, flops, FN(grad_task), &job);
         job.pass = QUERY_PASS;
-        if (!atomic_load(&job.failed) && !attnc_interrupted()) attnc_parallel_for(query_tasks, flops, FN(grad_task), &job);
+        if (!atomic_load(&job.failed) && !attnc_interrupted())
+            attnc_parallel_for(query_tasks, flops, FN(grad_task), &job);
     }
     attnc_free(job.item_finite);
     if (atomic_load(&job.failed)) return ATTNC_ENOMEM;

@@ -379,7 +379,8 @@ static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_
  * hidden NaN value is multiplied by its zero weight). */
 static int FN(keys_finite)(const attnc_attention_args *a, const FN(item_view) *item)
 {
-    return FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) && FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
+    return FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
+           FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
 }
 
 static int FN(queries_finite)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1)
