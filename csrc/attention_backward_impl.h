@@ -339,7 +339,7 @@ static void FN(finite_task)(void *ctx, idx_t b)
     const attnc_attention_backward_args *g = job->args;
     const attnc_attention_args *a = &g->forward;
     FN(grad_view) item = FN(grad_item_at)(g, b, 0);
-    job->item_finite[b] = FN(keys_finite)(a, &item.fwd) && FN(queries_finite)(a, &item.fwd, 0, a->L) &&
+    job->item_finite[b] = FN(keys_finite)(a, &item.fwd) && FN(queries_finite)(a, &item.fwd, 0, a->L, 0, a->S) &&
                           FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
 }
 

@@ -164,9 +164,9 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
  * each key/value tile is packed once and visits every query tile that can
  * see it. With a band (causal, window), a query tile skips the key tiles
  * outside it when the numbers its scores are made of are finite
- * (keys_finite, queries_finite); otherwise it visits every key, so that NaN and inf reach
- * its rows as in PyTorch's math path. Decided per query tile, so a row's
- * bits never depend on which rows share its task. */
+ * (keys_finite, queries_finite); otherwise it visits every key, so that
+ * NaN and inf reach its rows as in PyTorch's math path. Decided per query
+ * tile, so a row's bits never depend on which rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
 {
@@ -175,7 +175,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q;
-        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + FN(tile_queries)(q0, i1));
+        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + FN(tile_queries)(q0, i1), 0, a->S);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
         idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR); /* the rows value_product adds to */

@@ -357,13 +357,13 @@ static real *FN(split_e)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
     return job->e_kept + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_KEYS;
 }
 
-/* 1 if rows [i0, i1) of the item's bias (all S keys) are finite, or it
- * has none; a broadcast row or column is read once. */
-static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t i1)
+/* 1 if rows [i0, i1) of the item's bias over keys [j0, j1) are finite, or
+ * it has none; a broadcast row or column is read once. */
+static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t i1, idx_t j0, idx_t j1)
 {
-    if (!bias || i0 >= i1) return 1;
-    idx_t rows = a->bias_rs ? i1 - i0 : 1, keys = a->bias_cs ? a->S : 1;
-    bias += i0 * a->bias_rs;
+    if (!bias || i0 >= i1 || j0 >= j1) return 1;
+    idx_t rows = a->bias_rs ? i1 - i0 : 1, keys = a->bias_cs ? j1 - j0 : 1;
+    bias += i0 * a->bias_rs + j0 * a->bias_cs;
     if (a->bias_cs == 1) return FN(rows_finite)(bias, a->bias_rs, rows, keys);
     for (idx_t i = 0; i < rows; i++)
         if (!FN(rows_finite)(bias + i * a->bias_rs, a->bias_cs, keys, 1)) return 0;
@@ -372,8 +372,9 @@ static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_
 
 /* Whether the numbers the scores of queries [i0, i1) are made of are
  * finite: the item's keys and values (keys_finite), and those queries and
- * their bias (queries_finite). Only then may the keys outside a query's
- * band be skipped (flash_queries and the backward): a hidden NaN or inf
+ * their bias over keys [j0, j1) (queries_finite). Only then may the keys
+ * outside a query's band be skipped (flash_queries, the backward and the
+ * rows path's split_hidden): a hidden NaN or inf
  * must still reach the row, as in PyTorch's math path, where the band adds
  * -inf to the score (a hidden NaN key or bias makes the score NaN; a
  * hidden NaN value is multiplied by its zero weight). */
@@ -383,10 +384,11 @@ static int FN(keys_finite)(const attnc_attention_args *a, const FN(item_view) *i
            FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
 }
 
-static int FN(queries_finite)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1)
+static int FN(queries_finite)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1, idx_t j0,
+                              idx_t j1)
 {
     return FN(rows_finite)(item->q + i0 * a->q.row_stride, a->q.row_stride, i1 - i0, a->E) &&
-           FN(bias_finite)(a, item->bias, i0, i1);
+           FN(bias_finite)(a, item->bias, i0, i1, j0, j1);
 }
 
 /* 1 when computing the split would give every row of the group e = 0
@@ -403,11 +405,8 @@ static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *
     for (idx_t r = 0; r < n_rows; r++)
         if (attnc_band_begin(&a->band, queries[r], a->S) < s0 + n && attnc_band_end(&a->band, queries[r], a->S) > s0)
             return 0;
-    for (idx_t r = 0; r < n_rows; r++) {
-        const elem *q = items[r].q + queries[r] * a->q.row_stride;
-        const elem *bias = items[r].bias ? items[r].bias + queries[r] * a->bias_rs + s0 * a->bias_cs : NULL;
-        if (!FN(rows_finite)(q, 0, 1, a->E) || (bias && !FN(rows_finite)(bias, a->bias_cs, n, 1))) return 0;
-    }
+    for (idx_t r = 0; r < n_rows; r++)
+        if (!FN(queries_finite)(a, &items[r], queries[r], queries[r] + 1, s0, s0 + n)) return 0;
     return FN(rows_finite)(k, a->k.row_stride, n, a->E) && FN(rows_finite)(v, a->v.row_stride, n, a->Ev);
 }
 
