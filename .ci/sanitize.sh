@@ -34,20 +34,24 @@ asan="$(gcc -print-file-name=libasan.so)"
 # -- a temporary copy of the sources ------------------------------------------
 work="$(mktemp -d /tmp/attnc-sanitize.XXXXXX)"
 [[ ${KEEP:-0} == 1 ]] || trap 'rm -rf "$work"' EXIT
+# (sources in src/, beside the venv: a venv the user keeps in the repository,
+# which the README suggests, is left out, whatever its name)
+src="$work/src"
+mkdir -p "$src"
 tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__pycache__ \
-    --exclude='*.egg-info' --exclude=.pytest_cache --exclude=.hypothesis -cf - . | tar -C "$work" -xf -
-mkdir -p "$work/venv"
+    --exclude='*.egg-info' --exclude=.pytest_cache --exclude=.hypothesis --exclude-tag-all=pyvenv.cfg \
+    -cf - . | tar -C "$src" -xf -
 
 # -- a fresh venv with the test dependencies (pip's own config/caches apply) ---
 "$python" -m venv "$work/venv"
 venv_py="$work/venv/bin/python"
 "$venv_py" -m pip install -q --upgrade pip setuptools wheel
 # the project's own test extras (pytest, hypothesis, torch, ...), read from pyproject.toml
-mapfile -t test_deps < <("$venv_py" -c 'import tomllib; print("\n".join(tomllib.load(open("'"$work"'/pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+mapfile -t test_deps < <("$venv_py" -c 'import tomllib; print("\n".join(tomllib.load(open("'"$src"'/pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
 "$venv_py" -m pip install -q "numpy>=2.0" "${test_deps[@]}"
 
 # -- the sanitized build, in place in the copy --------------------------------
-cd "$work"
+cd "$src"
 ATTNC_SANITIZE=1 "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1 || { cat build.log; exit 1; }
 symbols="$(nm -D attnc/_C*.so)"
 [[ $symbols == *__asan_init* && $symbols == *__ubsan_handle* ]] || {
@@ -60,7 +64,7 @@ log="$work/sanitizer"
 # MemoryError, which needs malloc to return NULL instead of ASan aborting.
 asan_options="detect_leaks=0:allocator_may_return_null=1:abort_on_error=1:log_path=$log:print_summary=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$log"
-export PYTHONPATH="$work" PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
+export PYTHONPATH="$src" PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
 export ATTNC_SANITIZER=asan  # tests skip what ASan itself cannot do (see tests/test_fork.py)
 # The RSS-growth tests need ASan's quarantine (freed memory held back to
 # catch use-after-free) off, or RSS grows by design: they get their own run.
