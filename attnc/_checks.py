@@ -47,11 +47,19 @@ def module_dtype(dtype):
     return np.dtype({2: np.float16, 4: np.float32, 8: np.float64}[resolved.itemsize])
 
 
-def positive_int(value, name, allow_zero=False):
+def integer(value, name):
+    """`value` as an int, through __index__; a bool is refused (True where a
+    count, an axis or a seed belongs is a slip, as NumPy's axis holds)."""
     try:
-        number = operator.index(value)
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
     except TypeError as error:
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from error
+
+
+def positive_int(value, name, allow_zero=False):
+    number = integer(value, name)
     if number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else ">= 1"
         raise ValueError(f"{name}: expected an integer {bound}, got {number}")

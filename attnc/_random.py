@@ -39,6 +39,8 @@ def manual_seed(n):
     """
     global _global
     try:
+        if isinstance(n, (bool, np.bool_)):
+            raise TypeError("a bool is not a seed")
         _global = np.random.default_rng(n)
     except (TypeError, ValueError) as error:
         raise type(error)(f"manual_seed: n={n!r} is not a seed numpy.random.default_rng takes: {error}") from None

@@ -23,11 +23,10 @@ computation on the widened inputs, rounded. Inputs may be views, non-contiguous,
 read-only or byte-swapped; they are never modified, and every result is
 a new C-contiguous array.
 """
-import operator
-
 import numpy as np
 
 from . import _C
+from ._checks import integer
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
            "scaled_dot_product_attention_backward"]
@@ -592,10 +591,7 @@ def softmax_backward(grad_out, out, axis=-1):
     dt, (g, y) = _result_dtype({"grad_out": grad_out, "out": out})
     if g.shape != y.shape:
         raise ValueError(f"grad_out: expected the shape of out, {y.shape}, got {g.shape}")
-    try:
-        axis = operator.index(axis)
-    except TypeError as error:
-        raise TypeError(f"axis: expected an integer, got {type(axis).__name__}") from error
+    axis = integer(axis, "axis")
     span = max(y.ndim, 1)
     if not -span <= axis < span:
         raise ValueError(f"axis: {axis} is out of range for an array of {y.ndim} dimensions")

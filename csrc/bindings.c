@@ -151,12 +151,13 @@ static int scale_fits(double scale, attnc_dtype dt)
     return 0;
 }
 
-/* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow. */
+/* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow.
+ * A bool is refused: True where a count or an axis belongs is a slip. */
 static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
 {
-    PyObject *index = PyNumber_Index(obj);
+    PyObject *index = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
     if (!index) {
-        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %s", name, Py_TYPE(obj)->tp_name);
         return 0;
@@ -756,10 +757,6 @@ static int window_side(PyObject *obj, idx_t *side)
     if (obj == Py_None) {
         *side = ATTNC_UNBOUNDED;
         return 1;
-    }
-    if (PyBool_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "window: expected None or an integer >= 0 for each side, got %R", obj);
-        return 0;
     }
     if (!as_long(obj, "window", &value, &overflow)) return 0;
     if (overflow < 0 || (!overflow && value < 0)) {

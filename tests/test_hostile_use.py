@@ -499,6 +499,32 @@ def test_functional_errors_start_with_the_argument():
         assert str(info.value).startswith(name + ":"), str(info.value)
 
 
+def test_a_bool_is_not_an_integer_argument(restore_threads):
+    # True where a count, an axis, a window side or a seed belongs is a slip
+    # (NumPy refuses a bool axis, torch a bool dim): set_num_threads(True),
+    # manual_seed(True), F.softmax(axis=True) and Linear(True, 2) used to run
+    # as 1 (a review helper, 2026-11-24)
+    q = np.ones((2, 3))
+    cases = [
+        (lambda: attnc.set_num_threads(True), "n"),
+        (lambda: attnc.manual_seed(True), "manual_seed: n="),
+        (lambda: attnc.manual_seed(np.bool_(False)), "manual_seed: n="),
+        (lambda: F.softmax(q, axis=True), "axis"),
+        (lambda: F.softmax_backward(q, q, axis=True), "axis"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, window=(True, 1)), "window"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=True), "seed"),
+        (lambda: attnc.Linear(True, 2), "in_features"),
+        (lambda: attnc.MultiHeadAttention(4, True), "head_num"),
+        (lambda: attnc.nn.MultiheadAttention(4, num_heads=True), "num_heads"),
+    ]
+    before = attnc.get_num_threads()
+    for call, name in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value).startswith(name), str(info.value)
+    assert attnc.get_num_threads() == before
+
+
 def test_thread_count_above_the_cpu_count(restore_threads):
     attnc.set_num_threads(64)
     assert attnc.get_num_threads() == 64
