@@ -410,6 +410,11 @@ class _Grouped:
         if kv_heads == 0 or heads % kv_heads:
             raise ValueError(f"key: {kv_heads} key/value heads do not divide the query's {heads} heads")
         self.heads, self.kv_heads, self.group = heads, kv_heads, heads // kv_heads
+        try:  # the forward's out is (batch, H, L, Ev), lse (batch, H, L)
+            batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+            self.result_shape = batch + (heads, query.shape[-2], value.shape[-1])
+        except ValueError:
+            self.result_shape = None  # the C layer names the batch that does not broadcast
         masks = []
         for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
             if array is not None:
@@ -430,12 +435,17 @@ class _Grouped:
         return array.reshape(array.shape[:axis] + heads + array.shape[axis + 1:])
 
     def split_result(self, array, trailing, name):
-        """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's."""
+        """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's;
+        a shape other than the forward's result is named here, in the caller's terms (the C layer
+        would name the grouped view's)."""
         array = np.asarray(array)
         axis = array.ndim - 1 - trailing
         if axis >= 0 and array.shape[axis] != self.heads:
             raise ValueError(f"{name}: expected the query's {self.heads} heads on axis {axis - array.ndim}, "
                              f"got shape {array.shape}")
+        expected = self.result_shape and self.result_shape[:len(self.result_shape) - 2 + trailing]
+        if expected and array.shape != expected:
+            raise ValueError(f"{name}: expected shape {expected} (the forward's), got {array.shape}")
         return self.split_heads(array, trailing)
 
     @staticmethod

@@ -7,6 +7,7 @@ torch's SDPA math path (float attn_mask, enable_gqa) where there is no
 attn_mask. Sizes cross the kernel's tiles (BLOCK_Q = 96 queries, BLOCK_K =
 192 keys) at every ISA level."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -418,4 +419,21 @@ def test_gqa_backward_names_a_result_argument_with_the_wrong_heads(wrong):
     args = {"grad_out": np.ones_like(out), "out": out, "lse": lse}
     args[wrong] = args[wrong][:, :3]
     with pytest.raises(ValueError, match=f"^{wrong}: expected the query's 4 heads"):
+        F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"], enable_gqa=True)
+
+
+@pytest.mark.parametrize("wrong", ["grad_out", "out", "lse"])
+def test_gqa_backward_names_the_forwards_shape(wrong):
+    """With enable_gqa, a result argument missing the batch axis that key and value broadcast
+    the query to was refused with the grouped view's shape, (1, 2, 2, 6, 3), which the caller
+    never made; the message now gives the forward's shape (a review helper, 2026-11-24)."""
+    rng = np.random.default_rng(0)
+    q, k, v = normal(rng, (4, 6, 5), np.float64), normal(rng, (1, 2, 6, 5), np.float64), \
+        normal(rng, (1, 2, 6, 3), np.float64)
+    out, lse = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_lse=True)
+    assert out.shape == (1, 4, 6, 3)
+    args = {"grad_out": np.ones_like(out), "out": out, "lse": lse}
+    expected = args[wrong].shape
+    args[wrong] = args[wrong][0]
+    with pytest.raises(ValueError, match=rf"^{wrong}: expected shape {re.escape(str(expected))}"):
         F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"], enable_gqa=True)
