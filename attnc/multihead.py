@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import divides, positive_int
+from ._checks import divides, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import linear, linear_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
@@ -384,7 +384,7 @@ class MultiheadAttention(Module):
         mask = np.asarray(_detached(mask))
         if mask.dtype.kind == "b":
             return np.where(mask, -np.inf, 0.0).astype(self.dtype)
-        if mask.dtype.kind == "f":
+        if is_floating(mask.dtype):
             return mask.astype(self.dtype)
         raise TypeError(f"{name}: expected a bool mask (True: not allowed) or a floating one (added to the "
                         f"scores), got dtype {mask.dtype}")

@@ -302,8 +302,10 @@ static void shape_error(const char *name, int expected_nd, const npy_intp *expec
 }
 
 /* obj as an ndarray of real numbers (no copy for an ndarray): bool,
- * integers and floats (bfloat16 included); TypeError naming `name` for
- * complex, object, strings, void, datetimes. A new reference. */
+ * integers and floats: NumPy's, and those of other packages that NumPy
+ * casts to float32 safely (bfloat16, and ml_dtypes' float8 and narrower,
+ * of kind 'V' but float8_e5m2's 'f'); TypeError naming `name` for complex,
+ * object, strings, void, datetimes. A new reference. */
 static PyArrayObject *real_array(PyObject *obj, const char *name)
 {
     PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
@@ -311,8 +313,12 @@ static PyArrayObject *real_array(PyObject *obj, const char *name)
         name_the_error(name);
         return NULL;
     }
-    char kind = PyArray_DESCR(arr)->kind;
-    if (kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' || is_bfloat16(PyArray_DESCR(arr))) return arr;
+    PyArray_Descr *descr = PyArray_DESCR(arr), *single = PyArray_DescrFromType(NPY_FLOAT);
+    char kind = descr->kind;
+    int real = kind == 'b' || kind == 'i' || kind == 'u' || kind == 'f' ||
+               (kind == 'V' && PyArray_CanCastTypeTo(descr, single, NPY_SAFE_CASTING));
+    Py_DECREF(single);
+    if (real) return arr;
     PyErr_Format(PyExc_TypeError, "%s: unsupported dtype %R; expected real numbers (bool, int or float)", name,
                  (PyObject *)PyArray_DESCR(arr));
     Py_DECREF(arr);

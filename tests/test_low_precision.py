@@ -379,6 +379,44 @@ def test_mixed_inputs_promote_never_down(dts, expected):
     assert F.linear(q[0], k[0], v[0, :, 0]).dtype == np.dtype(expected)
 
 
+NARROW_NUMBERS = [name for name in ("float8_e5m2", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                                     "float8_e4m3b11fnuz", "float6_e2m3fn", "float4_e2m1fn", "int4", "uint4")
+                  if hasattr(ml_dtypes, name)]
+
+
+@pytest.mark.parametrize("name", NARROW_NUMBERS)
+def test_narrower_numbers_count_as_float32(name):
+    """ml_dtypes' float8 and narrower numbers, which NumPy casts to float32 exactly: all
+    taken as float32 inputs, as integers are. float8_e5m2 (of kind 'f') was taken and every
+    other one (of kind 'V') refused as "unsupported" (a review helper, 2026-11-24)."""
+    dt = np.dtype(getattr(ml_dtypes, name))
+    rng = np.random.default_rng(9)
+    values = rng.integers(0, 4, (2, 5, 8))  # exact in every one of them
+    x = values.astype(dt)
+    exact = values.astype(np.float64)
+    w = normal(rng, (3, 8), np.float32)
+    y = F.linear(x, w)
+    assert y.dtype == np.float32
+    assert_close(y, exact @ w.astype(np.float64).T, np.float32)
+    out = F.scaled_dot_product_attention(x, x, x, attn_mask=np.ones((5, 5)).astype(dt))
+    scores = exact @ np.swapaxes(exact, -1, -2) / np.sqrt(8)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    assert_close(out, weights / weights.sum(-1, keepdims=True) @ exact, np.float32)
+    assert attnc.Linear(8, 3)(x).dtype == np.float32
+
+
+def test_nn_multihead_takes_a_bfloat16_float_mask():
+    """nn.MultiheadAttention's float masks are added to the scores: a bfloat16 one was refused
+    as "neither bool nor floating" (its dtype's kind is 'V'); it adds as its float32 values."""
+    rng = np.random.default_rng(10)
+    m = attnc.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = normal(rng, (2, 5, 8), np.float32)
+    mask = np.triu(np.full((5, 5), -3.0), 1)
+    expected, _ = m(x, x, x, attn_mask=mask.astype(np.float32))
+    got, _ = m(x, x, x, attn_mask=mask.astype(BF16))
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_mask_and_bias_never_change_the_dtype(low):
     rng = np.random.default_rng(8)
     q = normal(rng, (2, 5, 8), low)
