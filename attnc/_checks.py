@@ -22,6 +22,12 @@ def bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def as_array(value):
+    """np.asarray(value), a torch tensor by its values: NumPy refuses one that requires grad,
+    and attnc never differentiates through it (attnc._C's conversions detach alike)."""
+    return np.asarray(value.detach() if hasattr(value, "detach") else value)
+
+
 def is_floating(dtype):
     """True for a floating dtype NumPy or ml_dtypes knows (bfloat16 included)."""
     return dtype.kind == "f" or (dtype.kind == "V" and dtype == bfloat16())

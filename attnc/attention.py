@@ -16,9 +16,9 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import divides, positive_int
+from ._checks import as_array, divides, positive_int
 from ._docs import shared_docs
-from .module import Dropout, Linear, Module, _detached
+from .module import Dropout, Linear, Module
 
 
 def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_axis=False, fused=False,
@@ -53,7 +53,7 @@ class _Attention(Module):
             return result
         result, saved = result
         out = result[0] if return_weights else result
-        mask = None if attention_mask is None else np.array(_detached(attention_mask), copy=True)
+        mask = None if attention_mask is None else np.array(as_array(attention_mask), copy=True)
         self._keep_for_backward((saved, params, mask, p), out.shape, x)
         return result
 
@@ -110,7 +110,7 @@ class _Attention(Module):
         >>> [name for name, grad in net.named_grads()][:2]
         ['Q_proj.weight', 'Q_proj.bias']
         """
-        grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
+        grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
         saved, params, mask, p = state
         names = self._spec[0]

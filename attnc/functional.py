@@ -26,7 +26,7 @@ a new C-contiguous array.
 import numpy as np
 
 from . import _C
-from ._checks import integer
+from ._checks import as_array, integer
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
            "scaled_dot_product_attention_backward"]
@@ -399,7 +399,7 @@ class _Grouped:
     results merged back to H heads. Views only: nothing is copied."""
 
     def __init__(self, query, key, value, attn_mask, attn_bias):
-        query, key, value = (np.asarray(a) for a in (query, key, value))
+        query, key, value = (as_array(a) for a in (query, key, value))
         for name, array in (("query", query), ("key", key), ("value", value)):
             if array.ndim < 3:
                 raise ValueError(f"{name}: enable_gqa needs a heads axis, (..., heads, seq, dim); got shape "
@@ -418,7 +418,7 @@ class _Grouped:
         masks = []
         for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
             if array is not None:
-                array = np.asarray(array)
+                array = as_array(array)
                 if array.ndim >= 3 and array.shape[-3] not in (1, heads):
                     raise ValueError(f"{name}: its heads axis (-3) has {array.shape[-3]} entries; expected 1 or "
                                      f"the query's {heads}")
@@ -427,7 +427,7 @@ class _Grouped:
 
     def split_heads(self, array, trailing):
         """(..., H, `trailing` dims) -> (..., Hkv, group, ...); a heads axis of 1 (a mask's) -> (..., 1, 1, ...)."""
-        array = np.asarray(array)
+        array = as_array(array)
         axis = array.ndim - 1 - trailing
         if axis < 0:
             return array  # too few dims to have a heads axis: the C layer names the shape error
@@ -438,7 +438,7 @@ class _Grouped:
         """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's;
         a shape other than the forward's result is named here, in the caller's terms (the C layer
         would name the grouped view's)."""
-        array = np.asarray(array)
+        array = as_array(array)
         axis = array.ndim - 1 - trailing
         if axis >= 0 and array.shape[axis] != self.heads:
             raise ValueError(f"{name}: expected the query's {self.heads} heads on axis {axis - array.ndim}, "
@@ -474,7 +474,7 @@ def _result_dtype(named):
     arrays = {}
     for name, value in named.items():
         try:
-            arrays[name] = np.asarray(value)
+            arrays[name] = as_array(value)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{name}: {error}") from error
     dt = _C.result_dtype(**arrays)

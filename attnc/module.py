@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from . import _C
-from ._checks import is_floating, module_dtype, positive_int
+from ._checks import as_array, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
@@ -15,11 +15,6 @@ from .functional import linear_backward
 _FINISH_LOCK = threading.Lock()
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
-
-
-def _detached(value):
-    """A torch tensor that requires grad as one that does not (np.asarray refuses it)."""
-    return value.detach() if hasattr(value, "detach") else value
 
 
 def _grad_dtype(x, module_dtype):
@@ -152,7 +147,7 @@ class Module:
         """Any layout in, an aligned, writable, C-contiguous array of the
         module's dtype out (the value itself when it already is one); None
         stays None."""
-        return None if value is None else _C.as_parameter(_detached(value), name=name, dtype=self.dtype)
+        return None if value is None else _C.as_parameter(value, name=name, dtype=self.dtype)
 
     def __getstate__(self):
         """What a training-mode forward kept for backward is not pickled
@@ -396,7 +391,7 @@ class Module:
             if key not in own:
                 continue
             owner, name = self._owner_of(key)
-            array = _C.as_parameter(_detached(value), name=key, dtype=owner.dtype)
+            array = _C.as_parameter(value, name=key, dtype=owner.dtype)
             if array.shape != own[key].shape:
                 raise ValueError(f"{key}: expected shape {own[key].shape}, got {array.shape}")
             converted[key] = owner, name, array
@@ -698,7 +693,7 @@ class Linear(Module):
         """
         out = _C.linear(x, self.weight, self.bias, dtype=self.dtype)
         if self.training:
-            x_copy = np.array(x, dtype=self.dtype, order="C")
+            x_copy = np.array(as_array(x), dtype=self.dtype, order="C")
             self._keep_for_backward((x_copy, self.weight, self.bias), out.shape, x)
         return out
 

@@ -11,11 +11,11 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import divides, is_floating, positive_int
+from ._checks import as_array, divides, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import linear, linear_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
-from .module import Linear, Module, _detached, _grad_dtype
+from .module import Linear, Module, _grad_dtype
 
 
 _PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
@@ -331,7 +331,7 @@ class MultiheadAttention(Module):
         converted = {}
         for name, x, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
             if id(x) not in converted:
-                converted[id(x)] = _C.as_parameter(_detached(x), name=name, dtype=self.dtype)
+                converted[id(x)] = _C.as_parameter(x, name=name, dtype=self.dtype)
             a = converted[id(x)]
             ndim = converted[id(query)].ndim
             if a.ndim not in (2, 3) or a.ndim != ndim:
@@ -381,7 +381,7 @@ class MultiheadAttention(Module):
 
     def _additive(self, mask, name):
         """A torch-convention mask as scores to add: bool True -> -inf, floats as given."""
-        mask = np.asarray(_detached(mask))
+        mask = as_array(mask)
         if mask.dtype.kind == "b":
             return np.where(mask, -np.inf, 0.0).astype(self.dtype)
         if is_floating(mask.dtype):
@@ -481,7 +481,7 @@ class MultiheadAttention(Module):
         >>> grad_x.shape, grad_x.dtype
         ((5, 3, 8), dtype('float64'))
         """
-        grad_output = _C.as_parameter(_detached(grad_output), name="grad_output", dtype=self.dtype)
+        grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
         (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes) = state
         self._check_unchanged(params)

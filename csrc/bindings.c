@@ -301,6 +301,23 @@ static void shape_error(const char *name, int expected_nd, const npy_intp *expec
     Py_XDECREF(got);
 }
 
+/* A tensor that requires grad (torch's: an object with a true
+ * `requires_grad` and a `detach()`) as detached: NumPy's conversion
+ * refuses it, and attnc never differentiates through it. A new reference,
+ * or NULL with an exception. */
+static PyObject *without_grad(PyObject *obj)
+{
+    int requires = 0;
+    if (!PyArray_Check(obj) && PyObject_HasAttrString(obj, "requires_grad")) {
+        PyObject *flag = PyObject_GetAttrString(obj, "requires_grad");
+        requires = flag ? PyObject_IsTrue(flag) : -1;
+        Py_XDECREF(flag);
+    }
+    if (requires) return requires < 0 ? NULL : PyObject_CallMethod(obj, "detach", NULL);
+    Py_INCREF(obj);
+    return obj;
+}
+
 /* obj as an ndarray of real numbers (no copy for an ndarray): bool,
  * integers and floats: NumPy's, and those of other packages that NumPy
  * casts to float32 safely (bfloat16, and ml_dtypes' float8 and narrower,
@@ -308,7 +325,9 @@ static void shape_error(const char *name, int expected_nd, const npy_intp *expec
  * object, strings, void, datetimes. A new reference. */
 static PyArrayObject *real_array(PyObject *obj, const char *name)
 {
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
+    PyObject *value = without_grad(obj);
+    PyArrayObject *arr = value ? (PyArrayObject *)PyArray_FROM_O(value) : NULL;
+    Py_XDECREF(value);
     if (!arr) {
         name_the_error(name);
         return NULL;

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import attnc
-from toolkit import assert_close, random_keep_mask, torch_dtype
+from toolkit import MODEL_IDS, MODELS, assert_close, make_module, random_keep_mask, torch_dtype
 from toolkit import doc_models as dm
 
 B, T = 3, 5
@@ -203,3 +203,82 @@ def test_attnc_never_imports_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------
+# tensors that require grad: taken as their values everywhere
+
+
+def _grad_tensor(a):
+    """a as a tensor that requires grad (a float one; torch refuses it for others)."""
+    return torch.tensor(a, requires_grad=np.asarray(a).dtype.kind == "f")
+
+
+def test_functional_takes_tensors_that_require_grad():
+    """NumPy refuses to convert a torch tensor that requires grad (torch's RuntimeError, naming
+    no argument): the functional layer and the modules' forwards raised it while
+    nn.MultiheadAttention and parameter assignment took the tensor's values (a review
+    helper, 2026-11-24). Every entry point now takes them: results equal the arrays'."""
+    F = attnc.functional
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 4, 5, 8)) for _ in range(3))
+    kv = rng.standard_normal((2, 2, 5, 8))
+    w, b, x = rng.standard_normal((3, 8)), rng.standard_normal(3), rng.standard_normal((2, 5, 8))
+    keep = random_keep_mask(rng, (5, 5))
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    calls = [
+        (F.linear, (x, w, b), {}),
+        (F.softmax, (x,), {}),
+        (F.scaled_dot_product_attention, (q, k, v), {"attn_mask": keep, "attn_bias": x[0, :, :5]}),
+        (F.scaled_dot_product_attention, (q, kv, kv), {"enable_gqa": True}),
+        (F.linear_backward, (rng.standard_normal((2, 5, 3)), x, w), {}),
+        (F.softmax_backward, (x, F.softmax(x)), {}),
+        (F.scaled_dot_product_attention_backward, (out, q, k, v, out, lse), {}),
+    ]
+    for function, args, kwargs in calls:
+        expected = function(*args, **kwargs)
+        got = function(*map(_grad_tensor, args), **{key: _grad_tensor(a) for key, a in kwargs.items()
+                                                      if not isinstance(a, bool)},
+                       **{key: a for key, a in kwargs.items() if isinstance(a, bool)})
+        for e, g in zip(expected if isinstance(expected, tuple) else (expected,),
+                        got if isinstance(got, tuple) else (got,)):
+            if e is not None:
+                np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_modules_take_tensors_that_require_grad(case):
+    """A module's input, mask and grad_output as tensors that require grad, in eval and in
+    training mode (forward and backward): the same results as from arrays."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    mask = random_keep_mask(rng, (2, 1, 5, 5) if case.n_heads(8) else (2, 5, 5)) if case.masked else None
+    args = (x,) if mask is None else (x, mask)
+    m = make_module(case.name, 8)
+    np.testing.assert_array_equal(m(*map(_grad_tensor, args)), m(*args))
+    # training mode: two modules made alike draw the same dropout masks
+    arrays, tensors = make_module(case.name, 8, seed=3).train(), make_module(case.name, 8, seed=3).train()
+    expected_out = arrays(*args)
+    np.testing.assert_array_equal(tensors(*map(_grad_tensor, args)), expected_out)
+    grad = rng.standard_normal(expected_out.shape).astype(np.float32)
+    np.testing.assert_array_equal(tensors.backward(_grad_tensor(grad)), arrays.backward(grad))
+    expected_grads, got_grads = dict(arrays.named_grads()), dict(tensors.named_grads())
+    assert got_grads.keys() == expected_grads.keys()
+    for name in got_grads:
+        np.testing.assert_array_equal(got_grads[name], expected_grads[name])
+
+
+def test_nn_multihead_takes_tensors_that_require_grad():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    padding = np.zeros((2, 5), np.float32)
+    padding[:, -1] = -np.inf
+    m = attnc.nn.MultiheadAttention(8, 2, batch_first=True).train()
+    expected, _ = m(x, x, x, key_padding_mask=padding)
+    grad = rng.standard_normal(expected.shape).astype(np.float32)
+    expected_grads = m.backward(grad)
+    t = _grad_tensor(x)
+    got, _ = m(t, t, t, key_padding_mask=_grad_tensor(padding))
+    np.testing.assert_array_equal(got, expected)
+    for g, e in zip(m.backward(_grad_tensor(grad)), expected_grads):
+        np.testing.assert_array_equal(g, e)
