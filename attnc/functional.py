@@ -384,11 +384,21 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         query, key, value, attn_mask, attn_bias = grouped.inputs
         grad_out, out, lse = (grouped.split_result(part, n, name)
                               for part, n, name in ((grad_out, 2, "grad_out"), (out, 2, "out"), (lse, 1, "lse")))
+    # An input broadcast over batch axes (or a key/value head shared by a group) gets its
+    # gradient summed over them: for 16-bit results, summed in float32 and rounded once.
+    try:
+        batch = np.broadcast_shapes(*(np.shape(given)[:-2] for given in (query, key, value)))
+        summed = any(np.shape(given)[:-2] != batch for given in (query, key, value))
+    except ValueError:
+        summed = False  # the C layer names the input that does not broadcast
+    result_dtype = _C.result_dtype(grad_out=grad_out, query=query, key=key, value=value, out=out)
+    widened = np.float32 if summed and result_dtype.itemsize == 2 else None
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
-                                                     window=window, seed=seed)
-    grads = [_sum_to_shape(grad, np.shape(given)) for grad, given in zip(grads, (query, key, value))]
+                                                     window=window, seed=seed, dtype=widened)
+    grads = [_sum_to_shape(grad, np.shape(given)).astype(result_dtype, copy=False)
+             for grad, given in zip(grads, (query, key, value))]
     return tuple(grad.reshape(shape) for grad, shape in zip(grads, shapes))
 
 

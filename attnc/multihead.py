@@ -14,7 +14,8 @@ from . import _C
 from ._checks import as_array, divides, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
-from .functional import linear, linear_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .functional import (_widened, linear, linear_backward, scaled_dot_product_attention,
+                         scaled_dot_product_attention_backward)
 from .module import Linear, Module, _grad_dtype
 
 
@@ -288,8 +289,8 @@ class MultiheadAttention(Module):
         if not need_weights:
             return output, None
         weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
-        if average_attn_weights:
-            weights = weights.mean(axis=1)
+        if average_attn_weights:  # for 16-bit weights, averaged in float32 and rounded once
+            weights = _widened(weights).mean(axis=1).astype(weights.dtype)
         return output, weights if batched else weights[0]
 
     def _checked_parameters(self):
@@ -495,8 +496,9 @@ class MultiheadAttention(Module):
         src_len = inputs[1].shape[1]
         grads = {}
         if params["bias_k"] is not None:  # the key / value right after the S given ones
-            grads["bias_k"] = grad_k[:, src_len:src_len + 1].sum(axis=0, keepdims=True)
-            grads["bias_v"] = grad_v[:, src_len:src_len + 1].sum(axis=0, keepdims=True)
+            # summed over the batch (16 bits: in float32, rounded once)
+            grads["bias_k"] = _widened(grad_k[:, src_len:src_len + 1]).sum(axis=0, keepdims=True).astype(grad_k.dtype)
+            grads["bias_v"] = _widened(grad_v[:, src_len:src_len + 1]).sum(axis=0, keepdims=True).astype(grad_v.dtype)
         need_bias = params["in_proj_bias"] is not None
         projected = [linear_backward(g[:, :x.shape[1]], x, w, need_bias_grad=need_bias)  # appended rows dropped
                      for g, x, w in zip((grad_q, grad_k, grad_v), inputs, self._in_weights(params))]

@@ -451,10 +451,10 @@ def torch_low(dtype):
     return torch.float16 if np.dtype(dtype) == np.float16 else torch.bfloat16
 
 
-def torch_sdpa_grads(q, k, v, g, causal, tdt):
+def torch_sdpa_grads(q, k, v, g, causal, tdt, enable_gqa=False):
     """torch's SDPA and autograd in tdt on the given values: (grad_q, grad_k, grad_v)."""
     tq, tk, tv = (torch.tensor(np.asarray(a, np.float64)).to(tdt).requires_grad_() for a in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=enable_gqa)
     out.backward(torch.tensor(np.asarray(g, np.float64)).to(tdt))
     return [t.grad.double().numpy() for t in (tq, tk, tv)]
 
@@ -472,6 +472,57 @@ def test_sdpa_backward_against_float64(low, L, S, causal, simd_mode):
     torch_grads = torch_sdpa_grads(*wide(q, k, v, g), causal, torch_low(low))
     for got, want, theirs, name in zip(grads, expected, torch_grads, ("dq", "dk", "dv")):
         assert_as_close_as_torch(got, want, theirs, low, name)
+
+
+@pytest.mark.parametrize("q_shape,kv_shape,gqa", [((64, 8, 16), (1, 20, 16), False),
+                                                   ((1, 128, 8, 16), (1, 1, 20, 16), True)], ids=["shared", "gqa"])
+def test_sdpa_backward_sums_shared_gradients_in_float32(low, q_shape, kv_shape, gqa):
+    """A key and value shared by a batch (or by a group of query heads) get their gradients
+    summed over it: the sum ran in 16 bits, in NumPy, with a rounding at each add (dk, dv
+    beyond PyTorch's tolerances, bfloat16 max error 0.08); now it runs in float32 and rounds
+    once (a review helper, 2026-11-24)."""
+    rng = np.random.default_rng(19)
+    q, k, v = normal(rng, q_shape, low), normal(rng, kv_shape, low), normal(rng, kv_shape, low)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, enable_gqa=gqa)
+    g = normal(rng, out.shape, low)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, enable_gqa=gqa)
+    expected = torch_sdpa_grads(*wide(q, k, v, g), False, torch.float64, enable_gqa=gqa)
+    torch_grads = torch_sdpa_grads(*wide(q, k, v, g), False, torch_low(low), enable_gqa=gqa)
+    for got, want, theirs, name in zip(grads, expected, torch_grads, ("dq", "dk", "dv")):
+        assert got.shape == want.shape
+        assert_as_close_as_torch(got, want, theirs, low, name)
+
+
+def test_nn_multihead_sums_and_averages_16_bits_in_float32(low):
+    """nn.MultiheadAttention's bias_k / bias_v gradients (summed over the batch) and its
+    head-averaged weights were summed in the 16-bit dtype (bfloat16 bias_v gradient off by
+    12 % at a batch of 512, stuck at 256 beyond; averaged weights 5 ulps off): now float32
+    sums rounded once, against torch in float64 on the same rounded values."""
+    torch.manual_seed(0)
+    tdt = torch_low(low)
+    tm = torch.nn.MultiheadAttention(4, 1, add_bias_kv=True).to(tdt).train()
+    m = attnc.from_torch(tm)
+    t64 = torch.nn.MultiheadAttention(4, 1, add_bias_kv=True).double()
+    t64.load_state_dict({key: value.double() for key, value in tm.state_dict().items()})
+    x = torch.randn(2, 512, 4).to(tdt)
+    xa = x.float().numpy().astype(low)
+    m(xa, xa, xa, need_weights=False)
+    m.backward(np.ones((2, 512, 4), low))
+    xd = x.double()
+    t64(xd, xd, xd, need_weights=False)[0].sum().backward()
+    tm(x, x, x, need_weights=False)[0].float().sum().backward()
+    grads = dict(m.named_grads())
+    for name in ("bias_k", "bias_v"):
+        want = getattr(t64, name).grad.numpy()
+        assert_as_close_as_torch(grads[name], want, getattr(tm, name).grad.double().numpy(), low, name)
+
+    heads = 64
+    m = attnc.nn.MultiheadAttention(heads * 2, heads, dtype=low, rng=np.random.default_rng(1)).eval()
+    x = normal(np.random.default_rng(2), (3, 2, heads * 2), low)
+    _, per_head = m(x, x, x, average_attn_weights=False)
+    _, averaged = m(x, x, x)
+    exact = per_head.astype(np.float64).mean(axis=1)
+    np.testing.assert_array_equal(averaged, exact.astype(np.float32).astype(low))
 
 
 def set_dropout(module, p):
