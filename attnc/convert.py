@@ -124,14 +124,20 @@ def _twin_dtype(torch_dtypes):
 
 
 def _torch_twin(module, name, dtype, rng):
-    """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None."""
-    if name in _TORCH_CLASSES[:2]:
-        return Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype, rng=rng)
-    if name == "MultiheadAttention":
-        return MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
-                                  bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
-                                  add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim,
-                                  batch_first=module.batch_first, dtype=dtype, rng=rng)
+    """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None; TypeError
+    for another class of the same name (a user's own MultiheadAttention), which lacks the
+    attributes torch's has."""
+    try:
+        if name in _TORCH_CLASSES[:2]:
+            return Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype,
+                          rng=rng)
+        if name == "MultiheadAttention":
+            return MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
+                                      bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
+                                      add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim,
+                                      batch_first=module.batch_first, dtype=dtype, rng=rng)
+    except AttributeError as error:
+        raise TypeError(f"from_torch: this {name} is not torch.nn.{name} ({error})") from error
     return None
 
 

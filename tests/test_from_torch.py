@@ -194,6 +194,23 @@ def test_unknown_classes_raise_type_error():
     with pytest.raises(TypeError, match="SelfAttentionv1.*Q_proj.bias"):
         attnc.from_torch(no_bias)
 
+    # a user's own class named as torch's (tutorials often write a MultiheadAttention):
+    # AttributeError from reading torch's attributes it lacks (a review helper, 2026-11-24)
+    class MultiheadAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+    class Linear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(2, 3))
+
+    for own in (MultiheadAttention(), Linear()):
+        name = type(own).__name__
+        with pytest.raises(TypeError, match=rf"^from_torch: this {name} is not torch.nn.{name}"):
+            attnc.from_torch(own)
+
 
 def test_attnc_never_imports_torch():
     code = ("import sys, numpy as np, attnc, attnc.nn; from attnc import from_torch; "
