@@ -54,7 +54,7 @@ class _Attention(Module):
         result, saved = result
         out = result[0] if return_weights else result
         mask = None if attention_mask is None else np.array(as_array(attention_mask), copy=True)
-        self._keep_for_backward((saved, params, mask, p), out.shape, x)
+        self._keep_for_backward((saved, params, mask, p), out.shape, x, dict(zip(self._spec[0], params)))
         return result
 
     def backward(self, grad_output):
@@ -113,12 +113,9 @@ class _Attention(Module):
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
         saved, params, mask, p = state
-        names = self._spec[0]
-        self._check_unchanged(dict(zip(names, params)))
         grad_x, grad_w, grad_b, grad_w_out, grad_b_out = _C.self_attention_backward(
             grad_output, saved, params=params, spec=self._spec, attention_mask=mask, dtype=self.dtype, dropout_p=p)
-        _, qk_dim, v_dim, out_dim = self._spec[2]
-        fused = self._spec[5]
+        names, _, (_, qk_dim, v_dim, out_dim), _, _, fused = self._spec
         ends = (3 * qk_dim,) if fused else (qk_dim, 2 * qk_dim, 2 * qk_dim + v_dim)
         grads, start = {}, 0
         for part, end in enumerate(ends):  # row blocks of the stacked Q, K, V gradients

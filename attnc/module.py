@@ -523,12 +523,14 @@ class Module:
         for buffer, value in targets:
             buffer[...] += value
 
-    def _keep_for_backward(self, state, output_shape, x):
+    def _keep_for_backward(self, state, output_shape, x, params=None):
         """What this training-mode forward's backward needs (replacing any
-        earlier forward's), with the shape its grad_output must have and
-        the dtype of the gradient it returns: x's when x is a floating
-        array (as torch's x.grad), else the module's."""
-        object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype)))
+        earlier forward's), with the shape its grad_output must have, the
+        dtype of the gradient it returns (x's when x is a floating array, as
+        torch's x.grad, else the module's), and the parameters the forward
+        used ({dotted name: array or None}) with their shapes and dtypes."""
+        used = {key: (a, None if a is None else (a.shape, a.dtype)) for key, a in (params or {}).items()}
+        object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype), used))
 
     def _kept(self, grad_output):
         """The kept forward state, with grad_output checked against the
@@ -539,10 +541,19 @@ class Module:
         if saved is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
                                "(each forward allows one backward; an eval-mode forward keeps nothing)")
-        state, shape, _ = saved
+        state, shape, _, used = saved
         if np.shape(grad_output) != shape:
             raise ValueError(f"grad_output: expected shape {shape} (the forward's output), "
                              f"got {np.shape(grad_output)}")
+        for key, (array, layout) in used.items():
+            owner, name = self._owner_of(key)
+            if getattr(owner, name) is not array:
+                raise RuntimeError(f"{key} was replaced after the forward; its gradient would not match. "
+                                   "Run the forward again before backward")
+            if array is not None and (array.shape, array.dtype) != layout:
+                raise ValueError(f"{key}: changed in place after the forward, from {layout[1]} of shape "
+                                 f"{layout[0]} to {array.dtype} of shape {array.shape}; run the forward again "
+                                 "before backward")
         return state
 
     def _finish_backward(self, state, grads, grad_x):
@@ -560,15 +571,6 @@ class Module:
             self._add_grads(grads)
             object.__setattr__(self, "_saved", None)
         return grad_x.astype(saved[2], copy=False)
-
-    def _check_unchanged(self, params):
-        """{dotted name: the array the forward used}: RuntimeError naming a
-        parameter replaced since that forward."""
-        for key, used in params.items():
-            owner, name = self._owner_of(key)
-            if getattr(owner, name) is not used:
-                raise RuntimeError(f"{key} was replaced after the forward; its gradient would not match. "
-                                   "Run the forward again before backward")
 
     # -- randomness ----------------------------------------------------------
     def _generator(self):
@@ -691,10 +693,11 @@ class Linear(Module):
         TypeError
             If `x` is complex, object or string.
         """
-        out = _C.linear(x, self.weight, self.bias, dtype=self.dtype)
+        weight, bias = self.weight, self.bias
+        out = _C.linear(x, weight, bias, dtype=self.dtype)
         if self.training:
             x_copy = np.array(as_array(x), dtype=self.dtype, order="C")
-            self._keep_for_backward((x_copy, self.weight, self.bias), out.shape, x)
+            self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
         return out
 
     def backward(self, grad_output):
@@ -744,7 +747,6 @@ class Linear(Module):
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
         x, weight, bias = state
-        self._check_unchanged({"weight": weight, "bias": bias})
         grad_x, grad_weight, grad_bias = linear_backward(grad_output, x, weight, need_bias_grad=bias is not None)
         return self._finish_backward(state, {"weight": grad_weight, "bias": grad_bias}, grad_x)
 

@@ -285,7 +285,7 @@ class MultiheadAttention(Module):
         if training:
             grad_dtypes = (_grad_dtype(key, self.dtype), _grad_dtype(value, self.dtype))
             state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes)
-            self._keep_for_backward(state, output.shape, query)
+            self._keep_for_backward(state, output.shape, query, params)
         if not need_weights:
             return output, None
         weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
@@ -485,7 +485,6 @@ class MultiheadAttention(Module):
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
         (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes) = state
-        self._check_unchanged(params)
         grad_out = self._from_layout(grad_output, batched)
         grad_merged, grad_w_out, grad_b_out = linear_backward(
             grad_out, self._merge_heads(out_heads), params["out_proj.weight"],

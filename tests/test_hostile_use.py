@@ -13,6 +13,7 @@ that works; informational attributes (head_dim, ...) cannot break a
 forward; a bad dropout probability set after construction is named.
 """
 import pickle
+import re
 import types
 import warnings
 
@@ -650,21 +651,56 @@ def _mha_original(key):
 # updated three parameters before failing on a read-only fourth
 
 
-def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once():
+def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once(monkeypatch):
     x = np.random.default_rng(0).standard_normal((2, 5, 8))
     m = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(4))
     twin = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(4))
     y, y_twin = m(x), twin(x)
     twin.backward(np.ones_like(y_twin))
-    bias = m.output_proj.bias  # the last parameter, its dtype changed in place
-    bias.dtype = np.int32
-    with pytest.raises(ValueError, match="^output_proj.bias: the parameter is now int32"):
+    make_buffer = attnc.Module._grad
+
+    def out_of_memory_at_the_last(module, name):  # the last parameter's gradient buffer
+        if module is m.output_proj and name == "bias":
+            raise MemoryError
+        return make_buffer(module, name)
+
+    monkeypatch.setattr(attnc.Module, "_grad", out_of_memory_at_the_last)
+    with pytest.raises(MemoryError):
         m.backward(np.ones_like(y))
+    monkeypatch.undo()
     assert all((g == 0).all() for _, g in m.named_grads())
-    bias.dtype = np.float32
     m.backward(np.ones_like(y))  # the retry
     for (name, g), (_, expected) in zip(m.named_grads(), twin.named_grads()):
         np.testing.assert_array_equal(g, expected, err_msg=name)
+
+
+@pytest.mark.parametrize("make, key", [
+    (lambda: attnc.Linear(4, 6), "weight"),
+    (lambda: attnc.SelfAttentionV3(4, dropout_rate=0.0), "output_proj.bias"),
+    (lambda: attnc.nn.MultiheadAttention(4, 2), "in_proj_weight"),
+    (lambda: attnc.nn.MultiheadAttention(4, 2), "out_proj.weight"),
+])
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+def test_backward_names_a_parameter_changed_in_place_since_the_forward(make, key, change):
+    """A parameter reshaped (or its dtype reinterpreted) in place between forward and backward:
+    Linear and nn.MultiheadAttention named `x` (linear_backward's argument), or went on with
+    the new shape; now every module names the parameter, before computing anything (a review
+    helper, 2026-11-24)."""
+    m = make().train()
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)
+    out = m(x, x, x)[0] if isinstance(m, attnc.nn.MultiheadAttention) else m(x)
+    owner, name = m, key
+    while "." in name:
+        prefix, name = name.split(".", 1)
+        owner = getattr(owner, prefix)
+    param = getattr(owner, name)
+    if change == "shape":
+        param.shape = (1, param.size)
+    else:
+        param.dtype = np.int32
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}: changed in place after the forward"):
+        m.backward(np.ones_like(out))
+    assert all(not g.any() for _, g in m.named_grads())
 
 
 @pytest.mark.parametrize("spoil", ["read-only", "int32"])
