@@ -9,6 +9,7 @@
 #ifndef ATTNC_H
 #define ATTNC_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,9 +86,21 @@ typedef struct {
     void *ctx;
 } attnc_interrupt_hook;
 
-/* Bracket one call on the calling thread; hook may be NULL (never stops). */
-void attnc_call_begin(const attnc_interrupt_hook *hook);
-void attnc_call_end(void);
+/* The state of one call, shared by its calling thread and the pool
+ * workers that help it; the caller's (on its stack), opaque to it. */
+typedef struct attnc_call {
+    attnc_interrupt_hook hook;
+    atomic_int stop;
+    long long next_poll_ns;
+    struct attnc_call *outer; /* the call this one runs inside (a Python signal */
+    int outer_is_caller;      /* handler's, run by the outer call's hook), or NULL */
+} attnc_call;
+
+/* Bracket one call on the calling thread, with its state in *call; hook
+ * may be NULL (never stops). A call begun inside another (from the other's
+ * hook) has its own state and gives the other back its own at its end. */
+void attnc_call_begin(attnc_call *call, const attnc_interrupt_hook *hook);
+void attnc_call_end(attnc_call *call);
 /* Kernels ask at safe points (between tiles); 1 once the call must stop. */
 int attnc_interrupted(void);
 

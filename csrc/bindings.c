@@ -47,9 +47,10 @@ static int poll_signals(void *ctx)
     do {                                                          \
         released_gil gil_ = {PyEval_SaveThread()};                \
         attnc_interrupt_hook hook_ = {poll_signals, &gil_};       \
-        attnc_call_begin(&hook_);                                 \
+        attnc_call call_;                                         \
+        attnc_call_begin(&call_, &hook_);                         \
         (status) = (call);                                        \
-        attnc_call_end();                                         \
+        attnc_call_end(&call_);                                   \
         PyEval_RestoreThread(gil_.thread);                        \
     } while (0)
 
@@ -318,12 +319,12 @@ static PyObject *without_grad(PyObject *obj)
     return obj;
 }
 
-/* obj as an ndarray of real numbers (no copy for an ndarray): bool,
+/* obj as an ndarray of real numbers (obj itself for an ndarray): bool,
  * integers and floats: NumPy's, and those of other packages that NumPy
  * casts to float32 safely (bfloat16, and ml_dtypes' float8 and narrower,
  * of kind 'V' but float8_e5m2's 'f'); TypeError naming `name` for complex,
  * object, strings, void, datetimes. A new reference. */
-static PyArrayObject *real_array(PyObject *obj, const char *name)
+static PyArrayObject *real_values(PyObject *obj, const char *name)
 {
     PyObject *value = without_grad(obj);
     PyArrayObject *arr = value ? (PyArrayObject *)PyArray_FROM_O(value) : NULL;
@@ -342,6 +343,17 @@ static PyArrayObject *real_array(PyObject *obj, const char *name)
                  (PyObject *)PyArray_DESCR(arr));
     Py_DECREF(arr);
     return NULL;
+}
+
+/* real_values, and the caller's own ndarray as a view of it: the call's
+ * shapes and strides are read from its own object, which Python code run
+ * by a later argument's conversion (a mask's __array__, a window side's
+ * __index__) cannot reshape. No copy. A new reference. */
+static PyArrayObject *real_array(PyObject *obj, const char *name)
+{
+    PyArrayObject *arr = real_values(obj, name);
+    if (arr && (PyObject *)arr == obj) Py_SETREF(arr, (PyArrayObject *)PyArray_View(arr, NULL, &PyArray_Type));
+    return arr;
 }
 
 /* The functional layer's result dtype: the narrowest of float16,
@@ -1459,7 +1471,7 @@ static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwarg
     int given;
     if (!dtype_argument(dtype_obj, &given, &dt)) return NULL;
     if (!given) return PyErr_Format(PyExc_TypeError, "dtype: expected float16, bfloat16, float32 or float64, got None");
-    PyArrayObject *arr = real_array(value, name);
+    PyArrayObject *arr = real_values(value, name); /* a parameter is the value itself when it can be */
     if (!arr) return NULL;
     int flags = NPY_ARRAY_CARRAY | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST | NPY_ARRAY_ENSUREARRAY;
     PyArray_Descr *descr = dtype_descr(dt);
@@ -1481,7 +1493,7 @@ static PyObject *py_result_dtype(PyObject *self, PyObject *args, PyObject *kwarg
     PyObject *key, *value, *result = NULL;
     while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
         const char *name = PyUnicode_AsUTF8(key);
-        if (!name || !(arrays[i++] = real_array(value, name))) goto done;
+        if (!name || !(arrays[i++] = real_values(value, name))) goto done;
     }
     result = (PyObject *)dtype_descr(result_dtype(arrays, (int)n));
 done:

@@ -28,20 +28,21 @@ static long long now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void attnc_call_begin(const attnc_interrupt_hook *hook)
+void attnc_call_begin(attnc_call *call, const attnc_interrupt_hook *hook)
 {
-    static _Thread_local attnc_call call; /* one call at a time per thread */
-    call.hook = hook && hook->poll ? *hook : (attnc_interrupt_hook){NULL, NULL};
-    atomic_store(&call.stop, 0);
-    call.next_poll_ns = now_ns() + POLL_INTERVAL_NS;
-    current = &call;
+    call->hook = hook && hook->poll ? *hook : (attnc_interrupt_hook){NULL, NULL};
+    atomic_store(&call->stop, 0);
+    call->next_poll_ns = now_ns() + POLL_INTERVAL_NS;
+    call->outer = current;
+    call->outer_is_caller = is_caller;
+    current = call;
     is_caller = 1;
 }
 
-void attnc_call_end(void)
+void attnc_call_end(attnc_call *call)
 {
-    current = NULL;
-    is_caller = 0;
+    current = call->outer;
+    is_caller = call->outer_is_caller;
 }
 
 attnc_call *attnc_current_call(void) { return current; }

@@ -22,7 +22,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, ref_module
+from toolkit import DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, ref_attend, ref_module
 
 DIM = 4
 
@@ -724,3 +724,60 @@ def test_optimizer_step_refuses_a_parameter_it_cannot_update_before_updating_any
     for name, s in opt.state.items():
         for k, v in s.items():
             np.testing.assert_array_equal(v, state[name][k], err_msg=f"{name} {k}")
+
+
+# ============================================================================
+# an argument reshaped in place by another argument's conversion (a review helper,
+# 2026-11-24): the C layer read q's sizes, then ran the mask's __array__ (or a window
+# side's __index__), then read q's strides from the same object, reshaped meanwhile:
+# reads and writes out of bounds, a segfault. Each call now reads its own view.
+
+
+def test_an_argument_reshaped_by_a_later_ones_conversion_is_computed_as_given():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 400, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 400, 8)).astype(np.float32)
+    given = q.copy()
+    expected = ref_attend(given, k, k, 1 / np.sqrt(8))[0]
+
+    class ReshapesQ:
+        def __array__(self, dtype=None, copy=None):
+            q.shape = (1, 1, 3200)  # the same data, another geometry
+            return np.ones((1, 400), bool)
+
+    assert_close(F.scaled_dot_product_attention(q, k, k, attn_mask=ReshapesQ()), expected, np.float32)
+    q.shape = given.shape
+
+    class SideReshapesQ:
+        def __index__(self):
+            q.shape = (1, 1, 3200)
+            return 500  # wider than the sequence: every key
+
+    assert_close(F.scaled_dot_product_attention(q, k, k, window=(SideReshapesQ(), None)), expected, np.float32)
+    q.shape = given.shape
+
+    w = rng.standard_normal((6, 8)).astype(np.float32)
+
+    class BiasReshapesX:
+        def __array__(self, dtype=None, copy=None):
+            q.shape = (3200,)
+            return np.zeros(6, np.float32)
+
+    assert_close(F.linear(q, w, BiasReshapesX()), given.astype(np.float64) @ w.T.astype(np.float64), np.float32)
+    q.shape = given.shape
+
+
+def test_a_module_input_reshaped_by_the_masks_conversion_is_computed_as_given():
+    m = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(1)).eval()
+    x = np.random.default_rng(2).standard_normal((64, 4, 8)).astype(np.float32)
+    given = x.copy()
+    keep = np.ones((4, 4), bool)
+
+    class ReshapesX:
+        def __array__(self, dtype=None, copy=None):
+            x.shape = (2048,)  # the output was sized from this shape: (8,), 2048 floats written
+            return keep
+
+    out = m(x, ReshapesX())
+    assert out.shape == (64, 4, 8)
+    assert_close(out, ref_module(m, given, keep)[0], np.float32)

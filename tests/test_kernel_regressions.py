@@ -350,3 +350,62 @@ def test_thread_counts_above_the_cpus_start_no_more_threads(restore_threads):
     assert attnc.get_num_threads() >= 1
     assert before == after, "the pool was rebuilt between calls"
     assert before <= cpus + 2, f"{before} threads for {cpus} CPUs"
+
+
+def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
+    """A Python signal handler that calls attnc runs inside the outer call's poll: the two
+    calls shared one per-thread state, so the inner call's end left the outer one unpolled
+    (Ctrl-C came only when it finished), and an inner call stopped by KeyboardInterrupt
+    stopped the outer one's workers too, which returned with a third of C never computed,
+    no error raised (a review helper, 2026-11-24). Each call now has its own state."""
+    out = _run_child("""
+        import signal, time
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        attnc.set_num_threads(2)
+        rng = np.random.default_rng(8)
+        a = rng.standard_normal((3000, 3000)).astype(np.float32)
+        b = rng.standard_normal((2000, 2000)).astype(np.float32)  # long enough for the next tick
+        expected = a.astype(np.float64) @ a.T.astype(np.float64)
+        ticks = []
+        def nested_call_interrupted(signum, frame):
+            ticks.append(time.perf_counter())
+            if len(ticks) == 1:
+                try:
+                    F.linear(b, b)  # its poll runs this handler again: the second tick stops it
+                except KeyboardInterrupt:
+                    pass
+            elif len(ticks) == 2:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, nested_call_interrupted)
+        for _ in range(3):
+            ticks.clear()
+            signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+            out = F.linear(a, a)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-2)
+        print("outer whole")
+        # a nested call that completes, then Ctrl-C: the outer call still stops promptly
+        big = rng.standard_normal((4000, 4000)).astype(np.float32)
+        ticks.clear()
+        def nested_then_interrupt(signum, frame):
+            ticks.append(time.perf_counter())
+            if len(ticks) == 1:
+                F.scaled_dot_product_attention(np.ones((2, 4, 8)), np.ones((2, 4, 8)), np.ones((2, 4, 8)))
+            elif len(ticks) == 2:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGALRM, nested_then_interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        try:
+            [F.linear(big, big) for _ in range(10)]
+        except KeyboardInterrupt:
+            print("delay", time.perf_counter() - ticks[1])
+        else:
+            raise SystemExit("the call ended without an interrupt")
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    """, timeout=300)
+    assert "outer whole" in out
+    delay = float(out.split("delay")[1].split()[0])
+    assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after the handler raised it"
