@@ -386,11 +386,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
                               for part, n, name in ((grad_out, 2, "grad_out"), (out, 2, "out"), (lse, 1, "lse")))
     # An input broadcast over batch axes (or a key/value head shared by a group) gets its
     # gradient summed over them: for 16-bit results, summed in float32 and rounded once.
-    try:
-        batch = np.broadcast_shapes(*(np.shape(given)[:-2] for given in (query, key, value)))
-        summed = any(np.shape(given)[:-2] != batch for given in (query, key, value))
-    except ValueError:
-        summed = False  # the C layer names the input that does not broadcast
+    batch = _broadcast_shape(*(np.shape(given)[:-2] for given in (query, key, value)))
+    summed = batch is not None and any(np.shape(given)[:-2] != batch for given in (query, key, value))
     result_dtype = _C.result_dtype(grad_out=grad_out, query=query, key=key, value=value, out=out)
     widened = np.float32 if summed and result_dtype.itemsize == 2 else None
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
@@ -420,11 +417,9 @@ class _Grouped:
         if kv_heads == 0 or heads % kv_heads:
             raise ValueError(f"key: {kv_heads} key/value heads do not divide the query's {heads} heads")
         self.heads, self.kv_heads, self.group = heads, kv_heads, heads // kv_heads
-        try:  # the forward's out is (batch, H, L, Ev), lse (batch, H, L)
-            batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
-            self.result_shape = batch + (heads, query.shape[-2], value.shape[-1])
-        except ValueError:
-            self.result_shape = None  # the C layer names the batch that does not broadcast
+        # the forward's out is (batch, H, L, Ev), lse (batch, H, L)
+        batch = _broadcast_shape(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+        self.result_shape = None if batch is None else batch + (heads, query.shape[-2], value.shape[-1])
         masks = []
         for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
             if array is not None:
@@ -467,6 +462,19 @@ class _Grouped:
         """(..., Hkv, group, `trailing` dims) -> (..., H, ...): out and weights (2), lse (1)."""
         axis = array.ndim - 2 - trailing
         return array.reshape(array.shape[:axis] + (self.heads,) + array.shape[axis + 2:])
+
+
+def _broadcast_shape(*shapes):
+    """The shape the given shapes broadcast to, or None where they do not (the C layer names
+    the input then); any number of axes (np.broadcast_shapes stops at 32)."""
+    n = max(map(len, shapes))
+    result = []
+    for axis in range(n):
+        sizes = {shape[axis - n + len(shape)] for shape in shapes if axis - n + len(shape) >= 0} - {1}
+        if len(sizes) > 1:
+            return None
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
 
 
 def _sum_to_shape(grad, shape):

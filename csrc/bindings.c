@@ -205,6 +205,7 @@ static int seed_argument(PyObject *obj, uint64_t *seed)
     if (obj == Py_None) return 1;
     PyObject *index = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
     if (!index) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* __index__'s own */
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
         return 0;

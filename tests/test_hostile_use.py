@@ -781,3 +781,36 @@ def test_a_module_input_reshaped_by_the_masks_conversion_is_computed_as_given():
     out = m(x, ReshapesX())
     assert out.shape == (64, 4, 8)
     assert_close(out, ref_module(m, given, keep)[0], np.float32)
+
+
+def test_an_index_that_raises_reaches_the_caller_from_every_integer_argument():
+    """seed replaced the exception an __index__ raised by "seed: expected an integer"
+    (window and axis let it through); now every integer argument lets it through."""
+    class Broken:
+        def __index__(self):
+            raise RuntimeError("broken __index__")
+
+    q = np.ones((2, 3))
+    for call in (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=Broken()),
+                 lambda: F.scaled_dot_product_attention(q, q, q, window=(Broken(), 1)),
+                 lambda: F.softmax(q, axis=Broken())):
+        with pytest.raises(RuntimeError, match="broken __index__"):
+            call()
+
+
+def test_backward_takes_as_many_batch_axes_as_the_forward():
+    """np.broadcast_shapes (32 axes at most) refused 33 batch axes in the backward, which
+    the forward takes (a review helper, 2026-11-24)."""
+    rng = np.random.default_rng(3)
+    for gqa, kv_heads in ((False, 4), (True, 2)):
+        q = rng.standard_normal((1,) * 33 + (4, 3, 8))
+        k = rng.standard_normal((1,) * 33 + (kv_heads, 3, 8))
+        out, lse = F.scaled_dot_product_attention(q, k, k, return_lse=True, enable_gqa=gqa)
+        g = rng.standard_normal(out.shape)
+        grads = F.scaled_dot_product_attention_backward(g, q, k, k, out, lse, enable_gqa=gqa)
+        flat = F.scaled_dot_product_attention_backward(g.reshape(4, 3, 8), q.reshape(4, 3, 8),
+                                                       k.reshape(kv_heads, 3, 8), k.reshape(kv_heads, 3, 8),
+                                                       out.reshape(4, 3, 8), lse.reshape(4, 3), enable_gqa=gqa)
+        for got, alone, given in zip(grads, flat, (q, k, k)):
+            assert got.shape == given.shape
+            np.testing.assert_array_equal(got.reshape(alone.shape), alone)
