@@ -11,6 +11,7 @@ order (notebooks/000_four_levels.ipynb draws the same); the sections of 002
 and 004 have their own, seeded as their notebooks are, so each prints the
 numbers of its notebook's first cells.
 """
+import argparse
 import math
 
 import numpy as np
@@ -193,4 +194,6 @@ def tour():
 
 
 if __name__ == "__main__":
+    # no options: --help says what the tour does, anything else is refused
+    argparse.ArgumentParser(prog="python -m attnc", description=__doc__.split("\n\n")[0]).parse_args()
     main()

@@ -1,4 +1,4 @@
-"""attnc against PyTorch, plain NumPy, ONNX Runtime and OpenVINO: the benchmark of the performance issues.
+"""attnc against PyTorch, plain NumPy, ONNX Runtime and OpenVINO, side by side in one run.
 
 Every implementation runs in this one process, interleaved round by round (the
 order rotates each round) so that machine noise hits all of them equally, on the
@@ -41,7 +41,7 @@ except ImportError:  # NumPy then keeps OpenBLAS's own thread count; recorded in
     threadpoolctl = None
 
 THREADS = 2
-FP32_PEAK_PER_CORE = 90.0  # GFLOP/s, the brief's Zen 3 FMA peak: the fallback without threadpoolctl
+FP32_PEAK_PER_CORE = 90.0  # GFLOP/s, a Zen 3 core's FMA peak: the fallback without threadpoolctl
 MIB = 2**20
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}  # relative to max(1, max|ref|)
 # Memory children: large blocks are mmapped and given back on free, so that the
@@ -829,7 +829,7 @@ def set_peaks(args, gemms):
     """The rates '% peak' divides by: --peak-gflops (fp64: half of it), else
     NumPy/OpenBLAS's 2048^3 GEMM rates of this run on THREADS threads (the
     machine kind changes between sessions: a Zen 3 figure is wrong on a Zen
-    5), else the brief's documented peak."""
+    5), else a Zen 3 core's FMA peak (FP32_PEAK_PER_CORE)."""
     def measured(dtype):
         return next((rate for name, rate in gemms.items()
                      if name.startswith(f"numpy {dtype} ") and name.endswith(f", {THREADS} thread(s)")), None)

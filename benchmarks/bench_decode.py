@@ -1,7 +1,7 @@
 """Decode against long key/value caches: attnc against torch SDPA, and against the
 machine's read bandwidth, side by side in one run (benchmarks, not tests).
 
-Cases (the real-models issue's targets):
+Cases and their targets:
   D1  q (1, 32, L, 128) against k, v (1, 32, 8192, 128) float32, bottom-right causal
       (a KV-cache step), L in {1, 4, 16}. Targets for L = 1: attnc <= 0.5x torch SDPA,
       and attnc reads K and V at >= 70% of the read bandwidth measured below.
@@ -71,7 +71,7 @@ def case(torch, L, kv_heads):
 
 
 def main():
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     import torch
     torch.set_num_threads(THREADS)
     attnc.set_num_threads(THREADS)

@@ -1,7 +1,7 @@
 """float16 and bfloat16 against float32: attnc, torch, ONNX Runtime (float16) and
 OpenVINO (bfloat16), side by side in one run (benchmarks, not tests).
 
-Cases (the 16-bit issue's targets):
+Cases and their targets:
   S1  SDPA q, k, v (8, 12, 1024, 64). Targets: attnc bfloat16 <= 0.6x attnc's float32
       time and <= OpenVINO's bfloat16 time; attnc float16 <= 0.75x attnc's float32 time.
   S2  SDPA (2, 4, 256, 64): a short sequence, where fixed costs show.
@@ -196,9 +196,10 @@ def run(rounds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", metavar="DIR", default=os.path.dirname(os.path.abspath(__file__)),
+                        help="write results_low_precision.{md,json} into DIR (default: this folder)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per implementation (default: 5)")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(THREADS)

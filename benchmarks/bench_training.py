@@ -1,6 +1,6 @@
 """attnc's training against PyTorch autograd, side by side in one process.
 
-Cases (the training issue's targets; benchmarks, never pass/fail tests):
+Cases and their targets (benchmarks, never pass/fail tests):
   T1  SDPA forward + backward, q, k, v (8, 12, 1024, 64) float32, plain and
       causal: attnc (return_lse, then scaled_dot_product_attention_backward)
       against torch (F.scaled_dot_product_attention, then .backward()).
@@ -18,7 +18,7 @@ Every implementation's gradients are checked against the other's before
 timing (float32 within 1e-4 of scale); each sample is a block of
 back-to-back calls after a pause and one untimed call, blocks alternate.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_training.py [--quick]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_training.py [--quick] [--out DIR]
 """
 import argparse
 import json
@@ -221,10 +221,13 @@ def report(title, samples, baseline_names):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--memory-child")
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (a minute or two)")
+    parser.add_argument("--memory-child", metavar="B,H,L,E",
+                        help="internal: measure one backward's peak memory (run in a subprocess)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="write results_training.json into DIR, as bench.py writes its results "
+                             "(default: print only)")
     args = parser.parse_args()
     attnc.set_num_threads(THREADS)
     if args.memory_child:
@@ -244,7 +247,7 @@ def main():
           f"(target <= 64 MiB: {'met' if extra <= 64 * MIB else 'missed'})", flush=True)
     results["T3 backward extra memory MiB"] = extra / MIB
     if args.out:
-        with open(args.out, "w") as out:
+        with open(os.path.join(args.out, "results_training.json"), "w") as out:
             json.dump(results, out, indent=2)
 
 

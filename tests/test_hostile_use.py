@@ -1,5 +1,5 @@
-"""A hostile user's parameters: regression tests for findings 1, 2 and 6 of
-issue 9.
+"""A hostile user's parameters: regression tests for findings 1, 2 and 6 of a
+robustness review.
 
 Every parameter of every class (from named_parameters()) is replaced or
 changed in place in every odd way we know: 0-d, 1-d, 3-d, empty, resized,

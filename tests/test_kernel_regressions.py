@@ -1,4 +1,4 @@
-"""Regression tests for what attacking the kernels found (issue 9, findings 3, 4, 5, 7, 8):
+"""Regression tests for what attacking the kernels found (a robustness review, findings 3, 4, 5, 7, 8):
 rows whose scores are all -inf, Ctrl-C during a long call, memory out of proportion to the
 data, thread counts above the CPU count, and outputs that changed with return_weights or
 with the other items of the batch.

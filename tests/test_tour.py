@@ -60,3 +60,14 @@ def test_self_attention_templates_print_the_oracles_weights_and_outputs(capsys):
     assert np.all(printed["multi_head_dist_1"][..., 3] == 0)   # the padded key: exp(-1e20 - max) is 0
     for shape in ("(2, 4, 4)", "(2, 4, 8)", "(2, 2, 4, 4)"):
         assert shape in text, shape
+
+
+def test_the_tour_has_help_and_refuses_unknown_options():
+    """`python -m attnc --help` ran the whole tour (its arguments were never read)."""
+    import subprocess
+    import sys
+    helped = subprocess.run([sys.executable, "-m", "attnc", "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m attnc")
+    assert "a tour of the documents' own examples" in helped.stdout and "=====" not in helped.stdout
+    refused = subprocess.run([sys.executable, "-m", "attnc", "--fast"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unrecognized arguments: --fast" in refused.stderr

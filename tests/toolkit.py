@@ -135,7 +135,7 @@ def assert_close(actual, expected, dtype, what="", tol=None):
 
 
 def assert_grad_close(actual, expected, dtype, what=""):
-    """assert_close at the training issue's gradient tolerance: 1e-9 (float64)
+    """assert_close at the gradient tolerance: 1e-9 (float64)
     and 1e-4 (float32) of max(1, max|expected|). A gradient adds the
     backward's reductions (dP, dS, then dQ/dK/dV and the projections) to the
     forward's; a wrong term or scale still misses it by orders of magnitude."""
