@@ -195,5 +195,5 @@ def tour():
 
 if __name__ == "__main__":
     # no options: --help says what the tour does, anything else is refused
-    argparse.ArgumentParser(prog="python -m attnc", description=__doc__.split("\n\n")[0]).parse_args()
+    argparse.ArgumentParser(prog="python -m attnc", description=(__doc__ or "").split("\n\n")[0]).parse_args()
     main()

@@ -127,18 +127,19 @@ def _torch_twin(module, name, dtype, rng):
     """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None; TypeError
     for another class of the same name (a user's own MultiheadAttention), which lacks the
     attributes torch's has."""
+    if name not in _TORCH_CLASSES:
+        return None
     try:
-        if name in _TORCH_CLASSES[:2]:
-            return Linear(module.in_features, module.out_features, bias=module.bias is not None, dtype=dtype,
-                          rng=rng)
-        if name == "MultiheadAttention":
-            return MultiheadAttention(module.embed_dim, module.num_heads, dropout=module.dropout,
-                                      bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
-                                      add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim,
-                                      batch_first=module.batch_first, dtype=dtype, rng=rng)
+        if name != "MultiheadAttention":
+            args = (module.in_features, module.out_features), dict(bias=module.bias is not None)
+        else:
+            args = (module.embed_dim, module.num_heads), dict(
+                dropout=module.dropout, bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,
+                add_zero_attn=module.add_zero_attn, kdim=module.kdim, vdim=module.vdim, batch_first=module.batch_first)
     except AttributeError as error:
         raise TypeError(f"from_torch: this {name} is not torch.nn.{name} ({error})") from error
-    return None
+    cls = MultiheadAttention if name == "MultiheadAttention" else Linear
+    return cls(*args[0], **args[1], dtype=dtype, rng=rng)
 
 
 def from_torch(module, *, dtype=None, rng=None):

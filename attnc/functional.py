@@ -390,6 +390,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     summed = batch is not None and any(np.shape(given)[:-2] != batch for given in (query, key, value))
     result_dtype = _C.result_dtype(grad_out=grad_out, query=query, key=key, value=value, out=out)
     widened = np.float32 if summed and result_dtype.itemsize == 2 else None
+    if widened and attn_bias is not None:  # the bias rounded as the forward rounded it
+        bias = as_array(attn_bias)
+        attn_bias = bias.astype(result_dtype) if bias.dtype.kind in "iuf" else bias  # others: the C layer's error
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,

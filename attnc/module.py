@@ -19,9 +19,10 @@ _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", 
 
 def _grad_dtype(x, module_dtype):
     """The dtype of the gradient with respect to input x: x's when it is a
-    floating array (as torch's x.grad), else the module's."""
+    floating array of 16 bits or more (as torch's x.grad), else the module's
+    (a float8 x's gradient would keep 2 or 3 mantissa bits)."""
     dtype = getattr(x, "dtype", None)
-    return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) else module_dtype
+    return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2 else module_dtype
 
 
 @functools.lru_cache(maxsize=1024)

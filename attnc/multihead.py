@@ -289,8 +289,8 @@ class MultiheadAttention(Module):
         if not need_weights:
             return output, None
         weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
-        if average_attn_weights:  # for 16-bit weights, averaged in float32 and rounded once
-            weights = _widened(weights).mean(axis=1).astype(weights.dtype)
+        if average_attn_weights:  # averaged in float32 for 16-bit weights (NumPy's bfloat16 mean adds in bfloat16)
+            weights = _widened(weights).mean(axis=1).astype(weights.dtype, copy=False)
         return output, weights if batched else weights[0]
 
     def _checked_parameters(self):
@@ -495,7 +495,7 @@ class MultiheadAttention(Module):
         src_len = inputs[1].shape[1]
         grads = {}
         if params["bias_k"] is not None:  # the key / value right after the S given ones
-            # summed over the batch (16 bits: in float32, rounded once)
+            # each item's 16-bit gradient, summed over the batch in float32 (NumPy would add in 16 bits)
             grads["bias_k"] = _widened(grad_k[:, src_len:src_len + 1]).sum(axis=0, keepdims=True).astype(grad_k.dtype)
             grads["bias_v"] = _widened(grad_v[:, src_len:src_len + 1]).sum(axis=0, keepdims=True).astype(grad_v.dtype)
         need_bias = params["in_proj_bias"] is not None

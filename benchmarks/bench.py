@@ -1195,7 +1195,7 @@ def print_peer_row(row):
 # ----------------------------------------------------------------------------
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and few repeats (cases 7, 8 and 9 keep their sizes: a few minutes)")
     parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9",

@@ -71,7 +71,7 @@ def case(torch, L, kv_heads):
 
 
 def main():
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0]).parse_args()
     import torch
     torch.set_num_threads(THREADS)
     attnc.set_num_threads(THREADS)

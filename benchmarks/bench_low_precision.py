@@ -196,7 +196,7 @@ def run(rounds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", metavar="DIR", default=os.path.dirname(os.path.abspath(__file__)),
                         help="write results_low_precision.{md,json} into DIR (default: this folder)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per implementation (default: 5)")

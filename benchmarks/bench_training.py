@@ -221,7 +221,7 @@ def report(title, samples, baseline_names):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and fewer rounds (a minute or two)")
     parser.add_argument("--memory-child", metavar="B,H,L,E",
                         help="internal: measure one backward's peak memory (run in a subprocess)")

@@ -346,14 +346,15 @@ static PyArrayObject *real_values(PyObject *obj, const char *name)
     return NULL;
 }
 
-/* real_values, and the caller's own ndarray as a view of it: the call's
- * shapes and strides are read from its own object, which Python code run
- * by a later argument's conversion (a mask's __array__, a window side's
- * __index__) cannot reshape. No copy. A new reference. */
+/* real_values as a view of its own: the call's shapes and strides are read
+ * from an object nobody else holds, which Python code run by a later
+ * argument's conversion (a mask's __array__, a window side's __index__)
+ * cannot reshape, whether the array is the argument or one its __array__
+ * returned. No copy. A new reference. */
 static PyArrayObject *real_array(PyObject *obj, const char *name)
 {
     PyArrayObject *arr = real_values(obj, name);
-    if (arr && (PyObject *)arr == obj) Py_SETREF(arr, (PyArrayObject *)PyArray_View(arr, NULL, &PyArray_Type));
+    if (arr) Py_SETREF(arr, (PyArrayObject *)PyArray_View(arr, NULL, &PyArray_Type));
     return arr;
 }
 

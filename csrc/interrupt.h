@@ -1,4 +1,5 @@
-/* Which call a thread works for (interrupt.c, threads.c only). */
+/* Which call a thread works for (interrupt.c, threads.c only; the call's
+ * state, attnc_call, is in attnc.h: the bindings keep it on their stack). */
 #ifndef ATTNC_INTERRUPT_H
 #define ATTNC_INTERRUPT_H
 

@@ -748,6 +748,13 @@ def test_an_argument_reshaped_by_a_later_ones_conversion_is_computed_as_given():
     assert_close(F.scaled_dot_product_attention(q, k, k, attn_mask=ReshapesQ()), expected, np.float32)
     q.shape = given.shape
 
+    class GivesQ:  # q reaches the call through another object's __array__
+        def __array__(self, dtype=None, copy=None):
+            return q
+
+    assert_close(F.scaled_dot_product_attention(GivesQ(), k, k, attn_mask=ReshapesQ()), expected, np.float32)
+    q.shape = given.shape
+
     class SideReshapesQ:
         def __index__(self):
             q.shape = (1, 1, 3200)

@@ -403,6 +403,10 @@ def test_narrower_numbers_count_as_float32(name):
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     assert_close(out, weights / weights.sum(-1, keepdims=True) @ exact, np.float32)
     assert attnc.Linear(8, 3)(x).dtype == np.float32
+    # the gradient of a float8 input comes in the module's dtype (float8_e5m2's, of kind 'f',
+    # came back in float8 with 2 mantissa bits, the others' in float32)
+    layer = attnc.Linear(8, 3).train()
+    assert layer.backward(np.ones_like(layer(x))).dtype == np.float32
 
 
 def test_nn_multihead_takes_a_bfloat16_float_mask():
@@ -451,10 +455,12 @@ def torch_low(dtype):
     return torch.float16 if np.dtype(dtype) == np.float16 else torch.bfloat16
 
 
-def torch_sdpa_grads(q, k, v, g, causal, tdt, enable_gqa=False):
+def torch_sdpa_grads(q, k, v, g, causal, tdt, enable_gqa=False, bias=None):
     """torch's SDPA and autograd in tdt on the given values: (grad_q, grad_k, grad_v)."""
     tq, tk, tv = (torch.tensor(np.asarray(a, np.float64)).to(tdt).requires_grad_() for a in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=enable_gqa)
+    mask = None if bias is None else torch.tensor(np.asarray(bias, np.float64)).to(tdt)
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, is_causal=causal,
+                                                           enable_gqa=enable_gqa)
     out.backward(torch.tensor(np.asarray(g, np.float64)).to(tdt))
     return [t.grad.double().numpy() for t in (tq, tk, tv)]
 
@@ -491,6 +497,27 @@ def test_sdpa_backward_sums_shared_gradients_in_float32(low, q_shape, kv_shape, 
     for got, want, theirs, name in zip(grads, expected, torch_grads, ("dq", "dk", "dv")):
         assert got.shape == want.shape
         assert_as_close_as_torch(got, want, theirs, low, name)
+
+
+def test_sdpa_backward_of_a_shared_key_keeps_the_bias_as_the_forward_rounded_it(low):
+    """The float32 computation of a summed gradient took a float32 attn_bias at its own
+    precision, where the forward (whose out and lse the backward uses) had rounded it to 16
+    bits: an item's gradients then changed with a unit batch axis (a review helper,
+    2026-11-24). The same item gives the same bits alone and batched."""
+    rng = np.random.default_rng(0)
+    q, k, v = normal(rng, (16, 8), low), normal(rng, (24, 8), low), normal(rng, (24, 8), low)
+    bias = (rng.standard_normal((16, 24)) * 3).astype(np.float32)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+    g = normal(rng, out.shape, low)
+    alone = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+    batched = F.scaled_dot_product_attention_backward(g[None], q[None], k, v, out[None], lse[None], attn_bias=bias)
+    np.testing.assert_array_equal(batched[0][0], alone[0])
+    np.testing.assert_array_equal(batched[1], alone[1])
+    np.testing.assert_array_equal(batched[2], alone[2])
+    expected = torch_sdpa_grads(*wide(q, k, v, g), False, torch.float64, bias=bias.astype(low))
+    theirs = torch_sdpa_grads(*wide(q, k, v, g), False, torch_low(low), bias=bias.astype(low))
+    for got, want, torch_got, name in zip(batched, expected, theirs, ("dq", "dk", "dv")):
+        assert_as_close_as_torch(got.reshape(want.shape), want, torch_got, low, name)
 
 
 def test_nn_multihead_sums_and_averages_16_bits_in_float32(low):

@@ -71,3 +71,6 @@ def test_the_tour_has_help_and_refuses_unknown_options():
     assert "a tour of the documents' own examples" in helped.stdout and "=====" not in helped.stdout
     refused = subprocess.run([sys.executable, "-m", "attnc", "--fast"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "unrecognized arguments: --fast" in refused.stderr
+    stripped = subprocess.run([sys.executable, "-OO", "-m", "attnc", "--help"], capture_output=True, text=True,
+                              timeout=60)  # no docstrings: no description
+    assert stripped.returncode == 0 and stripped.stdout.startswith("usage: python -m attnc"), stripped.stderr
