@@ -23,9 +23,9 @@ def bfloat16():
 
 
 def as_array(value):
-    """np.asarray(value), a torch tensor by its values: NumPy refuses one that requires grad,
-    and attnc never differentiates through it (attnc._C's conversions detach alike)."""
-    return np.asarray(value.detach() if hasattr(value, "detach") else value)
+    """np.asarray(value), a torch tensor that requires grad by its values (detached): NumPy
+    refuses it, and attnc never differentiates through it. The rule of attnc._C's conversions."""
+    return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
 
 
 def is_floating(dtype):
