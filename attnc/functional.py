@@ -26,7 +26,7 @@ a new C-contiguous array.
 import numpy as np
 
 from . import _C
-from ._checks import as_array, integer
+from ._checks import as_array, integer, is_floating
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
            "scaled_dot_product_attention_backward"]
@@ -392,7 +392,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     widened = np.float32 if summed and result_dtype.itemsize == 2 else None
     if widened and attn_bias is not None:  # the bias rounded as the forward rounded it
         bias = as_array(attn_bias)
-        attn_bias = bias.astype(result_dtype) if bias.dtype.kind in "iuf" else bias  # others: the C layer's error
+        rounded = bias.dtype.kind in "iu" or is_floating(bias.dtype)  # others: the C layer's error
+        attn_bias = bias.astype(result_dtype) if rounded else bias
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,

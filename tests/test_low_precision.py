@@ -506,18 +506,22 @@ def test_sdpa_backward_of_a_shared_key_keeps_the_bias_as_the_forward_rounded_it(
     2026-11-24). The same item gives the same bits alone and batched."""
     rng = np.random.default_rng(0)
     q, k, v = normal(rng, (16, 8), low), normal(rng, (24, 8), low), normal(rng, (24, 8), low)
-    bias = (rng.standard_normal((16, 24)) * 3).astype(np.float32)
-    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
-    g = normal(rng, out.shape, low)
-    alone = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
-    batched = F.scaled_dot_product_attention_backward(g[None], q[None], k, v, out[None], lse[None], attn_bias=bias)
-    np.testing.assert_array_equal(batched[0][0], alone[0])
-    np.testing.assert_array_equal(batched[1], alone[1])
-    np.testing.assert_array_equal(batched[2], alone[2])
-    expected = torch_sdpa_grads(*wide(q, k, v, g), False, torch.float64, bias=bias.astype(low))
-    theirs = torch_sdpa_grads(*wide(q, k, v, g), False, torch_low(low), bias=bias.astype(low))
-    for got, want, torch_got, name in zip(batched, expected, theirs, ("dq", "dk", "dv")):
-        assert_as_close_as_torch(got.reshape(want.shape), want, torch_got, low, name)
+    values = rng.standard_normal((16, 24)) * 3
+    for bias_dtype in (np.float32, BF16 if low == np.float16 else np.float16):  # the other 16 bits too
+        bias = values.astype(bias_dtype)
+        out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+        g = normal(rng, out.shape, low)
+        alone = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+        batched = F.scaled_dot_product_attention_backward(g[None], q[None], k, v, out[None], lse[None],
+                                                          attn_bias=bias)
+        np.testing.assert_array_equal(batched[0][0], alone[0])
+        np.testing.assert_array_equal(batched[1], alone[1])
+        np.testing.assert_array_equal(batched[2], alone[2])
+        if bias_dtype == np.float32:
+            expected = torch_sdpa_grads(*wide(q, k, v, g), False, torch.float64, bias=bias.astype(low))
+            theirs = torch_sdpa_grads(*wide(q, k, v, g), False, torch_low(low), bias=bias.astype(low))
+            for got, want, torch_got, name in zip(batched, expected, theirs, ("dq", "dk", "dv")):
+                assert_as_close_as_torch(got.reshape(want.shape), want, torch_got, low, name)
 
 
 def test_nn_multihead_sums_and_averages_16_bits_in_float32(low):
