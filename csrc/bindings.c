@@ -553,9 +553,9 @@ typedef struct {
 } mask_view;
 
 /* An array that broadcasts to the scores (nd dims: batch..., L, S), as an
- * array of type_num of its own (un-broadcast) size: zero-stride axes are
- * collapsed to length 1 before casting, so a broadcast view is never
- * expanded. A mask (NPY_BOOL): nonzero (NaN included) keeps a position,
+ * array of type_num of its own (un-broadcast) size: zero-stride axes of a
+ * non-empty array are collapsed to length 1 before casting, so a broadcast
+ * view is never expanded. A mask (NPY_BOOL): nonzero (NaN included) keeps a position,
  * as bool(x) does; a bias: the values, cast. */
 static int scores_operand(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape,
                           const attnc_dtype *dt, mask_view *m)
@@ -581,10 +581,13 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
         Py_DECREF(raw);
         return 0;
     }
+    /* an empty array keeps its shape: any strides are legal for it (NumPy
+     * never reads it), and collapsing its empty axis would make it non-empty */
+    int empty = PyArray_SIZE(raw) == 0;
     npy_intp dims[NPY_MAXDIMS], strides[NPY_MAXDIMS];
     for (int d = 0; d < md; d++) {
         strides[d] = PyArray_STRIDE(raw, d);
-        dims[d] = strides[d] == 0 ? 1 : PyArray_DIM(raw, d);
+        dims[d] = strides[d] == 0 && !empty ? 1 : PyArray_DIM(raw, d);
     }
     PyArray_Descr *raw_descr = PyArray_DESCR(raw);
     Py_INCREF(raw_descr);

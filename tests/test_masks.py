@@ -195,3 +195,36 @@ def test_v3_doc_mask_train_mode_rows_are_dropped_or_kept():
             assert is_kept != is_dropped, row
             seen.add(is_kept)
     assert seen == {True, False}
+
+
+
+def _empty_float64(shape, strides):
+    """An empty array with the given strides over an 8-byte buffer: legal,
+    since NumPy never reads an empty array."""
+    return np.ndarray(shape, dtype=np.float64, buffer=bytearray(8), strides=strides)
+
+
+@pytest.mark.parametrize("where", ["no queries", "no keys"])
+@pytest.mark.parametrize("kind", ["attn_mask", "attn_bias"])
+def test_an_empty_mask_with_a_zero_stride_empty_axis_is_not_read(where, kind):
+    """The mask conversion collapsed every zero-stride axis to length 1, the
+    empty one too, and read a (4096, 1) view of an 8-byte buffer: a segfault
+    (a robustness review, 2026-11-24). Over no queries the result is empty;
+    over no keys, the weighted sum of nothing: zeros."""
+    L = S = 4096
+    if where == "no queries":
+        q, k, v = np.zeros((0, L, 1), np.float32), np.ones((S, 1), np.float32), np.ones((S, 1), np.float32)
+        mask, expected = _empty_float64((0, L, S), (0, 8 * S, 8)), np.zeros((0, L, 1), np.float32)
+    else:
+        q, k, v = np.ones((L, 4), np.float32), np.ones((0, 4), np.float32), np.ones((0, 3), np.float32)
+        mask, expected = _empty_float64((L, 0), (2**20, 0)), np.zeros((L, 3), np.float32)
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, **{kind: mask})
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_a_modules_empty_mask_with_a_zero_stride_empty_axis_is_not_read():
+    """The same through a module's attention_mask (an empty batch)."""
+    L = 4096
+    out = attnc.MultiHeadAttention(8, 2).eval()(np.zeros((0, L, 8), np.float32),
+                                                 _empty_float64((0, 1, L, L), (0, 0, 8 * L, 8)))
+    assert out.shape == (0, L, 8) and out.dtype == np.float32
