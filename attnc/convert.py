@@ -244,7 +244,7 @@ def from_torch(module, *, dtype=None, rng=None):
                             f"{name} (layers {layouts})")
         weights = {version.rename(key): array for key, array in weights.items()}
         twin = version.cls(*version.args(module, weights), dtype=dtype, rng=rng)
-    expected = [key for key, _ in twin.named_parameters()]
+    expected = [key for key, _ in twin.named_parameters(remove_duplicate=False)]
     if sorted(expected) != sorted(weights):
         raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
                         f"{type(twin).__name__}, {expected}")

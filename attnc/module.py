@@ -284,17 +284,23 @@ class Module:
         return self.train(False)
 
     # -- parameters ----------------------------------------------------------
-    def named_parameters(self, prefix=""):
+    def named_parameters(self, prefix="", remove_duplicate=True):
         """Iterate over ``(dotted name, parameter)``, in registration order.
 
         The module's own parameters first, then each submodule's; absent
         (None) parameters are skipped. The arrays are the parameters
-        themselves, not copies.
+        themselves, not copies. A parameter reached by several names (a
+        submodule assigned to two attributes, or one array assigned to
+        two parameters: weight tying) comes once, under its first name,
+        as in torch.
 
         Parameters
         ----------
         prefix : str, default ""
             Prepended to every name.
+        remove_duplicate : bool, default True
+            False: every name, a shared parameter under each (the keys of
+            `state_dict`).
 
         Yields
         ------
@@ -309,12 +315,28 @@ class Module:
         >>> [(name, p.shape) for name, p in attnc.Linear(3, 2).named_parameters()]
         [('weight', (2, 3)), ('bias', (2,))]
         """
+        for name, value, _, _ in self._parameter_slots(prefix, remove_duplicate):
+            yield name, value
+
+    def _parameter_slots(self, prefix, remove_duplicate):
+        """(dotted name, parameter, owning module, attribute name) of every
+        parameter, in registration order; with remove_duplicate, a parameter
+        (by identity) only under its first name."""
+        seen = set()
+        for name, value, owner, attribute in self._every_parameter_slot(prefix):
+            if remove_duplicate:
+                if id(value) in seen:
+                    continue
+                seen.add(id(value))
+            yield name, value, owner, attribute
+
+    def _every_parameter_slot(self, prefix):
         for name in self._parameters:
             value = getattr(self, name)
             if value is not None:
-                yield prefix + name, value
+                yield prefix + name, value, self, name
         for child_name, child in self._modules.items():
-            yield from child.named_parameters(prefix + child_name + ".")
+            yield from child._every_parameter_slot(prefix + child_name + ".")
 
     def parameters(self):
         """Iterate over the parameters, in the order of `named_parameters`.
@@ -333,10 +355,11 @@ class Module:
         Returns
         -------
         dict of str to ndarray
-            ``{dotted name: copy}`` in the order of `named_parameters`;
+            ``{dotted name: copy}`` in the order of `named_parameters`,
+            a shared parameter under each of its names, as in torch;
             the keys of the torch twin's ``state_dict()``.
         """
-        return {name: value.copy() for name, value in self.named_parameters()}
+        return {name: value.copy() for name, value in self.named_parameters(remove_duplicate=False)}
 
     def load_state_dict(self, state_dict, strict=True):
         """Copy parameter values from a mapping, all or nothing.
@@ -382,7 +405,7 @@ class Module:
         >>> linear.load_state_dict({"weight": [[3.0, 4.0]]}, strict=False)
         IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])
         """
-        own = dict(self.named_parameters())
+        own = dict(self.named_parameters(remove_duplicate=False))
         missing = [key for key in own if key not in state_dict]
         unexpected = [key for key in state_dict if key not in own]
         if strict and (missing or unexpected):
@@ -467,18 +490,23 @@ class Module:
         return self
 
     # -- gradients -----------------------------------------------------------
-    def named_grads(self, prefix=""):
+    def named_grads(self, prefix="", remove_duplicate=True):
         """Iterate over ``(dotted name, gradient buffer)``, in the order of `named_parameters`.
 
         Each buffer has its parameter's shape and dtype: zeros until a
         `backward` adds into it, as torch accumulates ``.grad``. A buffer
         follows its parameter: it starts again from zeros when the
-        parameter is replaced by one of another shape or dtype.
+        parameter is replaced by one of another shape or dtype. A shared
+        submodule has one buffer a parameter, which gets the gradients of
+        every use; an array assigned to parameters of two modules has a
+        buffer in each (the optimizers add them).
 
         Parameters
         ----------
         prefix : str, default ""
             Prepended to every name.
+        remove_duplicate : bool, default True
+            As in `named_parameters`: False yields every name.
 
         Yields
         ------
@@ -487,15 +515,12 @@ class Module:
         grad : ndarray
             Its gradient buffer itself (writable; optimizers read it).
         """
-        for name in self._parameters:
-            if getattr(self, name) is not None:
-                yield prefix + name, self._grad(name)
-        for child_name, child in self._modules.items():
-            yield from child.named_grads(prefix + child_name + ".")
+        for name, _, owner, attribute in self._parameter_slots(prefix, remove_duplicate):
+            yield name, owner._grad(attribute)
 
     def zero_grad(self):
         """Fill every gradient buffer (see `named_grads`) with zeros."""
-        for _, grad in self.named_grads():
+        for _, grad in self.named_grads(remove_duplicate=False):
             grad.fill(0)
 
     def _grad(self, name):

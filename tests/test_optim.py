@@ -192,3 +192,60 @@ def test_replaced_parameter_raises_before_any_update(case, replace):
     assert str(info.value).startswith(bad + ":"), str(info.value)
     for pname, p in module.named_parameters():
         np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+
+
+class _TorchV1(torch.nn.Module):
+    """Document 000's SelfAttentionV1 in torch, with K tied to Q as `tie` says."""
+
+    def __init__(self, dim, tie):
+        super().__init__()
+        self.Q_proj, self.K_proj, self.V_proj = (torch.nn.Linear(dim, dim).double() for _ in range(3))
+        if tie == "submodule":
+            self.K_proj = self.Q_proj
+        else:
+            self.K_proj.weight = self.Q_proj.weight
+
+    def forward(self, x):
+        q, k, v = self.Q_proj(x), self.K_proj(x), self.V_proj(x)
+        return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+@pytest.mark.parametrize("tie", ["submodule", "array"])
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW-custom"])
+def test_a_tied_parameter_is_listed_and_updated_once_as_in_torch(tie, case):
+    """Weight tying (one submodule under two names, or one array as two
+    modules' parameters): named_parameters listed the shared parameter under
+    both names and the optimizers updated it once per name, a doubled step
+    (a robustness review, 2026-11-24). Now named once, as torch lists it,
+    and updated once from the gradient of every use; state_dict keeps every
+    name, as torch's does."""
+    dim, rng = 4, np.random.default_rng(0)
+    net = attnc.SelfAttentionV1(dim, dtype=np.float64, rng=rng)
+    if tie == "submodule":
+        net.K_proj = net.Q_proj
+    else:
+        net.K_proj.weight = net.Q_proj.weight
+    twin = _TorchV1(dim, tie)
+    assert list(net.state_dict()) == list(twin.state_dict())
+    twin.load_state_dict({key: torch.from_numpy(value) for key, value in net.state_dict().items()})
+    assert [name for name, _ in net.named_parameters()] == [name for name, _ in twin.named_parameters()]
+    class_name, kwargs = CASES[case]
+    opt = getattr(attnc.optim, class_name)(net, **kwargs)
+    torch_kwargs = {"foreach": False, **kwargs}
+    if class_name == "SGD":
+        torch_opt = torch.optim.SGD(twin.parameters(), **torch_kwargs)
+    else:
+        torch_opt = torch.optim.AdamW(twin.parameters(), **{"lr": 1e-3, **torch_kwargs})
+    x = rng.standard_normal((2, 3, dim))
+    for _ in range(3):
+        out = net(x)
+        net.backward(np.ones_like(out))
+        opt.step()
+        opt.zero_grad()
+        twin(torch.from_numpy(x)).sum().backward()
+        torch_opt.step()
+        torch_opt.zero_grad()
+    for (name, ours), (_, theirs) in zip(net.named_parameters(), twin.named_parameters()):
+        if name != "K_proj.bias":  # its exact gradient is 0: Adam scales each side's rounding noise to a step
+            np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=0, atol=1e-12, err_msg=name)
+    assert all(not grad.any() for _, grad in net.named_grads(remove_duplicate=False))
