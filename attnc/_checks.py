@@ -22,10 +22,14 @@ def bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def as_array(value):
+def as_array(value, name):
     """np.asarray(value), a torch tensor that requires grad by its values (detached): NumPy
-    refuses it, and attnc never differentiates through it. The rule of attnc._C's conversions."""
-    return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
+    refuses it, and attnc never differentiates through it. The rule of attnc._C's conversions,
+    whose errors name the argument as this one's do."""
+    try:
+        return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{name}: {error}") from error
 
 
 def is_floating(dtype):

@@ -21,6 +21,15 @@ from ._docs import shared_docs
 from .module import Dropout, Linear, Module
 
 
+def _private_copy(array):
+    """A copy of `array` no caller can change, no larger than its own data:
+    each broadcast (zero-stride) axis copied once and broadcast back (a
+    read-only view of the copy)."""
+    once = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                 for size, stride in zip(array.shape, array.strides))
+    return np.broadcast_to(array[once].copy(), array.shape)
+
+
 def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_axis=False, fused=False,
           dropout=None):
     """The module description attnc._C.self_attention takes (see its docstring).
@@ -45,6 +54,8 @@ class _Attention(Module):
     def _attend(self, x, attention_mask=None, return_weights=False):
         params = self._values_of(self._spec[0])
         p, training = self._dropout_p(), self.training  # read once: another thread may switch the mode
+        if training and attention_mask is not None:  # read once, for the forward and its backward alike
+            attention_mask = _private_copy(as_array(attention_mask, "attention_mask"))
         # by position (keywords cost 2.5 us a call): x, params, spec, attention_mask, dtype,
         # dropout_p, training, rng, return_weights, scale, save
         result = _C.self_attention(x, params, self._spec, attention_mask, self.dtype, p, training, self.rng,
@@ -53,8 +64,7 @@ class _Attention(Module):
             return result
         result, saved = result
         out = result[0] if return_weights else result
-        mask = None if attention_mask is None else np.array(as_array(attention_mask), copy=True)
-        self._keep_for_backward((saved, params, mask, p), out.shape, x, dict(zip(self._spec[0], params)))
+        self._keep_for_backward((saved, params, attention_mask, p), out.shape, x, dict(zip(self._spec[0], params)))
         return result
 
     def backward(self, grad_output):

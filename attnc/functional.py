@@ -378,7 +378,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     >>> np.allclose(grad_value, np.swapaxes(weights, -1, -2) @ grad_out)
     True
     """
-    shapes = [np.shape(given) for given in (query, key, value)]
+    query, key, value = (as_array(given, name) for given, name in ((query, "query"), (key, "key"), (value, "value")))
+    shapes = [given.shape for given in (query, key, value)]
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
     if grouped:
         query, key, value, attn_mask, attn_bias = grouped.inputs
@@ -386,19 +387,19 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
                               for part, n, name in ((grad_out, 2, "grad_out"), (out, 2, "out"), (lse, 1, "lse")))
     # An input broadcast over batch axes (or a key/value head shared by a group) gets its
     # gradient summed over them: for 16-bit results, summed in float32 and rounded once.
-    batch = _broadcast_shape(*(np.shape(given)[:-2] for given in (query, key, value)))
-    summed = batch is not None and any(np.shape(given)[:-2] != batch for given in (query, key, value))
+    batch = _broadcast_shape(*(given.shape[:-2] for given in (query, key, value)))
+    summed = batch is not None and any(given.shape[:-2] != batch for given in (query, key, value))
     result_dtype = _C.result_dtype(grad_out=grad_out, query=query, key=key, value=value, out=out)
     widened = np.float32 if summed and result_dtype.itemsize == 2 else None
     if widened and attn_bias is not None:  # the bias rounded as the forward rounded it
-        bias = as_array(attn_bias)
+        bias = as_array(attn_bias, "attn_bias")
         rounded = bias.dtype.kind in "iu" or is_floating(bias.dtype)  # others: the C layer's error
         attn_bias = bias.astype(result_dtype) if rounded else bias
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
                                                      window=window, seed=seed, dtype=widened)
-    grads = [_sum_to_shape(grad, np.shape(given)).astype(result_dtype, copy=False)
+    grads = [_sum_to_shape(grad, given.shape).astype(result_dtype, copy=False)
              for grad, given in zip(grads, (query, key, value))]
     return tuple(grad.reshape(shape) for grad, shape in zip(grads, shapes))
 
@@ -410,7 +411,7 @@ class _Grouped:
     results merged back to H heads. Views only: nothing is copied."""
 
     def __init__(self, query, key, value, attn_mask, attn_bias):
-        query, key, value = (as_array(a) for a in (query, key, value))
+        query, key, value = (as_array(given, name) for given, name in ((query, "query"), (key, "key"), (value, "value")))
         for name, array in (("query", query), ("key", key), ("value", value)):
             if array.ndim < 3:
                 raise ValueError(f"{name}: enable_gqa needs a heads axis, (..., heads, seq, dim); got shape "
@@ -427,7 +428,7 @@ class _Grouped:
         masks = []
         for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
             if array is not None:
-                array = as_array(array)
+                array = as_array(array, name)
                 if array.ndim >= 3 and array.shape[-3] not in (1, heads):
                     raise ValueError(f"{name}: its heads axis (-3) has {array.shape[-3]} entries; expected 1 or "
                                      f"the query's {heads}")
@@ -436,7 +437,6 @@ class _Grouped:
 
     def split_heads(self, array, trailing):
         """(..., H, `trailing` dims) -> (..., Hkv, group, ...); a heads axis of 1 (a mask's) -> (..., 1, 1, ...)."""
-        array = as_array(array)
         axis = array.ndim - 1 - trailing
         if axis < 0:
             return array  # too few dims to have a heads axis: the C layer names the shape error
@@ -447,7 +447,7 @@ class _Grouped:
         """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's;
         a shape other than the forward's result is named here, in the caller's terms (the C layer
         would name the grouped view's)."""
-        array = as_array(array)
+        array = as_array(array, name)
         axis = array.ndim - 1 - trailing
         if axis >= 0 and array.shape[axis] != self.heads:
             raise ValueError(f"{name}: expected the query's {self.heads} heads on axis {axis - array.ndim}, "
@@ -493,12 +493,7 @@ def _sum_to_shape(grad, shape):
 def _result_dtype(named):
     """The dtype rule above for {name: input}, each as an array (a value
     NumPy cannot take is an error naming it)."""
-    arrays = {}
-    for name, value in named.items():
-        try:
-            arrays[name] = as_array(value)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{name}: {error}") from error
+    arrays = {name: as_array(value, name) for name, value in named.items()}
     dt = _C.result_dtype(**arrays)
     # C-contiguous arrays of dt (the inputs themselves when they already are)
     return dt, [_C.as_parameter(a, name=name, dtype=dt) for name, a in arrays.items()]

@@ -22,6 +22,11 @@ def _grad_dtype(x, module_dtype):
     floating array of 16 bits or more (as torch's x.grad), else the module's
     (a float8 x's gradient would keep 2 or 3 mantissa bits)."""
     dtype = getattr(x, "dtype", None)
+    if dtype is not None and not isinstance(dtype, np.dtype):  # a torch tensor's: torch.float64 ...
+        try:
+            dtype = np.dtype(str(dtype).removeprefix("torch."))
+        except TypeError:
+            dtype = None
     return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2 else module_dtype
 
 
@@ -720,10 +725,12 @@ class Linear(Module):
             If `x` is complex, object or string.
         """
         weight, bias = self.weight, self.bias
-        out = _C.linear(x, weight, bias, dtype=self.dtype)
-        if self.training:
-            x_copy = np.array(as_array(x), dtype=self.dtype, order="C")
-            self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
+        if not self.training:
+            return _C.linear(x, weight, bias, dtype=self.dtype)
+        values = as_array(x, "x")  # read once, for the forward and its backward alike
+        out = _C.linear(values, weight, bias, dtype=self.dtype)
+        x_copy = np.array(values, dtype=self.dtype, order="C")
+        self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
         return out
 
     def backward(self, grad_output):

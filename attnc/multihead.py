@@ -382,7 +382,7 @@ class MultiheadAttention(Module):
 
     def _additive(self, mask, name):
         """A torch-convention mask as scores to add: bool True -> -inf, floats as given."""
-        mask = as_array(mask)
+        mask = as_array(mask, name)
         if mask.dtype.kind == "b":
             return np.where(mask, -np.inf, 0.0).astype(self.dtype)
         if is_floating(mask.dtype):

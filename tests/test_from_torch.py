@@ -299,3 +299,26 @@ def test_nn_multihead_takes_tensors_that_require_grad():
     np.testing.assert_array_equal(got, expected)
     for g, e in zip(m.backward(_grad_tensor(grad)), expected_grads):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_a_tensor_inputs_gradient_comes_in_its_own_dtype(dtype):
+    """A module's input gradient comes in the input's dtype when it is floating
+    (torch's x.grad); a torch tensor's dtype was not recognised, so a float64
+    tensor got a float32 gradient from a float32 module where the same values
+    as an array got float64 (an API review, 2026-11-24). The oracle: the array."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 8)).astype(dtype)
+    for make in (lambda: attnc.Linear(8, 3, rng=np.random.default_rng(4)),
+                 lambda: make_module("V1", 8, seed=4).train()):
+        grads = []
+        for given in (x, torch.from_numpy(x)):
+            m = make()
+            out = m(given)
+            grads.append(m.backward(np.ones_like(out)))
+        assert grads[0].dtype == grads[1].dtype == dtype
+        np.testing.assert_array_equal(grads[1], grads[0])
+    mha = attnc.nn.MultiheadAttention(8, 2, batch_first=True)
+    t = torch.from_numpy(x)
+    out, _ = mha(t, t, t)
+    assert [g.dtype for g in mha.backward(np.ones_like(out))] == [dtype] * 3

@@ -821,3 +821,96 @@ def test_backward_takes_as_many_batch_axes_as_the_forward():
         for got, alone, given in zip(grads, flat, (q, k, k)):
             assert got.shape == given.shape
             np.testing.assert_array_equal(got.reshape(alone.shape), alone)
+
+
+class _ChangesEachRead:
+    """An array_like whose __array__ gives `first`, then `later` on every other read."""
+
+    def __init__(self, first, later):
+        self.reads, self.first, self.later = 0, first, later
+
+    def __array__(self, dtype=None, copy=None):
+        self.reads += 1
+        return self.first if self.reads == 1 else self.later
+
+
+def test_a_training_forward_reads_its_mask_and_input_once():
+    """The attention modules' training forward read attention_mask once for the
+    output and again for the backward's copy (Linear read x twice alike): an
+    __array__ that changes gave gradients of another mask or input, silently
+    (a robustness review, 2026-11-24). The oracle: the same calls with the
+    first read's values as plain arrays."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, DIM))
+    keep = rng.random((5, 5)) < 0.6
+    np.fill_diagonal(keep, True)
+    grad = rng.standard_normal((2, 5, DIM))
+    results = []
+    for mask in (_ChangesEachRead(keep, ~keep), keep):
+        net = attnc.SelfAttentionV3(DIM, dropout_rate=0.0, dtype=np.float64, rng=np.random.default_rng(1))
+        out = net(x, mask)
+        results.append((out, net.backward(grad), dict(net.named_grads())))
+    changing, plain = results
+    np.testing.assert_array_equal(changing[0], plain[0])
+    np.testing.assert_array_equal(changing[1], plain[1])
+    for key, value in plain[2].items():
+        np.testing.assert_array_equal(changing[2][key], value, err_msg=key)
+
+    x2 = rng.standard_normal((3, DIM))
+    results = []
+    for given in (_ChangesEachRead(x2, 100 * x2), x2):
+        layer = attnc.Linear(DIM, 2, dtype=np.float64, rng=np.random.default_rng(2))
+        out = layer(given)
+        results.append((out, layer.backward(np.ones_like(out)), dict(layer.named_grads())))
+    changing, plain = results
+    np.testing.assert_array_equal(changing[0], plain[0])
+    np.testing.assert_array_equal(changing[1], plain[1])
+    np.testing.assert_array_equal(changing[2]["weight"], plain[2]["weight"])
+
+
+def test_a_training_forward_keeps_a_broadcast_mask_at_its_own_size():
+    """The training forward kept np.array(mask, copy=True): a mask broadcast over
+    the batch was kept expanded, 256 MiB for 4 MiB of data in the review's case
+    (2026-11-24). NumPy reports its allocations to tracemalloc: the forward's
+    peak stays below the expanded mask's size. The kept values are the mask's
+    (the gradient matches the one given the expanded mask)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    batch, seq = 64, 256
+    own = np.tril(np.ones((seq, seq), bool))
+    broadcast = np.broadcast_to(own, (batch, 1, seq, seq))
+    x = rng.standard_normal((batch, seq, DIM)).astype(np.float32)
+    net = attnc.MultiHeadAttention(DIM, 2, dropout=0.0, rng=np.random.default_rng(1))
+    tracemalloc.start()
+    try:
+        out = net(x, broadcast)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < broadcast.size // 2, (peak, broadcast.size)  # the expanded bool mask: 4 MiB
+    grad_x = net.backward(np.ones_like(out))
+    net.zero_grad()
+    out_expanded = net(x, np.array(broadcast))
+    np.testing.assert_array_equal(out, out_expanded)
+    np.testing.assert_array_equal(grad_x, net.backward(np.ones_like(out)))
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda q: F.scaled_dot_product_attention_backward(q, q, [[1.0], [1.0, 2.0]], q, q, np.zeros(2)), "key"),
+    (lambda q: F.scaled_dot_product_attention(q[None], [[[1.0], [1.0, 2.0]]], q[None], enable_gqa=True), "key"),
+    (lambda q: F.scaled_dot_product_attention(q[None], q[None], q[None], attn_mask=[[[1.0], [1.0, 2.0]]],
+                                              enable_gqa=True), "attn_mask"),
+    (lambda q: attnc.nn.MultiheadAttention(2, 1)(q, q, q, attn_mask=[[True], [True, False]]), "attn_mask"),
+    (lambda q: attnc.nn.MultiheadAttention(2, 1)(q, q, q, key_padding_mask=[[True], [True, False]]),
+     "key_padding_mask"),
+    (lambda q: attnc.SelfAttentionV3(2)(q, [[True], [True, False]]), "attention_mask"),
+    (lambda q: attnc.Linear(2, 2)([[1.0], [1.0, 2.0]]), "x"),
+], ids=["backward key", "gqa key", "gqa attn_mask", "nn.MultiheadAttention attn_mask",
+        "nn.MultiheadAttention key_padding_mask", "training module mask", "training Linear x"])
+def test_a_ragged_argument_is_named_on_every_path(call, name):
+    """Converted in Python (the backward, grouped-query attention, nn.MultiheadAttention's
+    masks, a training forward), a ragged list raised NumPy's message alone."""
+    with pytest.raises(ValueError) as info:
+        call(np.ones((2, 2)))
+    assert str(info.value).startswith(name + ":"), str(info.value)
