@@ -43,7 +43,10 @@ The mask broadcasts to ``(..., seq, seq)`` (queries by keys), e.g.
 masks it. See `forward`.""",
     "dropout_in_training": """\
 In training mode (the default after construction) dropout applies to
-the weights; call `eval` for inference.""",
+the weights; call `eval` for inference. As in torch, the mode of the
+dropout submodule (`attention_dropout`; `dropout` in
+MultiHeadAttention) decides: `train` and `eval` set it with the
+module's, and after ``train()`` its own ``eval()`` turns dropout off.""",
     "what_forward_keeps": """\
 A training-mode forward keeps what `backward` needs; an eval-mode
 forward keeps nothing.""",

@@ -48,23 +48,24 @@ class _Attention(Module):
     heads, each row's log-sum-exp, the dropout seed; never the (T, T)
     weights)."""
 
-    def _dropout_p(self):
-        return 0.0
+    def _dropout(self):
+        """(probability, active): the dropout submodule's p and mode (its own, as torch's)."""
+        return 0.0, False
 
     def _attend(self, x, attention_mask=None, return_weights=False):
         params = self._values_of(self._spec[0])
-        p, training = self._dropout_p(), self.training  # read once: another thread may switch the mode
+        (p, dropout), training = self._dropout(), self.training  # read once: another thread may switch modes
         if training and attention_mask is not None:  # read once, for the forward and its backward alike
             attention_mask = _private_copy(as_array(attention_mask, "attention_mask"))
         # by position (keywords cost 2.5 us a call): x, params, spec, attention_mask, dtype,
         # dropout_p, training, rng, return_weights, scale, save
-        result = _C.self_attention(x, params, self._spec, attention_mask, self.dtype, p, training, self.rng,
+        result = _C.self_attention(x, params, self._spec, attention_mask, self.dtype, p, dropout, self.rng,
                                    return_weights, None, training)
         if not training:
             return result
         result, saved = result
         out = result[0] if return_weights else result
-        self._keep_for_backward((saved, params, attention_mask, p), out.shape, x, dict(zip(self._spec[0], params)))
+        self._keep_for_backward((saved, params, attention_mask, p if dropout else 0.0), out.shape, x, dict(zip(self._spec[0], params)))
         return result
 
     def backward(self, grad_output):
@@ -390,8 +391,8 @@ class SelfAttentionV3(_Attention):
         self._spec = _spec(("proj", "output_proj"), in_dim=dim, qk_dim=dim, v_dim=dim, out_dim=dim, fused=True,
                            dropout="attention_dropout.p")
 
-    def _dropout_p(self):
-        return self.attention_dropout.p
+    def _dropout(self):
+        return self.attention_dropout.p, self.attention_dropout.training
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
@@ -492,8 +493,8 @@ class SelfAttentionV4(_Attention):
         self._spec = _spec(("query", "key", "value"), in_dim=dim, qk_dim=dim, v_dim=dim,
                            dropout="attention_dropout.p")
 
-    def _dropout_p(self):
-        return self.attention_dropout.p
+    def _dropout(self):
+        return self.attention_dropout.p, self.attention_dropout.training
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
@@ -628,8 +629,8 @@ class MultiHeadAttention(_Attention):
                            qk_dim=hidden_dim, v_dim=hidden_dim, out_dim=hidden_dim, n_heads=head_num,
                            heads_axis=True, dropout="dropout.p")
 
-    def _dropout_p(self):
-        return self.dropout.p
+    def _dropout(self):
+        return self.dropout.p, self.dropout.training
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Multi-head attention over the sequence axis of `x`, with mask and dropout.

@@ -13,7 +13,7 @@ import numpy as np
 
 from .attention import (MultiHeadAttention, MultiHeadSelfAttention, SelfAttention, SelfAttentionV1, SelfAttentionV2,
                         SelfAttentionV3, SelfAttentionV4)
-from .module import Linear
+from .module import Dropout, Linear
 from ._checks import module_dtype
 from .multihead import MultiheadAttention
 
@@ -148,7 +148,9 @@ def from_torch(module, *, dtype=None, rng=None):
     torch is not imported: the module is recognised by its class name and
     state_dict keys, its weights are read with ``.detach().cpu().numpy()``
     and copied, and the twin is put in the module's mode
-    (``module.training``).
+    (``module.training``; a Dropout submodule in a mode of its own, as
+    after ``module.train(); module.dropout.eval()``, gives that mode to
+    the twin's Dropout).
 
     Parameters
     ----------
@@ -173,8 +175,10 @@ def from_torch(module, *, dtype=None, rng=None):
     TypeError
         Naming the class, when it is not one of those below, or when its
         parameters are not those of a version of that name (other layer
-        names, a missing bias); also for another `dtype`, and for
-        bfloat16 weights without ml_dtypes when `dtype` is None.
+        names, a missing bias); also for another `dtype`, for
+        bfloat16 weights without ml_dtypes when `dtype` is None, and for
+        a state_dict entry that is not real floating (complex, integer,
+        quantized), naming it.
     ValueError
         From the twin's constructor or `load_state_dict`, for sizes that
         do not fit (a head count that does not divide the dimension).
@@ -231,6 +235,11 @@ def from_torch(module, *, dtype=None, rng=None):
         known = ", ".join(sorted(set(_TWINS) | {"Linear", "MultiheadAttention"}))
         raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
     tensors = dict(module.state_dict())
+    for key, tensor in tensors.items():  # complex, integer, quantized: no twin computes them
+        floating = getattr(tensor, "is_floating_point", None)
+        if not callable(floating) or not floating():
+            kind = getattr(tensor, "dtype", type(tensor).__name__)
+            raise TypeError(f"from_torch: {name}'s {key} is {kind}; attnc's twins take real floating parameters")
     if dtype is None:
         dtype = _twin_dtype({str(t.dtype) for t in tensors.values()})
     weights = {key: _numpy(t) for key, t in tensors.items()}
@@ -249,4 +258,10 @@ def from_torch(module, *, dtype=None, rng=None):
         raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
                         f"{type(twin).__name__}, {expected}")
     twin.load_state_dict(weights)
-    return twin.train(module.training)
+    twin.train(module.training)
+    # a dropout's own mode (torch's way to train without it) goes to the twin's one Dropout
+    torch_dropouts = [sub for _, sub in module.named_modules() if type(sub).__name__ == "Dropout"]
+    twin_dropouts = [sub for sub in twin._modules.values() if isinstance(sub, Dropout)]
+    if len(torch_dropouts) == len(twin_dropouts) == 1:
+        twin_dropouts[0].training = bool(torch_dropouts[0].training)
+    return twin

@@ -322,3 +322,55 @@ def test_a_tensor_inputs_gradient_comes_in_its_own_dtype(dtype):
     t = torch.from_numpy(x)
     out, _ = mha(t, t, t)
     assert [g.dtype for g in mha.backward(np.ones_like(out))] == [dtype] * 3
+
+
+DROPOUT_CASES = [case for case in CASES if case[0] in ("000-SelfAttentionv3", "000-SelfAttentionInterview",
+                                                        "001-Attention", "001-MuitiHeadAttention")]
+
+
+@pytest.mark.parametrize("case", DROPOUT_CASES, ids=[case[0] for case in DROPOUT_CASES])
+def test_a_dropouts_own_mode_is_torchs(case):
+    """torch decides dropout by the Dropout submodule's own mode: after
+    ``train(); dropout.eval()`` it trains without dropout, after ``eval();
+    dropout.train()`` it drops in an eval-mode forward. attnc read the parent's
+    mode only, and from_torch did not carry the submodule's (a training review,
+    2026-11-24): outputs up to 0.5 off torch's. The oracle: torch's forward."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    tm = _make(case[1], np.float32, training=True)
+    dropout_name = next(name for name, sub in tm.named_children() if isinstance(sub, nn.Dropout))
+    getattr(tm, dropout_name).eval()
+    twin = attnc.from_torch(tm)
+    assert twin.training and not any(isinstance(sub, attnc.Dropout) and sub.training for sub in twin._modules.values())
+    with torch.no_grad():
+        expected = tm(torch.from_numpy(x)).numpy()
+    out = twin(x)
+    assert_close(out, expected, np.float32)
+    grad_x = twin.backward(np.ones_like(out))  # a training-mode forward: the backward works, without dropout
+    plain = attnc.from_torch(tm.eval()).train()
+    plain_dropout = next(sub for sub in plain._modules.values() if isinstance(sub, attnc.Dropout))
+    plain_dropout.p = 0.0
+    np.testing.assert_array_equal(plain(x), out)
+    np.testing.assert_array_equal(plain.backward(np.ones_like(out)), grad_x)
+    # the other way round: an eval-mode module whose dropout trains drops as the training one does
+    dropping = attnc.from_torch(tm, rng=np.random.default_rng(5)).eval()
+    training = attnc.from_torch(tm, rng=np.random.default_rng(5)).train()
+    for module in (dropping, training):
+        dropout = next(sub for sub in module._modules.values() if isinstance(sub, attnc.Dropout))
+        dropout.p = 0.5  # (001's Attention drops 1 %: none of 75 weights, half the time)
+        dropout.train()
+    np.testing.assert_array_equal(dropping(x), training(x))
+    assert not np.allclose(dropping(x), expected)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Linear(2, 3, dtype=torch.complex64),
+    lambda: nn.MultiheadAttention(4, 2, dtype=torch.complex64),
+    lambda: torch.ao.nn.qat.Linear(2, 3, qconfig=torch.ao.quantization.get_default_qat_qconfig()),
+], ids=["complex Linear", "complex MultiheadAttention", "quantization-aware Linear"])
+def test_a_module_with_parameters_that_are_not_real_floats_is_refused(make):
+    """A complex module's twin dropped the imaginary parts silently; a quantized
+    Linear's raised AttributeError (a robustness review, 2026-11-24)."""
+    module = make()
+    with pytest.raises(TypeError, match=r"^from_torch: \w+'s \S+ is torch\.(complex64|int64)"):
+        attnc.from_torch(module)
