@@ -455,7 +455,15 @@ class Module:
     def _values_of(self, keys):
         """The current values of the parameters named by the tuple of
         dotted `keys`, looked up now (a user may have replaced any)."""
-        return tuple([getattr(self._submodule(path), name) for path, name in _key_paths(keys)])
+        paths = _key_paths(keys)
+        try:
+            return tuple([getattr(self._submodule(path), name) for path, name in paths])
+        except AttributeError as error:  # a deleted parameter: name it by its dotted key
+            for key, (path, name) in zip(keys, paths):
+                if not hasattr(self._submodule(path), name):
+                    raise AttributeError(f"{key}: the parameter was deleted; assign it again before a "
+                                         "forward") from error
+            raise
 
     def to(self, dtype):
         """Convert the module and its submodules to another dtype.

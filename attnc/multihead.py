@@ -245,8 +245,10 @@ class MultiheadAttention(Module):
         -----
         A query row whose every key is masked gets weights 0 and an
         attention output of 0 before `out_proj`, as torch's
-        ``need_weights=False`` path; torch's ``need_weights=True`` path
-        gives NaN there.
+        ``need_weights=False`` path with autograd on; torch's
+        ``need_weights=True`` path, and its inference fast path
+        (batch-first, eval mode, under ``torch.no_grad()``), give NaN
+        there.
 
         `add_bias_kv` appends `bias_k` and `bias_v` as one more key and
         value, then `add_zero_attn` a zero key and value per head; the

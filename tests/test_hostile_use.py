@@ -914,3 +914,20 @@ def test_a_ragged_argument_is_named_on_every_path(call, name):
     with pytest.raises(ValueError) as info:
         call(np.ones((2, 2)))
     assert str(info.value).startswith(name + ":"), str(info.value)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_a_deleted_parameter_is_named_by_its_key_and_can_be_restored(model):
+    """After `del` of a submodule's parameter the forward raised Python's
+    "'Linear' object has no attribute 'weight'", which does not say which
+    Linear (an API review, 2026-11-24): now its state_dict key."""
+    m = make_module(model.name, DIM).eval()
+    x = _x()
+    before = m(x)
+    for key, value in list(m.named_parameters()):
+        owner, name = _owner(m, key)
+        delattr(owner, name)
+        with pytest.raises(AttributeError, match=f"^{re.escape(key)}: the parameter was deleted"):
+            m(x)
+        setattr(owner, name, value)
+        np.testing.assert_array_equal(m(x), before)
