@@ -29,6 +29,8 @@ def as_array(value, name):
     try:
         return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
     except (TypeError, ValueError) as error:
+        if type(error) not in (TypeError, ValueError):  # a subclass may take other arguments: as raised
+            raise
         raise type(error)(f"{name}: {error}") from error
 
 

@@ -46,7 +46,8 @@ In training mode (the default after construction) dropout applies to
 the weights; call `eval` for inference. As in torch, the mode of the
 dropout submodule (`attention_dropout`; `dropout` in
 MultiHeadAttention) decides: `train` and `eval` set it with the
-module's, and after ``train()`` its own ``eval()`` turns dropout off.""",
+module's; after ``train()`` its own ``eval()`` turns dropout off, and
+after ``eval()`` its own ``train()`` turns it on.""",
     "what_forward_keeps": """\
 A training-mode forward keeps what `backward` needs; an eval-mode
 forward keeps nothing.""",

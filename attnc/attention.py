@@ -25,6 +25,8 @@ def _private_copy(array):
     """A copy of `array` no caller can change, no larger than its own data:
     each broadcast (zero-stride) axis copied once and broadcast back (a
     read-only view of the copy)."""
+    if 0 not in array.strides:
+        return array.copy()
     once = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
                  for size, stride in zip(array.shape, array.strides))
     return np.broadcast_to(array[once].copy(), array.shape)
@@ -54,18 +56,20 @@ class _Attention(Module):
 
     def _attend(self, x, attention_mask=None, return_weights=False):
         params = self._values_of(self._spec[0])
-        (p, dropout), training = self._dropout(), self.training  # read once: another thread may switch modes
+        # read once: another thread may switch the modes
+        (p, dropout_active), training = self._dropout(), self.training
         if training and attention_mask is not None:  # read once, for the forward and its backward alike
             attention_mask = _private_copy(as_array(attention_mask, "attention_mask"))
         # by position (keywords cost 2.5 us a call): x, params, spec, attention_mask, dtype,
-        # dropout_p, training, rng, return_weights, scale, save
-        result = _C.self_attention(x, params, self._spec, attention_mask, self.dtype, p, dropout, self.rng,
+        # dropout_p, training (dropout applied), rng, return_weights, scale, save (state kept)
+        result = _C.self_attention(x, params, self._spec, attention_mask, self.dtype, p, dropout_active, self.rng,
                                    return_weights, None, training)
         if not training:
             return result
         result, saved = result
         out = result[0] if return_weights else result
-        self._keep_for_backward((saved, params, attention_mask, p if dropout else 0.0), out.shape, x, dict(zip(self._spec[0], params)))
+        state = (saved, params, attention_mask, p if dropout_active else 0.0)
+        self._keep_for_backward(state, out.shape, x, dict(zip(self._spec[0], params)))
         return result
 
     def backward(self, grad_output):

@@ -24,10 +24,20 @@ class _Twin:
 
     layers: the torch module's Linear layers (state_dict prefixes) -> the
     attnc module's; args: (torch module, its weights under attnc's keys)
-    -> the attnc constructor's positional arguments."""
+    -> the attnc constructor's positional arguments; dropout: the name of
+    the torch module's Dropout, whose p is the constructor's last argument
+    and whose own mode the twin's Dropout takes (None: it has none)."""
     cls: type
     layers: dict
     args: Callable
+    dropout: str = None
+
+    def make(self, module, weights, dtype, rng):
+        """The attnc module, constructed with the torch module's sizes and Dropout p."""
+        args = self.args(module, weights)
+        if self.dropout:
+            args += (float(getattr(module, self.dropout).p),)
+        return self.cls(*args, dtype=dtype, rng=rng)
 
     def matches(self, keys):
         return {key.rpartition(".")[0] for key in keys} == set(self.layers)
@@ -40,11 +50,6 @@ class _Twin:
 def _in_dim(layer):
     """The input size of an attnc layer, from its weight (out, in)."""
     return lambda module, weights: (weights[f"{layer}.weight"].shape[1],)
-
-
-def _with_dropout(layer, dropout):
-    """(input size, p of the torch module's Dropout attribute `dropout`)."""
-    return lambda module, weights: (weights[f"{layer}.weight"].shape[1], float(getattr(module, dropout).p))
 
 
 def _self_attention(module, weights):
@@ -72,24 +77,23 @@ _TWINS = {
     # 000
     "SelfAttentionv1": [_Twin(SelfAttentionV1, _V1, _in_dim("Q_proj"))],
     "SelfAttentionv2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "SelfAttentionv3": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "attention_dropout"))],
+    "SelfAttentionv3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "attention_dropout")],
     "SelfAttentionInterview": [_Twin(SelfAttentionV4, {"query": "query", "key": "key", "value": "value"},
-                                     _with_dropout("query", "attention_dropout"))],
+                                     _in_dim("query"), "attention_dropout")],
     # 001
     "EasyAttentionModule": [_Twin(SelfAttentionV1, {"query_linear": "Q_proj", "key_linear": "K_proj",
                                                     "value_linear": "V_proj"}, _in_dim("Q_proj"))],
     "AttentionModule": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "Attention": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "dropout"))],
+    "Attention": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "dropout")],
     "MuitiHeadAttention": [_Twin(
         MultiHeadAttention,
         {name: name for name in ("query_linear", "key_linear", "value_linear", "output_linear")},
-        lambda module, weights: (weights["query_linear.weight"].shape[1], int(module.head_num),
-                                 float(module.dropout.p)))],
+        lambda module, weights: (weights["query_linear.weight"].shape[1], int(module.head_num)), "dropout")],
     # 002
     "SelfattentionV1": [_Twin(SelfAttentionV1, {"querry_proj": "Q_proj", "key_proj": "K_proj",
                                                 "value_proj": "V_proj"}, _in_dim("Q_proj"))],
     "SelfattentionV2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "slefattentionV3": [_Twin(SelfAttentionV3, _V3, _with_dropout("proj", "attention_dropout"))],
+    "slefattentionV3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "attention_dropout")],
     # 003 (layers q, k, v with biases) and 004 (linear_q, linear_k, linear_v)
     "SelfAttention": [_Twin(SelfAttention, _QKV, _self_attention),
                       _Twin(SelfAttention, _LINEAR_QKV, _self_attention)],
@@ -243,7 +247,7 @@ def from_torch(module, *, dtype=None, rng=None):
     if dtype is None:
         dtype = _twin_dtype({str(t.dtype) for t in tensors.values()})
     weights = {key: _numpy(t) for key, t in tensors.items()}
-    twin = _torch_twin(module, name, dtype, rng)
+    twin, version = _torch_twin(module, name, dtype, rng), None
     if twin is None:
         versions = _TWINS[name]
         version = next((v for v in versions if v.matches(weights)), None)
@@ -252,16 +256,14 @@ def from_torch(module, *, dtype=None, rng=None):
             raise TypeError(f"from_torch: {name} with parameters {list(weights)} matches none of the documents' "
                             f"{name} (layers {layouts})")
         weights = {version.rename(key): array for key, array in weights.items()}
-        twin = version.cls(*version.args(module, weights), dtype=dtype, rng=rng)
+        twin = version.make(module, weights, dtype, rng)
     expected = [key for key, _ in twin.named_parameters(remove_duplicate=False)]
     if sorted(expected) != sorted(weights):
         raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
                         f"{type(twin).__name__}, {expected}")
     twin.load_state_dict(weights)
     twin.train(module.training)
-    # a dropout's own mode (torch's way to train without it) goes to the twin's one Dropout
-    torch_dropouts = [sub for _, sub in module.named_modules() if type(sub).__name__ == "Dropout"]
-    twin_dropouts = [sub for sub in twin._modules.values() if isinstance(sub, Dropout)]
-    if len(torch_dropouts) == len(twin_dropouts) == 1:
-        twin_dropouts[0].training = bool(torch_dropouts[0].training)
+    if version is not None and version.dropout:  # the Dropout's own mode: torch's way to train without it
+        (dropout,) = (sub for sub in twin._modules.values() if isinstance(sub, Dropout))
+        dropout.train(bool(getattr(module, version.dropout).training))
     return twin

@@ -290,7 +290,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     never stored (a row whose lse is too large in magnitude for that,
     e.g. masked everywhere or under a large bias, from its recomputed
     maximum and sum); extra memory is about twice the packed query and
-    gradient rows of the items in flight, never ``(L, S)``.
+    gradient rows of the items in flight, never ``(L, S)``. An input
+    broadcast over batch axes (a key and value shared by a group of
+    query heads, or a batch of one) has its gradient computed per item
+    of the broadcast batch and then summed: that takes the broadcast
+    batch's size times one item's gradient, temporarily.
 
     Parameters
     ----------
@@ -378,7 +382,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     >>> np.allclose(grad_value, np.swapaxes(weights, -1, -2) @ grad_out)
     True
     """
-    query, key, value = (as_array(given, name) for given, name in ((query, "query"), (key, "key"), (value, "value")))
+    query, key, value = _arrays(query=query, key=key, value=value)
     shapes = [given.shape for given in (query, key, value)]
     grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
     if grouped:
@@ -411,7 +415,7 @@ class _Grouped:
     results merged back to H heads. Views only: nothing is copied."""
 
     def __init__(self, query, key, value, attn_mask, attn_bias):
-        query, key, value = (as_array(given, name) for given, name in ((query, "query"), (key, "key"), (value, "value")))
+        query, key, value = _arrays(query=query, key=key, value=value)
         for name, array in (("query", query), ("key", key), ("value", value)):
             if array.ndim < 3:
                 raise ValueError(f"{name}: enable_gqa needs a heads axis, (..., heads, seq, dim); got shape "
@@ -490,10 +494,15 @@ def _sum_to_shape(grad, shape):
     return grad.sum(axis=broadcast, keepdims=True) if broadcast else grad
 
 
+def _arrays(**named):
+    """Each argument as an array (a value NumPy cannot take is an error naming it)."""
+    return tuple(as_array(value, name) for name, value in named.items())
+
+
 def _result_dtype(named):
     """The dtype rule above for {name: input}, each as an array (a value
     NumPy cannot take is an error naming it)."""
-    arrays = {name: as_array(value, name) for name, value in named.items()}
+    arrays = dict(zip(named, _arrays(**named)))
     dt = _C.result_dtype(**arrays)
     # C-contiguous arrays of dt (the inputs themselves when they already are)
     return dt, [_C.as_parameter(a, name=name, dtype=dt) for name, a in arrays.items()]

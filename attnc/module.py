@@ -320,28 +320,30 @@ class Module:
         >>> [(name, p.shape) for name, p in attnc.Linear(3, 2).named_parameters()]
         [('weight', (2, 3)), ('bias', (2,))]
         """
-        for name, value, _, _ in self._parameter_slots(prefix, remove_duplicate):
+        if not remove_duplicate:
+            for name, value, _, _ in self._every_parameter_slot(prefix):
+                yield name, value
+            return
+        for name, value, _ in self._shared_parameters(prefix):
             yield name, value
 
-    def _parameter_slots(self, prefix, remove_duplicate):
-        """(dotted name, parameter, owning module, attribute name) of every
-        parameter, in registration order; with remove_duplicate, a parameter
-        (by identity) only under its first name."""
-        seen = set()
-        for name, value, owner, attribute in self._every_parameter_slot(prefix):
-            if remove_duplicate:
-                if id(value) in seen:
-                    continue
-                seen.add(id(value))
-            yield name, value, owner, attribute
-
     def _every_parameter_slot(self, prefix):
+        """(dotted name, parameter, owning module, attribute name) of every
+        parameter name, in registration order."""
         for name in self._parameters:
             value = getattr(self, name)
             if value is not None:
                 yield prefix + name, value, self, name
         for child_name, child in self._modules.items():
             yield from child._every_parameter_slot(prefix + child_name + ".")
+
+    def _shared_parameters(self, prefix):
+        """(first dotted name, parameter, [(owning module, attribute name), ...])
+        of every parameter once (by identity), in registration order."""
+        shared = {}
+        for name, value, owner, attribute in self._every_parameter_slot(prefix):
+            shared.setdefault(id(value), (name, value, []))[2].append((owner, attribute))
+        return shared.values()
 
     def parameters(self):
         """Iterate over the parameters, in the order of `named_parameters`.
@@ -427,13 +429,20 @@ class Module:
         # nothing below can fail: copy into each parameter in place (views
         # of it see the new values, as torch's copy_), or replace one that
         # cannot take a copy (read-only, or changed in place since assigned)
+        replacements = {}  # id(parameter) -> (it, its replacement): a tied parameter stays tied
         for key, (owner, name, array) in converted.items():
             current = own[key]
             flags = current.flags
             if flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
                 np.copyto(current, array)
+                continue
+            _, replacement = replacements.get(id(current), (None, None))
+            if replacement is not None and replacement.dtype == array.dtype:
+                np.copyto(replacement, array)  # the last of its names wins, as copy_ after copy_ in torch
             else:
-                object.__setattr__(owner, name, array.copy())  # never the caller's memory
+                replacement = array.copy()  # never the caller's memory
+                replacements[id(current)] = current, replacement
+            object.__setattr__(owner, name, replacement)
         return _IncompatibleKeys(missing, unexpected)
 
     def _submodule(self, path):
@@ -493,14 +502,18 @@ class Module:
         dtype('float64')
         """
         dtype = module_dtype(dtype)
-        object.__setattr__(self, "dtype", dtype)
-        for name in self._parameters:
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, _C.as_parameter(value, name=name, dtype=dtype))
-        for child in self._modules.values():
-            child.to(dtype)
+        converted = {}  # id(parameter) -> (it, its conversion): a tied parameter stays tied
+        for _, value, owner, name in self._every_parameter_slot(""):
+            if id(value) not in converted:
+                converted[id(value)] = value, _C.as_parameter(value, name=name, dtype=dtype)
+            object.__setattr__(owner, name, converted[id(value)][1])
+        self._set_dtype(dtype)
         return self
+
+    def _set_dtype(self, dtype):
+        object.__setattr__(self, "dtype", dtype)
+        for child in self._modules.values():
+            child._set_dtype(dtype)
 
     # -- gradients -----------------------------------------------------------
     def named_grads(self, prefix="", remove_duplicate=True):
@@ -510,9 +523,9 @@ class Module:
         `backward` adds into it, as torch accumulates ``.grad``. A buffer
         follows its parameter: it starts again from zeros when the
         parameter is replaced by one of another shape or dtype. A shared
-        submodule has one buffer a parameter, which gets the gradients of
-        every use; an array assigned to parameters of two modules has a
-        buffer in each (the optimizers add them).
+        submodule has one buffer per parameter, which gets the gradients
+        of every use; an array assigned to parameters of two modules has a
+        buffer in each, and comes here once with their sum (a new array).
 
         Parameters
         ----------
@@ -526,10 +539,17 @@ class Module:
         name : str
             The parameter's `state_dict` key.
         grad : ndarray
-            Its gradient buffer itself (writable; optimizers read it).
+            Its gradient buffer itself (writable; optimizers read it), or
+            the sum of a tied array's buffers.
         """
-        for name, _, owner, attribute in self._parameter_slots(prefix, remove_duplicate):
-            yield name, owner._grad(attribute)
+        if not remove_duplicate:
+            for name, _, owner, attribute in self._every_parameter_slot(prefix):
+                yield name, owner._grad(attribute)
+            return
+        for name, _, slots in self._shared_parameters(prefix):
+            buffers = list({id(buffer): buffer for buffer in (owner._grad(attribute) for owner, attribute in slots)}
+                           .values())
+            yield name, buffers[0] if len(buffers) == 1 else sum(buffers[1:], buffers[0])
 
     def zero_grad(self):
         """Fill every gradient buffer (see `named_grads`) with zeros."""

@@ -5,9 +5,10 @@ An optimizer holds a Module, not a list of arrays: each step() walks
 module.named_parameters() and module.named_grads() together and updates
 every parameter in place from its gradient buffer, so references to the
 parameters (and views of them) stay valid and see the new values. A
-parameter reached by several names (weight tying) is updated once, from
-the sum of its buffers, as torch updates a tied parameter once. The
-gradient buffers are only read; zero_grad() clears them.
+parameter reached by several names (weight tying) comes once, under its
+first name, with the gradient of every use, and is updated once, as
+torch updates a tied parameter. The gradient buffers are only read;
+zero_grad() clears them.
 
 The optimizer state (momentum buffers, Adam moments, step counts) is kept
 per dotted parameter name in `state`, its arrays in the parameter's dtype;
@@ -72,9 +73,11 @@ class Optimizer:
 
     `step` walks ``module.named_parameters()`` and
     ``module.named_grads()`` together and updates every parameter in
-    place; a subclass gives the update rule (`SGD`, `AdamW`). The state
-    of each parameter (momentum buffers, moments, step counts) is kept in
-    `state` under its dotted name.
+    place (a tied parameter once, under its first name, from the
+    gradient of every use); a subclass gives the update rule (`SGD`,
+    `AdamW`). The state of each parameter (momentum buffers, moments, step
+    counts) is kept in `state` under its dotted name (a tied parameter's
+    first).
 
     Parameters
     ----------
@@ -130,7 +133,8 @@ class Optimizer:
         NotImplementedError
             On the base class, which has no update rule.
         """
-        triples = self._parameters_and_grads()
+        triples = [(name, param, grad) for (name, param), (_, grad)
+                   in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
             if not param.flags.writeable or not is_floating(param.dtype):
                 kind = f"{'a read-only' if not param.flags.writeable else 'an'} {param.dtype} array"
@@ -150,23 +154,6 @@ class Optimizer:
                 param[...] = widened
             else:
                 self._update(param, grad, state)
-
-    def _parameters_and_grads(self):
-        """(first name, parameter, gradient) of every parameter once: a
-        parameter reached by several names (weight tying) is updated once,
-        from the sum of its distinct buffers (one, for a shared submodule;
-        one a module, for an array assigned to two modules' parameters)."""
-        shared = {}
-        for (name, param), (_, grad) in zip(self.module.named_parameters(remove_duplicate=False),
-                                            self.module.named_grads(remove_duplicate=False)):
-            shared.setdefault(id(param), (name, param, {}))[2][id(grad)] = grad
-        triples = []
-        for name, param, grads in shared.values():
-            grads = list(grads.values())
-            if len(grads) > 1 and param.dtype.itemsize == 2:  # 16 bits: added in float32, as the update runs
-                grads = [grad.astype(np.float32) for grad in grads]
-            triples.append((name, param, grads[0] if len(grads) == 1 else sum(grads[1:], grads[0])))
-        return triples
 
     def _update(self, param, grad, state):
         """Updates `param` in place from `grad` (read only) and its `state` dict."""

@@ -374,3 +374,22 @@ def test_a_module_with_parameters_that_are_not_real_floats_is_refused(make):
     module = make()
     with pytest.raises(TypeError, match=r"^from_torch: \w+'s \S+ is torch\.(complex64|int64)"):
         attnc.from_torch(module)
+
+
+def test_a_dropout_subclass_gives_its_p_and_mode():
+    """from_torch read the Dropout's p by attribute name but looked for its mode
+    among submodules whose class is named exactly Dropout: a subclass's mode was
+    lost (a review, 2026-11-24). The oracle: torch's forward."""
+    class LoggedDropout(nn.Dropout):
+        pass
+
+    torch.manual_seed(0)
+    tm = dm.SelfAttentionv3(D, 0.5)
+    tm.attention_dropout = LoggedDropout(0.5)
+    tm.train()
+    tm.attention_dropout.eval()
+    twin = attnc.from_torch(tm)
+    assert twin.training and not twin.attention_dropout.training and twin.attention_dropout.p == 0.5
+    x = np.random.default_rng(0).standard_normal((B, T, D)).astype(np.float32)
+    with torch.no_grad():
+        assert_close(twin(x), tm(torch.from_numpy(x)).numpy(), np.float32)

@@ -910,7 +910,9 @@ def test_a_training_forward_keeps_a_broadcast_mask_at_its_own_size():
         "nn.MultiheadAttention key_padding_mask", "training module mask", "training Linear x"])
 def test_a_ragged_argument_is_named_on_every_path(call, name):
     """Converted in Python (the backward, grouped-query attention, nn.MultiheadAttention's
-    masks, a training forward), a ragged list raised NumPy's message alone."""
+    masks), a ragged list raised NumPy's message alone (a robustness review, 2026-11-24);
+    a training forward's mask and Linear's x, converted in Python since then, are checked
+    too (the C layer named them before)."""
     with pytest.raises(ValueError) as info:
         call(np.ones((2, 2)))
     assert str(info.value).startswith(name + ":"), str(info.value)
@@ -931,3 +933,20 @@ def test_a_deleted_parameter_is_named_by_its_key_and_can_be_restored(model):
             m(x)
         setattr(owner, name, value)
         np.testing.assert_array_equal(m(x), before)
+
+
+def test_an_arrays_own_error_subclass_reaches_the_caller_as_raised():
+    """Naming the argument rebuilt the exception as type(error)(message), which fails
+    for a subclass taking other arguments (JSONDecodeError became a TypeError about
+    its constructor; a review, 2026-11-24): a subclass now passes through as raised."""
+    import json
+
+    class Raises:
+        def __array__(self, dtype=None, copy=None):
+            raise json.JSONDecodeError("bad", "doc", 0)
+
+    q = np.ones((2, 3))
+    with pytest.raises(json.JSONDecodeError):
+        F.scaled_dot_product_attention_backward(q, Raises(), q, q, q, np.zeros(2))
+    with pytest.raises(json.JSONDecodeError):
+        attnc.Linear(3, 2)(Raises())

@@ -197,7 +197,6 @@ def test_v3_doc_mask_train_mode_rows_are_dropped_or_kept():
     assert seen == {True, False}
 
 
-
 def _empty_float64(shape, strides):
     """An empty array with the given strides over an 8-byte buffer: legal,
     since NumPy never reads an empty array."""

@@ -249,3 +249,38 @@ def test_a_tied_parameter_is_listed_and_updated_once_as_in_torch(tie, case):
         if name != "K_proj.bias":  # its exact gradient is 0: Adam scales each side's rounding noise to a step
             np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=0, atol=1e-12, err_msg=name)
     assert all(not grad.any() for _, grad in net.named_grads(remove_duplicate=False))
+
+
+@pytest.mark.parametrize("tie", ["submodule", "array"])
+def test_a_tied_parameters_gradient_and_conversions_keep_the_tie(tie):
+    """named_grads gave an array-tied weight the first use's buffer only (a partial
+    gradient), and `to()` or a load_state_dict that replaces a read-only parameter
+    made two arrays of one (a review of the tying change, 2026-11-24). The oracle:
+    torch's .grad of the tied parameter, and torch's to() and load_state_dict."""
+    dim, rng = 4, np.random.default_rng(0)
+    net = attnc.SelfAttentionV1(dim, dtype=np.float64, rng=rng)
+    if tie == "submodule":
+        net.K_proj = net.Q_proj
+    else:
+        net.K_proj.weight = net.Q_proj.weight
+    twin = _TorchV1(dim, tie)
+    twin.load_state_dict({key: torch.from_numpy(value) for key, value in net.state_dict().items()})
+    x = rng.standard_normal((2, 3, dim))
+    out = net(x)
+    net.backward(np.ones_like(out))
+    twin(torch.from_numpy(x)).sum().backward()
+    grads = dict(net.named_grads())
+    assert list(grads) == [name for name, _ in twin.named_parameters()]
+    for name, param in twin.named_parameters():
+        np.testing.assert_allclose(grads[name], param.grad.numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+
+    net.to(np.float32)
+    assert net.K_proj.weight is net.Q_proj.weight and net.K_proj.weight.dtype == np.float32
+    assert len(list(net.named_parameters())) == len(list(twin.named_parameters()))
+    net.Q_proj.weight.flags.writeable = False  # load_state_dict must replace it: one replacement for both names
+    values = {key: np.full(value.shape, 0.5) for key, value in net.state_dict().items()}
+    values["K_proj.weight"] = np.full((dim, dim), 2.0)  # torch: the last key copied into the tied weight wins
+    net.load_state_dict(values)
+    twin.load_state_dict({key: torch.from_numpy(value) for key, value in values.items()})
+    assert net.K_proj.weight is net.Q_proj.weight
+    np.testing.assert_array_equal(net.Q_proj.weight, twin.Q_proj.weight.detach().numpy())
