@@ -292,9 +292,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     maximum and sum); extra memory is about twice the packed query and
     gradient rows of the items in flight, never ``(L, S)``. An input
     broadcast over batch axes (a key and value shared by a group of
-    query heads, or a batch of one) has its gradient computed per item
-    of the broadcast batch and then summed: that takes the broadcast
-    batch's size times one item's gradient, temporarily.
+    query heads, or a batch of one) gets the sum of the items'
+    gradients, added item after item in order through a scratch as
+    large as that gradient (or 4 MiB).
 
     Parameters
     ----------
@@ -390,7 +390,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         grad_out, out, lse = (grouped.split_result(part, n, name)
                               for part, n, name in ((grad_out, 2, "grad_out"), (out, 2, "out"), (lse, 1, "lse")))
     # An input broadcast over batch axes (or a key/value head shared by a group) gets its
-    # gradient summed over them: for 16-bit results, summed in float32 and rounded once.
+    # gradient summed over them by the C layer, item after item: for 16-bit results, in
+    # float32 (the kernel's dtype then), rounded once.
     batch = _broadcast_shape(*(given.shape[:-2] for given in (query, key, value)))
     summed = batch is not None and any(given.shape[:-2] != batch for given in (query, key, value))
     result_dtype = _C.result_dtype(grad_out=grad_out, query=query, key=key, value=value, out=out)
@@ -403,9 +404,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
                                                      window=window, seed=seed, dtype=widened)
-    grads = [_sum_to_shape(grad, given.shape).astype(result_dtype, copy=False)
-             for grad, given in zip(grads, (query, key, value))]
-    return tuple(grad.reshape(shape) for grad, shape in zip(grads, shapes))
+    return tuple(grad.astype(result_dtype, copy=False).reshape(shape) for grad, shape in zip(grads, shapes))
 
 
 class _Grouped:
@@ -483,15 +482,6 @@ def _broadcast_shape(*shapes):
             return None
         result.append(sizes.pop() if sizes else 1)
     return tuple(result)
-
-
-def _sum_to_shape(grad, shape):
-    """grad (the broadcast batch's gradient) summed down to `shape`."""
-    extra = grad.ndim - len(shape)
-    if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
-    broadcast = tuple(d for d, size in enumerate(shape) if size == 1 and grad.shape[d] != 1)
-    return grad.sum(axis=broadcast, keepdims=True) if broadcast else grad
 
 
 def _arrays(**named):

@@ -19,7 +19,13 @@
  * accumulated over the key blocks in the same order as the query pass
  * would): five tile products per grad tile instead of seven. Every sum is
  * taken in the same order either way, so the bits never depend on the
- * pass plan, the thread count or the batch. */
+ * pass plan, the thread count or the batch.
+ *
+ * A gradient shared by several items (its input broadcast over a batch
+ * axis: a batch stride of 0 there) is their sum: the items run in runs of
+ * consecutive items, each item's gradient into a scratch of the run's
+ * (as large as the shared gradients, or SHARED_SCRATCH_MIN_ELEMS), then
+ * added into the shared one item by item, in item order (sum_task). */
 
 /* One task's buffers (grad_layout), each 64-byte aligned. The query
  * tiles' packs and row factors live in slots, one per query tile of the
@@ -328,7 +334,23 @@ typedef struct {
     /* with a band: per item, 1 when its hidden pairs are skipped (every
      * number its scores and dO are made of is finite), from a first pass */
     uint8_t *item_finite;
+    /* the run of items the passes go over: [first_item, first_item + run_items) */
+    idx_t first_item, run_items;
+    /* per gradient (q, k, v) shared by several items: the run's items' own,
+     * one item's (rows, row_stride) after another; NULL: written in place */
+    elem *scratch[3];
+    idx_t scratch_item[3]; /* one item's elements */
 } FN(grad_job);
+
+/* Item b of the run, its shared gradients in the run's scratch. */
+static FN(grad_view) FN(job_item)(const FN(grad_job) *job, idx_t b)
+{
+    FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_finite && job->item_finite[b]);
+    elem **grads[3] = {&item.grad_q, &item.grad_k, &item.grad_v};
+    for (int x = 0; x < 3; x++)
+        if (job->scratch[x]) *grads[x] = job->scratch[x] + (b - job->first_item) * job->scratch_item[x];
+    return item;
+}
 
 /* The item's entry of item_finite: as the forward's skip_hidden, and dO,
  * whose NaN or inf reaches the hidden scores' gradients (0 * NaN) in
@@ -368,20 +390,21 @@ static void FN(grad_task)(void *ctx, idx_t task)
     const attnc_attention_args *a = &g->forward;
     FN(grad_layout)(work, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &t);
     if (job->pass == FUSED_PASS) {
-        FN(grad_view) item = FN(grad_item_at)(g, task, job->item_finite && job->item_finite[task]);
+        idx_t b = job->first_item + task;
+        FN(grad_view) item = FN(job_item)(job, b);
         memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
         FN(prepare_query_slots)(&t, g, &item, -1);
         for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K)
-            FN(key_block_grads)(&t, g, &item, task, j0, t.dq);
+            FN(key_block_grads)(&t, g, &item, b, j0, t.dq);
         FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, a->L, a->E);
     } else if (job->pass == KEY_PASS) {
-        idx_t b = task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
-        FN(grad_view) item = FN(grad_item_at)(g, b, job->item_finite && job->item_finite[b]);
+        idx_t b = job->first_item + task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
+        FN(grad_view) item = FN(job_item)(job, b);
         FN(prepare_query_slots)(&t, g, &item, j0);
         FN(key_block_grads)(&t, g, &item, b, j0, NULL);
     } else {
-        idx_t b = task / job->n_query_tiles;
-        FN(grad_view) item = FN(grad_item_at)(g, b, job->item_finite && job->item_finite[b]);
+        idx_t b = job->first_item + task / job->n_query_tiles;
+        FN(grad_view) item = FN(job_item)(job, b);
         FN(query_tile_grads)(&t, g, &item, b, task % job->n_query_tiles * BLOCK_Q);
     }
     attnc_free(work);
@@ -389,6 +412,119 @@ static void FN(grad_task)(void *ctx, idx_t task)
 
 /* Items per thread from which the fused pass keeps every thread busy. */
 #define FUSED_MIN_ITEMS_PER_THREAD 4
+/* The scratch of a run with shared gradients holds at least this many
+ * elements' worth of items (4 MiB of float), so that small items run in
+ * runs of many, not one by one. */
+#define SHARED_SCRATCH_MIN_ELEMS ((idx_t)1 << 20)
+/* Rows of a shared gradient per sum_task. */
+#define SUM_ROWS 64
+
+/* The passes over the job's run of items (fused with many, else the key
+ * pass, then the query pass). */
+static void FN(run_passes)(FN(grad_job) *job)
+{
+    const attnc_attention_args *a = &job->args->forward;
+    double flops = 2.0 * (double)job->run_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
+    FN(grad_buffers) unused;
+    if (job->run_items >= FUSED_MIN_ITEMS_PER_THREAD * (idx_t)attnc_running_threads()) {
+        job->pass = FUSED_PASS;
+        job->workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &unused);
+        attnc_parallel_for(job->run_items, flops * 1.25, FN(grad_task), job);
+        return;
+    }
+    job->pass = KEY_PASS;
+    job->workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &unused);
+    attnc_parallel_for(job->run_items * job->n_key_blocks, flops, FN(grad_task), job);
+    job->pass = QUERY_PASS;
+    if (!atomic_load(&job->failed) && !attnc_interrupted())
+        attnc_parallel_for(job->run_items * job->n_query_tiles, flops, FN(grad_task), job);
+}
+
+/* The shared gradients (q, k, v), each as (rows, matrix) of an item. */
+static const attnc_matrices *FN(grad_matrix)(const attnc_attention_backward_args *g, int x, idx_t *rows)
+{
+    *rows = x == 0 ? g->forward.L : g->forward.S;
+    return x == 0 ? &g->grad_q : x == 1 ? &g->grad_k : &g->grad_v;
+}
+
+/* Task: rows [r0, r0 + SUM_ROWS) of shared gradient x (task over every
+ * shared gradient's row blocks), the run's items added in item order. */
+static void FN(sum_task)(void *ctx, idx_t task)
+{
+    FN(grad_job) *job = ctx;
+    const attnc_attention_backward_args *g = job->args;
+    for (int x = 0; x < 3; x++) {
+        if (!job->scratch[x]) continue;
+        idx_t rows, blocks;
+        const attnc_matrices *m = FN(grad_matrix)(g, x, &rows);
+        blocks = attnc_ceil_div(rows, SUM_ROWS);
+        if (task >= blocks) {
+            task -= blocks;
+            continue;
+        }
+        idx_t r0 = task * SUM_ROWS, n = attnc_min(rows - r0, SUM_ROWS) * m->row_stride;
+        for (idx_t b = job->first_item; b < job->first_item + job->run_items; b++) {
+            elem *dst = (elem *)m->data + attnc_item_offset(&g->forward.batch, m->batch_strides, b) + r0 * m->row_stride;
+            const elem *src = job->scratch[x] + (b - job->first_item) * job->scratch_item[x] + r0 * m->row_stride;
+            for (idx_t e = 0; e < n; e++) dst[e] = to_elem(to_real(dst[e]) + to_real(src[e]));
+        }
+        return;
+    }
+}
+
+/* 1 when several items write gradient m (a batch stride of 0 where the batch has more than one item). */
+static int FN(shared_grad)(const attnc_batch *batch, const attnc_matrices *m)
+{
+    for (int d = 0; d < batch->ndim; d++)
+        if (batch->shape[d] > 1 && m->batch_strides[d] == 0) return 1;
+    return 0;
+}
+
+/* The passes over every item, in runs when a gradient is shared: each
+ * run's shared gradients go to a scratch, then are added into theirs. */
+static attnc_status FN(run_items)(FN(grad_job) *job, idx_t n_items)
+{
+    const attnc_attention_backward_args *g = job->args;
+    const attnc_attention_args *a = &g->forward;
+    idx_t item_elems = 0, shared_elems = 0, sum_tasks = 0;
+    for (int x = 0; x < 3; x++) {
+        idx_t rows;
+        const attnc_matrices *m = FN(grad_matrix)(g, x, &rows);
+        if (!FN(shared_grad)(&a->batch, m)) continue;
+        idx_t places = 1; /* the distinct gradients: the output holds them all, no overflow */
+        for (int d = 0; d < a->batch.ndim; d++) places *= m->batch_strides[d] ? a->batch.shape[d] : 1;
+        job->scratch_item[x] = rows * m->row_stride;
+        item_elems += job->scratch_item[x];
+        shared_elems += places * job->scratch_item[x];
+        sum_tasks += attnc_ceil_div(rows, SUM_ROWS);
+    }
+    if (!item_elems) {
+        job->first_item = 0;
+        job->run_items = n_items;
+        FN(run_passes)(job);
+        return ATTNC_OK;
+    }
+    idx_t budget = shared_elems > SHARED_SCRATCH_MIN_ELEMS ? shared_elems : SHARED_SCRATCH_MIN_ELEMS;
+    idx_t run = attnc_min(budget / item_elems, n_items);
+    if (run < 1) run = 1;
+    elem *scratch = attnc_malloc((size_t)(run * item_elems) * sizeof(elem));
+    if (!scratch) return ATTNC_ENOMEM;
+    idx_t used = 0;
+    for (int x = 0; x < 3; x++)
+        if (job->scratch_item[x]) {
+            job->scratch[x] = scratch + used * run;
+            used += job->scratch_item[x];
+        }
+    for (idx_t first = 0; first < n_items && !atomic_load(&job->failed) && !attnc_interrupted(); first += run) {
+        job->first_item = first;
+        job->run_items = attnc_min(run, n_items - first);
+        FN(run_passes)(job);
+        if (atomic_load(&job->failed) || attnc_interrupted()) break;
+        attnc_parallel_for(sum_tasks, (double)job->run_items * (double)item_elems, FN(sum_task), job);
+    }
+    attnc_free(scratch);
+    return ATTNC_OK;
+}
 
 attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
 {
@@ -396,8 +532,8 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     idx_t n_items = 1; /* the gradients hold them all: no overflow */
     for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
     if (n_items == 0 || a->L == 0 || a->S == 0) return ATTNC_OK; /* the caller zero-filled the gradients */
-    FN(grad_job) job = {g, attnc_ceil_div(a->S, BLOCK_K), attnc_ceil_div(a->L, BLOCK_Q), 0, KEY_PASS, 0, NULL};
-    FN(grad_buffers) unused;
+    FN(grad_job) job = {.args = g, .n_key_blocks = attnc_ceil_div(a->S, BLOCK_K),
+                        .n_query_tiles = attnc_ceil_div(a->L, BLOCK_Q), .pass = KEY_PASS};
     idx_t dq_elems;
     if (!attnc_mul_ok(job.n_query_tiles * BLOCK_Q, ROUND_UP(a->E, GEMM_NR), &dq_elems) ||
         (size_t)dq_elems > SIZE_MAX / 4 / sizeof(real))
@@ -412,21 +548,11 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
                        (double)a->S * (double)(a->E + a->Ev);
         attnc_parallel_for(n_items, (double)n_items * reads, FN(finite_task), &job);
     }
-    double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
-    int fused = n_items >= FUSED_MIN_ITEMS_PER_THREAD * (idx_t)attnc_running_threads();
-    if (fused) {
-        job.pass = FUSED_PASS;
-        job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
-        attnc_parallel_for(n_items, flops * 1.25, FN(grad_task), &job);
-    } else {
-        job.workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(&job), &unused);
-        attnc_parallel_for(key_tasks, flops, FN(grad_task), &job);
-        job.pass = QUERY_PASS;
-        if (!atomic_load(&job.failed) && !attnc_interrupted())
-            attnc_parallel_for(query_tasks, flops, FN(grad_task), &job);
-    }
+    attnc_status status = FN(run_items)(&job, n_items);
     attnc_free(job.item_finite);
-    if (atomic_load(&job.failed)) return ATTNC_ENOMEM;
+    if (status != ATTNC_OK || atomic_load(&job.failed)) return ATTNC_ENOMEM;
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }
 #undef FUSED_MIN_ITEMS_PER_THREAD
+#undef SHARED_SCRATCH_MIN_ELEMS
+#undef SUM_ROWS

@@ -230,11 +230,15 @@ typedef struct {
  *   dQ        = scale dS K              (L, E)
  *   dK        = scale dS^T Q            (S, E)
  * forward: the forward's arguments (out = O; weights and lse unused);
- * grad_q/k/v are written, one distinct matrix per item (no broadcast).
+ * grad_q/k/v are written, one matrix per item; one with a batch stride of
+ * 0 on an axis of more than one item (its input broadcast there) gets the
+ * sum of those items' gradients, added in item order into the caller's
+ * zeros, in the dtype of the call (float or double: 16-bit callers widen).
  * (Query tile, key block) pairs outside every band are skipped. Extra
  * memory per task: the item's packed queries and dO (about 2 L (E + Ev)),
- * a row of S and fixed tiles, never (L, S); bits independent of the
- * thread count and of the pass plan.
+ * a row of S and fixed tiles, never (L, S); with a shared gradient, a
+ * scratch the size of the shared gradients (at least 2^20 elements);
+ * bits independent of the thread count and of the pass plan.
  */
 typedef struct {
     attnc_attention_args forward;

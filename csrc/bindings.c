@@ -936,6 +936,35 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
     return arr;
 }
 
+/* The gradient of a backward input (its array as converted): the input's
+ * own batch shape aligned to the broadcast batch (1 on the axes it is
+ * broadcast over), then (rows, cols); C-contiguous and zero-filled, with
+ * m's batch strides 0 on those axes, so that the kernel adds the items of
+ * a broadcast axis into one gradient. *shared is set when there is one. */
+static PyObject *input_grad_result(const attnc_batch *batch, PyArrayObject *input, idx_t rows, idx_t cols,
+                                   attnc_dtype dt, attnc_matrices *m, int *shared)
+{
+    npy_intp shape[MAX_SCORES_DIMS];
+    int nb = batch->ndim, first = nb - (PyArray_NDIM(input) - 2); /* the input's first batch axis in the batch */
+    for (int d = 0; d < nb; d++) {
+        shape[d] = d >= first && PyArray_DIM(input, d - first) == batch->shape[d] ? batch->shape[d] : 1;
+        *shared |= shape[d] == 1 && batch->shape[d] > 1;
+    }
+    shape[nb] = rows;
+    shape[nb + 1] = cols;
+    PyObject *arr = new_array_of(nb + 2, shape, dt, 1);
+    if (arr) {
+        m->data = PyArray_DATA((PyArrayObject *)arr);
+        m->row_stride = cols;
+        idx_t step = rows * cols; /* the array holds it */
+        for (int d = nb - 1; d >= 0; d--) {
+            m->batch_strides[d] = shape[d] == 1 ? 0 : step;
+            step *= shape[d];
+        }
+    }
+    return arr;
+}
+
 /* ======================================================================== */
 /* scaled_dot_product_attention(query, key, value, attn_mask=None,           */
 /*     dropout_p=0.0, is_causal=False, scale=None, rng=None,                 */
@@ -999,8 +1028,9 @@ done:
 /* scaled_dot_product_attention_backward(grad_out, query, key, value, out,  */
 /*     lse, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, *,   */
 /*     attn_bias=None, causal_alignment="top_left", window=None, dtype=None) */
-/*     -> (grad_query, grad_key, grad_value), each of the broadcast batch's  */
-/*     shape (attnc.functional sums them down)                              */
+/*     -> (grad_query, grad_key, grad_value), each of its input's batch     */
+/*     shape aligned to the broadcast batch (1 where the input is           */
+/*     broadcast: summed over that axis), then its matrix's                 */
 
 static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -1051,10 +1081,16 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
         batch_strides(saved[i], 2, nb, from[i]->batch_strides);
     }
     g.lse = PyArray_DATA(saved[2]);
-    if (!(grads[0] = batch_result(&a->batch, a->L, a->E, dt, 1, &g.grad_q)) ||
-        !(grads[1] = batch_result(&a->batch, a->S, a->E, dt, 1, &g.grad_k)) ||
-        !(grads[2] = batch_result(&a->batch, a->S, a->Ev, dt, 1, &g.grad_v)))
+    int shared = 0;
+    if (!(grads[0] = input_grad_result(&a->batch, arr[0], a->L, a->E, dt, &g.grad_q, &shared)) ||
+        !(grads[1] = input_grad_result(&a->batch, arr[1], a->S, a->E, dt, &g.grad_k, &shared)) ||
+        !(grads[2] = input_grad_result(&a->batch, arr[2], a->S, a->Ev, dt, &g.grad_v, &shared)))
         goto done;
+    if (shared && compute_dtype(dt) != dt) { /* the kernel sums in the gradients' own dtype */
+        PyErr_SetString(PyExc_ValueError, "dtype: gradients summed over a broadcast batch of 16-bit inputs are "
+                                          "summed in float32: pass dtype=numpy.float32 (attnc.functional does)");
+        goto done;
+    }
     attnc_status status;
     RUN_KERNEL(status, attnc_kernels_for(dt)->attention_backward(&g));
     if (kernel_ok(status, "scaled_dot_product_attention_backward"))

@@ -482,3 +482,31 @@ def test_x_given_as_a_torch_tensor_is_copied_for_backward():
     am(t)
     t.add_(7.0)
     assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(ref, x, g)])
+
+
+@pytest.mark.parametrize("shared", ["key-value", "query"])
+def test_sdpa_backward_summed_in_runs_matches_the_repeated_inputs_sum(shared, dtype):
+    """An input broadcast over the batch gets the sum of the items' gradients; the
+    kernel adds them in runs of items through a scratch (here 4 runs of 3 items,
+    with dropout, whose masks are keyed by the item's index in the whole batch).
+    Oracle: the same call on the inputs repeated to the full batch (every item's
+    own gradient, same masks), summed in float64; bits the same for any thread
+    count. (The NumPy sum this replaces took the batch's size times the shared
+    gradient: a review, 2026-11-24.)"""
+    rng = np.random.default_rng(3)
+    L, S, E = 2, 4096, 128
+    big, small = (4, 3), (1, 3)
+    qb, kb = (big, small) if shared == "key-value" else (small, big)
+    q, k, v = sdpa_inputs(rng, qb, kb, kb, L, S, E, E, dtype)
+    g = normal(rng, big + (L, E), dtype)
+    options = dict(dropout_p=0.25, seed=7)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+    results = over_threads(lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **options))
+    assert_same_bits(results)
+    repeated = [np.ascontiguousarray(np.broadcast_to(a, big + a.shape[-2:])) for a in (q, k, v)]
+    each = F.scaled_dot_product_attention_backward(g, *repeated, out, lse, **options)
+    for got, items, given, name in zip(results[0], each, (q, k, v), ("grad_query", "grad_key", "grad_value")):
+        assert got.shape == given.shape and got.dtype == dtype, name
+        expected = items.astype(np.float64).sum(axis=0, keepdims=True) if given.shape[0] == 1 else items
+        tol = 1e-12 if dtype == np.float64 else 2e-5
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * np.abs(expected).max(), err_msg=name)

@@ -325,6 +325,41 @@ def test_peak_memory_is_bounded_by_the_data(case):
     assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the output, limit {limit / 2**20:.0f} MiB"
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+@pytest.mark.parametrize("case", ["grouped_query_heads", "shared_cache"])
+def test_backward_peak_memory_over_a_shared_key_value_is_bounded_by_the_data(case):
+    """The backward over a key/value shared by G query items computed every item's
+    gradients at full size and summed them in NumPy: a decode step's took G times
+    the gradients it returned (9x in a robustness review, 2026-11-24). The kernel
+    now adds the items into the shared gradient through a scratch of its size."""
+    out = _run_child(f"""
+        import resource
+        import numpy as np
+        from attnc import functional as F
+        case, S, E = {case!r}, 1 << 16, 32
+        rng = np.random.default_rng(0)
+        if case == "grouped_query_heads":  # 32 query heads on 4 key/value heads
+            q = rng.standard_normal((32, 1, E)).astype(np.float32)
+            k, v = (rng.standard_normal((4, S, E)).astype(np.float32) for _ in range(2))
+            options = dict(enable_gqa=True)
+        else:                              # a batch of 8 decoding against one cache of 4 heads
+            q = rng.standard_normal((8, 4, 1, E)).astype(np.float32)
+            k, v = (rng.standard_normal((1, 4, S, E)).astype(np.float32) for _ in range(2))
+            options = dict()
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+        grad_out = np.ones_like(out)
+        data = sum(a.nbytes for a in (q, k, v, out, lse, grad_out))
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, **options)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        returned = sum(g.nbytes for g in grads)
+        assert all(np.isfinite(g).all() for g in grads)
+        print("extra", peak - base - returned, "limit", max(64 << 20, 2 * (data + returned)))
+    """)
+    extra, limit = (int(out.split(word)[1].split()[0]) for word in ("extra", "limit"))
+    assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the gradients, limit {limit / 2**20:.0f} MiB"
+
+
 # ============================================================================
 # finding 7: thread counts above the CPU count
 
