@@ -210,6 +210,18 @@ class _TorchV1(torch.nn.Module):
         return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
 
 
+def _tied_pair(dim, tie, rng):
+    """attnc's SelfAttentionV1 in float64 with K tied to Q as `tie` says, and its torch twin with the same values."""
+    net = attnc.SelfAttentionV1(dim, dtype=np.float64, rng=rng)
+    if tie == "submodule":
+        net.K_proj = net.Q_proj
+    else:
+        net.K_proj.weight = net.Q_proj.weight
+    twin = _TorchV1(dim, tie)
+    twin.load_state_dict({key: torch.from_numpy(value) for key, value in net.state_dict().items()})
+    return net, twin
+
+
 @pytest.mark.parametrize("tie", ["submodule", "array"])
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW-custom"])
 def test_a_tied_parameter_is_listed_and_updated_once_as_in_torch(tie, case):
@@ -220,14 +232,8 @@ def test_a_tied_parameter_is_listed_and_updated_once_as_in_torch(tie, case):
     and updated once from the gradient of every use; state_dict keeps every
     name, as torch's does."""
     dim, rng = 4, np.random.default_rng(0)
-    net = attnc.SelfAttentionV1(dim, dtype=np.float64, rng=rng)
-    if tie == "submodule":
-        net.K_proj = net.Q_proj
-    else:
-        net.K_proj.weight = net.Q_proj.weight
-    twin = _TorchV1(dim, tie)
+    net, twin = _tied_pair(dim, tie, rng)
     assert list(net.state_dict()) == list(twin.state_dict())
-    twin.load_state_dict({key: torch.from_numpy(value) for key, value in net.state_dict().items()})
     assert [name for name, _ in net.named_parameters()] == [name for name, _ in twin.named_parameters()]
     class_name, kwargs = CASES[case]
     opt = getattr(attnc.optim, class_name)(net, **kwargs)
@@ -258,13 +264,7 @@ def test_a_tied_parameters_gradient_and_conversions_keep_the_tie(tie):
     made two arrays of one (a review of the tying change, 2026-11-24). The oracle:
     torch's .grad of the tied parameter, and torch's to() and load_state_dict."""
     dim, rng = 4, np.random.default_rng(0)
-    net = attnc.SelfAttentionV1(dim, dtype=np.float64, rng=rng)
-    if tie == "submodule":
-        net.K_proj = net.Q_proj
-    else:
-        net.K_proj.weight = net.Q_proj.weight
-    twin = _TorchV1(dim, tie)
-    twin.load_state_dict({key: torch.from_numpy(value) for key, value in net.state_dict().items()})
+    net, twin = _tied_pair(dim, tie, rng)
     x = rng.standard_normal((2, 3, dim))
     out = net(x)
     net.backward(np.ones_like(out))
