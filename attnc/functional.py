@@ -294,7 +294,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     broadcast over batch axes (a key and value shared by a group of
     query heads, or a batch of one) gets the sum of the items'
     gradients, added item after item in order through a scratch as
-    large as that gradient (or 4 MiB).
+    large as that gradient (or 4 MiB); for 16-bit inputs that call runs
+    in float32 (widened copies, float32 gradients rounded at the end).
 
     Parameters
     ----------

@@ -24,8 +24,9 @@
  * A gradient shared by several items (its input broadcast over a batch
  * axis: a batch stride of 0 there) is their sum: the items run in runs of
  * consecutive items, each item's gradient into a scratch of the run's
- * (as large as the shared gradients, or SHARED_SCRATCH_MIN_ELEMS), then
- * added into the shared one item by item, in item order (sum_task). */
+ * (as large as the shared gradients, or SHARED_SCRATCH_MIN_ELEMS, or one
+ * item a thread), then added into the shared one item by item, in item
+ * order (sum_task). */
 
 /* One task's buffers (grad_layout), each 64-byte aligned. The query
  * tiles' packs and row factors live in slots, one per query tile of the
@@ -419,14 +420,14 @@ static void FN(grad_task)(void *ctx, idx_t task)
 /* Rows of a shared gradient per sum_task. */
 #define SUM_ROWS 64
 
-/* The passes over the job's run of items (fused with many, else the key
- * pass, then the query pass). */
-static void FN(run_passes)(FN(grad_job) *job)
+/* The passes over the job's run of items: fused from fused_items items
+ * on, else the key pass, then the query pass. */
+static void FN(run_passes)(FN(grad_job) *job, idx_t fused_items)
 {
     const attnc_attention_args *a = &job->args->forward;
     double flops = 2.0 * (double)job->run_items * (double)a->L * (double)a->S * (double)(2 * a->E + 2 * a->Ev);
     FN(grad_buffers) unused;
-    if (job->run_items >= FUSED_MIN_ITEMS_PER_THREAD * (idx_t)attnc_running_threads()) {
+    if (job->run_items >= fused_items) {
         job->pass = FUSED_PASS;
         job->workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &unused);
         attnc_parallel_for(job->run_items, flops * 1.25, FN(grad_task), job);
@@ -498,15 +499,19 @@ static attnc_status FN(run_items)(FN(grad_job) *job, idx_t n_items)
         shared_elems += places * job->scratch_item[x];
         sum_tasks += attnc_ceil_div(rows, SUM_ROWS);
     }
+    idx_t threads = attnc_running_threads();
     if (!item_elems) {
         job->first_item = 0;
         job->run_items = n_items;
-        FN(run_passes)(job);
+        FN(run_passes)(job, FUSED_MIN_ITEMS_PER_THREAD * threads);
         return ATTNC_OK;
     }
+    /* a run: as many items as the budget holds, and whole items for every
+     * thread (fused: each thread through its items, the runs' items alike) */
     idx_t budget = shared_elems > SHARED_SCRATCH_MIN_ELEMS ? shared_elems : SHARED_SCRATCH_MIN_ELEMS;
-    idx_t run = attnc_min(budget / item_elems, n_items);
-    if (run < 1) run = 1;
+    idx_t run = budget / item_elems;
+    run = run < threads ? threads : run - run % threads;
+    run = attnc_min(run, n_items);
     elem *scratch = attnc_malloc((size_t)(run * item_elems) * sizeof(elem));
     if (!scratch) return ATTNC_ENOMEM;
     idx_t used = 0;
@@ -518,7 +523,7 @@ static attnc_status FN(run_items)(FN(grad_job) *job, idx_t n_items)
     for (idx_t first = 0; first < n_items && !atomic_load(&job->failed) && !attnc_interrupted(); first += run) {
         job->first_item = first;
         job->run_items = attnc_min(run, n_items - first);
-        FN(run_passes)(job);
+        FN(run_passes)(job, threads);
         if (atomic_load(&job->failed) || attnc_interrupted()) break;
         attnc_parallel_for(sum_tasks, (double)job->run_items * (double)item_elems, FN(sum_task), job);
     }

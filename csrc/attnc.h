@@ -237,7 +237,8 @@ typedef struct {
  * (Query tile, key block) pairs outside every band are skipped. Extra
  * memory per task: the item's packed queries and dO (about 2 L (E + Ev)),
  * a row of S and fixed tiles, never (L, S); with a shared gradient, a
- * scratch the size of the shared gradients (at least 2^20 elements);
+ * scratch the size of the shared gradients (at least 2^20 elements, and
+ * one item a thread);
  * bits independent of the thread count and of the pass plan.
  */
 typedef struct {
