@@ -506,8 +506,8 @@ static attnc_status FN(run_items)(FN(grad_job) *job, idx_t n_items)
         FN(run_passes)(job, FUSED_MIN_ITEMS_PER_THREAD * threads);
         return ATTNC_OK;
     }
-    /* a run: as many items as the budget holds, and whole items for every
-     * thread (fused: each thread through its items, the runs' items alike) */
+    /* a run: as many items as the budget holds, a multiple of the thread
+     * count, so that the fused plan gives every thread whole items */
     idx_t budget = shared_elems > SHARED_SCRATCH_MIN_ELEMS ? shared_elems : SHARED_SCRATCH_MIN_ELEMS;
     idx_t run = budget / item_elems;
     run = run < threads ? threads : run - run % threads;
@@ -543,8 +543,8 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     if (!attnc_mul_ok(job.n_query_tiles * BLOCK_Q, ROUND_UP(a->E, GEMM_NR), &dq_elems) ||
         (size_t)dq_elems > SIZE_MAX / 4 / sizeof(real))
         return ATTNC_EOVERFLOW;
-    idx_t key_tasks, query_tasks;
-    if (!attnc_mul_ok(n_items, job.n_key_blocks, &key_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &query_tasks))
+    idx_t most_tasks; /* the passes' task counts (a run's items times these) fit */
+    if (!attnc_mul_ok(n_items, job.n_key_blocks, &most_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &most_tasks))
         return ATTNC_EOVERFLOW;
     if (a->band.on) {
         job.item_finite = attnc_malloc((size_t)n_items);
