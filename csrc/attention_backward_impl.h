@@ -132,7 +132,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
  * (keys BLOCK_Q apart). Out of line, as tile_add. */
 static __attribute__((noinline)) void FN(tile_add_keys)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs)
 {
-    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, 0, 0);
+    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries
@@ -221,7 +221,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
-    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, 0);
+    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, NULL, 0);
     for (idx_t j = 0; j < nk; j++) {
         real *p = t->fwd.scores_t + j * BLOCK_Q;
         for (idx_t i = 0; i < nq; i++) p[i] = FN(vexp)(p[i] - t->shift[i]) * t->norm[i];

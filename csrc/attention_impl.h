@@ -61,7 +61,7 @@ static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args 
 }
 
 /* q_pack <- the scaled queries [q0, q0+nq) of the item (as pairs
- * unscaled: score_tile scales their scores) */
+ * unscaled: score_product scales their scores) */
 static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                                 idx_t q0, idx_t nq)
 {
@@ -81,12 +81,11 @@ static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOC
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
-    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, t->pairs);
+    real scale = (real)a->scale; /* pairs' scores are scaled as they are stored */
+    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, &scale, t->pairs);
     const attnc_band *band = &a->band;
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
-        if (BF16_PAIRS && t->pairs)
-            for (idx_t i = 0; i < nq; i++) row[i] *= (real)a->scale;
         if (item->bias) {
             const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
             for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);

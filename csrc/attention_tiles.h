@@ -175,40 +175,41 @@ static const real FN(zero_row)[64];
  * the tile's row pointers from the stack; out of line, the float SDPA cases
  * measured 1-4% faster on Zen 3 (AVX2), the double ones unchanged. */
 static __attribute__((noinline)) void FN(tile_store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
-                                                     idx_t c_rs, const real *init, int pairs)
+                                                     idx_t c_rs, const real *init, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0, 1);
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, scale, 0, 1);
     else
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, 0, 0);
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, init, 0, NULL, 0, 0);
 }
 
 static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
                                                    idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0, 1);
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
     else
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, 0, 0);
+        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T
  * (stored, not added: the tile is never cleared first), over E elements
- * packed as product_steps(E, pairs) steps. The products run
+ * packed as product_steps(E, pairs) steps; with pairs, times *scale as
+ * they are stored (pairs are packed unscaled). The products run
  * over whole NR slivers up to nq; the value product reads whole MR runs of
  * queries, and the columns of those past the last sliver (at most MR - 1)
  * are set to the zeros a product with the zero-padded queries would give,
  * rather than computed as one more sliver (at nq = 32 that sliver was a
  * third of the product: 48 columns for 32 queries at MR 6, NR 16). */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
-                              idx_t E, int pairs)
+                              idx_t E, const real *scale, int pairs)
 {
     idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR);
     idx_t steps = FN(product_steps)(E, pairs);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
             FN(tile_store)(steps, k_pack + j0 * steps, GEMM_MR, q_pack + i0 * steps, scores_t + j0 * BLOCK_Q + i0,
-                           BLOCK_Q, FN(zero_row), pairs);
+                           BLOCK_Q, FN(zero_row), scale, pairs);
     for (idx_t j = 0; j < nk; j++)
         for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }

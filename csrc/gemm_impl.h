@@ -99,7 +99,8 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
 
 /* c (MR, NR) = init (MR, NR) + a (MR, kc) . b (kc, NR), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away); init's rows are
- * init_rs apart (0: one row for all). b is a packed sliver: NR contiguous
+ * init_rs apart (0: one row for all). With a scale (not NULL, with init
+ * only), c = *scale * (init + a . b), rounded as a multiply after the sum. b is a packed sliver: NR contiguous
  * elements per step, aligned to the vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
@@ -111,8 +112,8 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
  * vdot_pairs. */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
-                                                                const real *init, idx_t init_rs, int stream_b,
-                                                                int pairs)
+                                                                const real *init, idx_t init_rs, const real *scale,
+                                                                int stream_b, int pairs)
 {
     vreal acc[GEMM_MR][2];
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
@@ -139,6 +140,9 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         if (!init) {
             acc[i][0] = vadd(vloadu(c), acc[i][0]);
             acc[i][1] = vadd(vloadu(c + VLANES), acc[i][1]);
+        } else if (scale) {
+            acc[i][0] = acc[i][0] * vset1(*scale);
+            acc[i][1] = acc[i][1] * vset1(*scale);
         }
         vstoreu(c, acc[i][0]);
         vstoreu(c + VLANES, acc[i][1]);
@@ -332,10 +336,10 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, 1,
+            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, NULL, 1,
                           BF16_PAIRS);
         else
-            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, 1, BF16_PAIRS);
+            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -351,7 +355,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
         start = init;
     }
-    FN(gemm_tile)(job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, 1, BF16_PAIRS);
+    FN(gemm_tile)(job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, NULL, 1, BF16_PAIRS);
     if (job->transposed) {
         FN(store_tile_transposed)(job, tile, i, j, m, n, first);
         return;
