@@ -196,8 +196,17 @@ static inline elem FN(round_for_pairs)(real x) { return to_elem(fabsf(x) < FLT_M
 /* VLANES pairs (first[c], second[c]) of two rows of reals, each rounded */
 static inline vreal FN(vround_pairs)(const real *first, const real *second)
 {
+#    if defined(ATTNC_EMULATE_BF16_DOT)
     FN(vbits32) words = FN(vround_bits_for_pairs)(vloadu(first));
     return (vreal)(second ? words | FN(vround_bits_for_pairs)(vloadu(second)) << 16 : words);
+#    else
+    /* both rows rounded by one vcvtne2ps2bf16 (first's 16 words, then
+     * second's), then interleaved by one vpermw */
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512bh both = _mm512_cvtne2ps_pbh(second ? vloadu(second) : vzero(), vloadu(first));
+    return (vreal)_mm512_permutexvar_epi16(interleave, (__m512i)both);
+#    endif
 }
 /* The pair (first, second) as a real's bits; second NULL: zero */
 static inline real FN(pair_of)(const elem *first, const elem *second)
