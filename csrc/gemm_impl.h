@@ -115,7 +115,7 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
                                                                 const real *init, idx_t init_rs, const real *scale,
                                                                 int stream_b, int pairs)
 {
-    vreal acc[GEMM_MR][2];
+    vreal acc[GEMM_MR][2], factor = scale ? vset1(*scale) : vzero(); /* read once: c may alias it */
     _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
         acc[i][0] = init ? vloadu(init + i * init_rs) : vzero();
         acc[i][1] = init ? vloadu(init + i * init_rs + VLANES) : vzero();
@@ -141,8 +141,8 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
             acc[i][0] = vadd(vloadu(c), acc[i][0]);
             acc[i][1] = vadd(vloadu(c + VLANES), acc[i][1]);
         } else if (scale) {
-            acc[i][0] = acc[i][0] * vset1(*scale);
-            acc[i][1] = acc[i][1] * vset1(*scale);
+            acc[i][0] = acc[i][0] * factor;
+            acc[i][1] = acc[i][1] * factor;
         }
         vstoreu(c, acc[i][0]);
         vstoreu(c + VLANES, acc[i][1]);
