@@ -11,6 +11,9 @@
  *                      nothing past them: a masked store where the ISA
  *                      has one
  *   vadd(a, b)         a + b
+ *   vmax(a, b), vmin(a, b)  a > b ? a : b, a < b ? a : b in each lane (b
+ *                      where either is NaN, as x86's max and min)
+ *   vnan_or(x, y)      x in the lanes where x is NaN, y in the others
  *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
  *   sfma(a, b, c)      the scalar twin of vfma: the same rounding, so a
  *                      scalar loop gets the micro-kernel's bits
@@ -28,8 +31,9 @@
  *                      registers hold
  * Vectors are GCC/Clang vector extensions of the ISA's width (16 bytes at
  * the portable level: SSE2 on x86-64, NEON elsewhere), so every operation
- * but the fused multiply-add is written once. The exp and the row
- * reductions are scalar code the compiler vectorises (vexp.h). */
+ * but the fused multiply-add, max and min is written once. The row
+ * reductions are scalar code the compiler vectorises; the exp is written in
+ * this vocabulary (vexp.h). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -44,6 +48,9 @@
 #define vstoreu FN(vstoreu)
 #define vstore_first FN(vstore_first)
 #define vadd FN(vadd)
+#define vmax FN(vmax)
+#define vmin FN(vmin)
+#define vnan_or FN(vnan_or)
 #define vfma FN(vfma)
 #define sfma FN(sfma)
 #define vlanes_mask FN(vlanes_mask)
@@ -230,6 +237,34 @@ static inline vreal vset1(real x) { return (vreal){0} + x; }
 static inline vreal vfma(vreal a, vreal b, vreal c) { return a * b + c; }
 static inline real sfma(real a, real b, real c) { return a * b + c; }
 #endif
+
+/* x86's max and min at the AVX2 and AVX-512 levels; the same selects in
+ * vector code at the portable level (a compare gives a lane of all ones) */
+#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vmax(vreal a, vreal b) { return _mm512_max_ps(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return _mm512_min_ps(a, b); }
+#elif defined(ATTNC_ISA_AVX512)
+static inline vreal vmax(vreal a, vreal b) { return _mm512_max_pd(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return _mm512_min_pd(a, b); }
+#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vmax(vreal a, vreal b) { return _mm256_max_ps(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return _mm256_min_ps(a, b); }
+#elif defined(ATTNC_ISA_AVX2)
+static inline vreal vmax(vreal a, vreal b) { return _mm256_max_pd(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return _mm256_min_pd(a, b); }
+#else
+static inline vreal FN(vselect)(vlanes_mask take_a, vreal a, vreal b)
+{
+    return (vreal)(((vlanes_mask)a & take_a) | ((vlanes_mask)b & ~take_a));
+}
+static inline vreal vmax(vreal a, vreal b) { return FN(vselect)(a > b, a, b); }
+static inline vreal vmin(vreal a, vreal b) { return FN(vselect)(a < b, a, b); }
+#endif
+static inline vreal vnan_or(vreal x, vreal y)
+{
+    vlanes_mask ordered = x == x;
+    return (vreal)(((vlanes_mask)y & ordered) | ((vlanes_mask)x & ~ordered));
+}
 
 #if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
 static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v); }

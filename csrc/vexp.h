@@ -1,7 +1,9 @@
-/* The vectorisable exp and the row pieces of a stable softmax (dtype
- * template: include after dtype.h). Written as branch-free scalar code so
- * that the compiler vectorises the loops calling it (AVX2 in the AVX2
- * translation unit, SSE2 in the portable one) without -ffast-math.
+/* The vector exp and the row pieces of a stable softmax (dtype template:
+ * include after dtype.h and simd.h). The exp is written in the SIMD
+ * vocabulary, lanes at a time (a scalar exp is its first lane, the same
+ * bits): left to the compiler's vectorisation of scalar code, its clamps
+ * and NaN select became four compares and three masked moves per vector,
+ * where one max, one min and one select do.
  *
  * exp: Cody-Waite range reduction x = n*ln2 + r, |r| <= ln2/2, then a
  * polynomial 1 + r + c2 r^2 + ...: for float of degree 6, its c2..c6 fitted
@@ -14,9 +16,8 @@
  * exponent below the smallest normal (2^n == 0: results below the smallest
  * normal flush to 0 or come out subnormal, an absolute error < 1.2e-38 /
  * 2.3e-308, harmless in a softmax; -inf gives exactly 0) to the one above
- * the largest (2^n == inf: large x gives inf). NaN gives NaN. The clamps
- * are max/min selects and only NaN needs a fix-up: about 16 vector
- * instructions per vector of results. */
+ * the largest (2^n == inf: large x gives inf). NaN gives NaN: about 17
+ * vector instructions per vector of results. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -43,10 +44,10 @@ typedef int32_t FN(exp_int);
 typedef int64_t FN(exp_int);
 #endif
 
-static inline real FN(polynomial_exp)(real r)
+static inline vreal FN(polynomial_exp)(vreal r)
 {
 #if defined(ATTNC_COMPUTE_F32)
-    real p = 0.0013814461417496204f;
+    vreal p = vset1(0.0013814461417496204f);
     p = p * r + 0.008368724957108498f;
     p = p * r + 0.04166838899254799f;
     p = p * r + 0.1666652113199234f;
@@ -54,7 +55,7 @@ static inline real FN(polynomial_exp)(real r)
     p = p * r + 1;
     return p * r + 1;
 #else
-    real p = 1.0 / 6227020800.0;
+    vreal p = vset1(1.0 / 6227020800.0);
     p = p * r + 1.0 / 479001600.0;
     p = p * r + 1.0 / 39916800.0;
     p = p * r + 1.0 / 3628800.0;
@@ -71,21 +72,33 @@ static inline real FN(polynomial_exp)(real r)
 #endif
 }
 
-static inline real FN(vexp)(real x)
+typedef FN(exp_int) FN(vexp_int) __attribute__((vector_size(SIMD_BYTES)));
+
+/* exp of every lane */
+static inline vreal FN(vexp_lanes)(vreal x)
 {
-    real clamped = x > EXP_LO ? x : EXP_LO; /* a max; NaN becomes EXP_LO */
-    clamped = clamped < EXP_HI ? clamped : EXP_HI;
-    real shifted = clamped * (real)1.4426950408889634 + EXP_SHIFTER;
-    real n = shifted - EXP_SHIFTER;
-    real r = clamped - n * EXP_LN2_HI;
-    r = r - n * EXP_LN2_LO;
-    FN(exp_int) bits;
-    memcpy(&bits, &shifted, sizeof bits);
-    bits = (bits - EXP_SHIFTER_BITS + EXP_BIAS) << EXP_MANT_BITS; /* n + bias in [0, 2 * bias + 1] */
-    real two_to_n;
-    memcpy(&two_to_n, &bits, sizeof two_to_n);
-    real y = FN(polynomial_exp)(r) * two_to_n;
-    return x == x ? y : x;
+    vreal clamped = vmin(vmax(x, vset1(EXP_LO)), vset1(EXP_HI)); /* NaN becomes EXP_LO */
+    vreal shifted = clamped * vset1((real)1.4426950408889634) + vset1(EXP_SHIFTER);
+    vreal n = shifted - vset1(EXP_SHIFTER);
+    vreal r = clamped - n * vset1(EXP_LN2_HI);
+    r = r - n * vset1(EXP_LN2_LO);
+    /* n + bias in [0, 2 * bias + 1] */
+    FN(vexp_int) bits = ((FN(vexp_int))shifted - (EXP_SHIFTER_BITS - EXP_BIAS)) << EXP_MANT_BITS;
+    return vnan_or(x, FN(polynomial_exp)(r) * (vreal)bits);
+}
+
+/* exp of one real: the lanes' function, so that it has the same bits */
+static inline real FN(vexp)(real x) { return FN(vexp_lanes)(vset1(x))[0]; }
+
+/* x (n) <- exp(x - shift) * factor, element by element (the backward's
+ * weights from the forward's shift and normaliser); whole vectors at
+ * once, the rest one by one */
+static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const real *factor)
+{
+    idx_t i = 0;
+    for (; i + VLANES <= n; i += VLANES)
+        vstoreu(x + i, FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i)) * vloadu(factor + i));
+    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * factor[i];
 }
 
 /* Largest element of x (n), in MAX_LANES lanes the compiler vectorises.
@@ -112,7 +125,9 @@ static inline real FN(row_max)(const real *x, idx_t n)
 #define SUM_LANES 16
 static inline real FN(exp_shift_sum)(real *x, idx_t n, real shift)
 {
-    for (idx_t j = 0; j < n; j++) x[j] = FN(vexp)(x[j] - shift);
+    idx_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) vstoreu(x + i, FN(vexp_lanes)(vloadu(x + i) - vset1(shift)));
+    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift);
     real lanes[SUM_LANES] = {0};
     idx_t j = 0;
     for (; j + SUM_LANES <= n; j += SUM_LANES)
