@@ -100,8 +100,9 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
 /* c (MR, NR) = init (MR, NR) + a (MR, kc) . b (kc, NR), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away); init's rows are
  * init_rs apart (0: one row for all). With a scale (not NULL, with init
- * only), c = *scale * (init + a . b), rounded as a multiply after the sum. b is a packed sliver: NR contiguous
- * elements per step, aligned to the vector size. a's
+ * only), c = *scale * (init + a . b), rounded as a multiply after the sum.
+ * b is a packed sliver: NR contiguous elements per step, aligned to the
+ * vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
  * loads of B and 2 * MR FMAs. c's rows are c_rs apart. With stream_b (a

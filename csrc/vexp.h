@@ -10,9 +10,9 @@
  * to exp's relative error on that interval (minimax, 3.8e-9 with the
  * coefficients rounded to float: a degree-7 Taylor polynomial had 7.1e-9
  * and one more multiply-add); for double the Taylor polynomial of degree
- * 13. Either is below half an ulp; the total error is a few ulp. 2^n is built in the
- * exponent bits from the rounding shifter's own bits (no float-to-int
- * conversion). x is clamped to [EXP_LO, EXP_HI], where n runs from the
+ * 13. Either is below half an ulp; the total error is a few ulp. 2^n is
+ * built in the exponent bits from the rounding shifter's own bits (no
+ * float-to-int conversion). x is clamped to [EXP_LO, EXP_HI], where n runs from the
  * exponent below the smallest normal (2^n == 0: results below the smallest
  * normal flush to 0 or come out subnormal, an absolute error < 1.2e-38 /
  * 2.3e-308, harmless in a softmax; -inf gives exactly 0) to the one above
@@ -20,7 +20,6 @@
  * vector instructions per vector of results. */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #if defined(ATTNC_COMPUTE_F32)
 #  define EXP_LO (-88.0f) /* rounds to n = -127: 2^n == 0 */
