@@ -17,7 +17,7 @@ compile_args = [
     # compile away the NaN and infinity handling the API promises).
     "-ffp-contract=fast",
     "-fno-math-errno",
-    # lets the compiler vectorise the branch-free selects of exp and max;
+    # lets the compiler vectorise the branch-free selects of the row maxima;
     # results are unchanged (no code here reads the floating-point flags)
     "-fno-trapping-math",
     "-Wall",

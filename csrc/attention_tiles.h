@@ -92,8 +92,10 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
 
 /* The queries a tile's buffers are sized for, nq queries rounded to whole
  * MR runs of the value product (which reads probabilities straight from
- * the score tile) and to whole NR slivers. The columns past nq are zeros,
- * never exponentiated (score_product). */
+ * the score tile) and to whole NR slivers. The columns past nq are zeros
+ * (times the scale, with pairs: -0 for a negative one), never
+ * exponentiated (score_product); only accumulator rows past nq, never
+ * written out, read them. */
 static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, GEMM_MR), GEMM_NR); }
 
 /* The query columns the score product computes for nq queries, and so the

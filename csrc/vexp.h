@@ -12,12 +12,15 @@
  * and one more multiply-add); for double the Taylor polynomial of degree
  * 13. Either is below half an ulp; the total error is a few ulp. 2^n is
  * built in the exponent bits from the rounding shifter's own bits (no
- * float-to-int conversion). x is clamped to [EXP_LO, EXP_HI], where n runs from the
- * exponent below the smallest normal (2^n == 0: results below the smallest
- * normal flush to 0 or come out subnormal, an absolute error < 1.2e-38 /
- * 2.3e-308, harmless in a softmax; -inf gives exactly 0) to the one above
- * the largest (2^n == inf: large x gives inf). NaN gives NaN: about 17
- * vector instructions per vector of results. */
+ * float-to-int conversion). x is clamped to [EXP_LO, EXP_HI], where n runs
+ * from the exponent below the smallest normal (2^n == 0: results below the
+ * smallest normal flush to 0 or come out subnormal, an absolute error <
+ * 1.2e-38 / 2.3e-308, harmless in a softmax; -inf gives exactly 0) to the
+ * one above the largest (2^n == inf: large x gives inf, from x = 88.38 /
+ * 709.44 on, where exp overflows only at 88.72 / 709.78: inf for a finite
+ * value in that band, which the softmax never asks for, its arguments being
+ * differences from a maximum, at most 0). NaN gives NaN: about 17 vector
+ * instructions per vector of results. */
 #include <math.h>
 #include <stdint.h>
 
