@@ -77,17 +77,20 @@
 #  define BF16_PAIRS 0
 #endif
 
-/* Per ISA: the vector's width, the micro-kernel's rows, and the two
- * operations the vector extensions do not spell well: a multiply-add that is
- * fused at every optimisation level (the compiler's contraction of a * b + c
- * is not, and sfma must match it bit for bit), and a broadcast (GCC turns
- * (vreal){0} + x into an add and a shuffle). */
+/* Per ISA: the vector's width, the micro-kernel's rows, and the operations
+ * the vector extensions do not spell well: a multiply-add that is fused at
+ * every optimisation level (the compiler's contraction of a * b + c is not,
+ * and sfma must match it bit for bit), a broadcast (GCC turns (vreal){0} + x
+ * into an add and a shuffle), and max and min (a select in vector code, one
+ * instruction each here). */
 #undef SIMD_BYTES
 #undef SIMD_LANES
 #undef LANE_LIST
 #undef GEMM_MR
 #undef FUSED_MULTIPLY_ADD
 #undef BROADCAST
+#undef LANE_MAX
+#undef LANE_MIN
 #if defined(ATTNC_ISA_AVX512)
 /* 12 rows x 2 zmm = 24 accumulators of the 32 registers, + 2 for B and 1
  * for the broadcast A element. On Zen 5 (full-width zmm FMAs) 12 x 32
@@ -96,6 +99,8 @@
 #  define GEMM_MR 12
 #  define FUSED_MULTIPLY_ADD(sfx) _mm512_fmadd_##sfx
 #  define BROADCAST(sfx) _mm512_set1_##sfx
+#  define LANE_MAX(sfx) _mm512_max_##sfx
+#  define LANE_MIN(sfx) _mm512_min_##sfx
 #elif defined(ATTNC_ISA_AVX2)
 /* 6 rows x 2 ymm = 12 accumulators, + 2 for B and 1 for the broadcast A
  * element: 15 of the 16 registers. */
@@ -103,6 +108,8 @@
 #  define GEMM_MR 6
 #  define FUSED_MULTIPLY_ADD(sfx) _mm256_fmadd_##sfx
 #  define BROADCAST(sfx) _mm256_set1_##sfx
+#  define LANE_MAX(sfx) _mm256_max_##sfx
+#  define LANE_MIN(sfx) _mm256_min_##sfx
 #else
 /* 4 rows x 2 vectors of 16 bytes: 8 accumulators of the 16 SSE2 registers.
  * ATTNC_PORTABLE_BYTES=32 or 64 (setup.py: ATTNC_PORTABLE_VECTOR_BYTES)
@@ -240,18 +247,12 @@ static inline real sfma(real a, real b, real c) { return a * b + c; }
 
 /* x86's max and min at the AVX2 and AVX-512 levels; the same selects in
  * vector code at the portable level (a compare gives a lane of all ones) */
-#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
-static inline vreal vmax(vreal a, vreal b) { return _mm512_max_ps(a, b); }
-static inline vreal vmin(vreal a, vreal b) { return _mm512_min_ps(a, b); }
-#elif defined(ATTNC_ISA_AVX512)
-static inline vreal vmax(vreal a, vreal b) { return _mm512_max_pd(a, b); }
-static inline vreal vmin(vreal a, vreal b) { return _mm512_min_pd(a, b); }
-#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
-static inline vreal vmax(vreal a, vreal b) { return _mm256_max_ps(a, b); }
-static inline vreal vmin(vreal a, vreal b) { return _mm256_min_ps(a, b); }
-#elif defined(ATTNC_ISA_AVX2)
-static inline vreal vmax(vreal a, vreal b) { return _mm256_max_pd(a, b); }
-static inline vreal vmin(vreal a, vreal b) { return _mm256_min_pd(a, b); }
+#if defined(LANE_MAX) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vmax(vreal a, vreal b) { return LANE_MAX(ps)(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return LANE_MIN(ps)(a, b); }
+#elif defined(LANE_MAX)
+static inline vreal vmax(vreal a, vreal b) { return LANE_MAX(pd)(a, b); }
+static inline vreal vmin(vreal a, vreal b) { return LANE_MIN(pd)(a, b); }
 #else
 static inline vreal FN(vselect)(vlanes_mask take_a, vreal a, vreal b)
 {
