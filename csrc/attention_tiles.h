@@ -267,15 +267,7 @@ static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, id
 {
     for (idx_t j = 0; j < nk; j++) {
         real *row = scores_t + j * BLOCK_Q;
-        idx_t i = 0;
-        for (; i + VLANES <= nq; i += VLANES) {
-            vreal e = FN(vexp_lanes)(vloadu(row + i) - vloadu(shift + i));
-            vstoreu(row + i, e);
-            vstoreu(sums + i, vloadu(sums + i) + e);
-        }
-        for (; i < nq; i++) {
-            row[i] = FN(vexp)(row[i] - shift[i]);
-            sums[i] += row[i];
-        }
+        FN(exp_shift_row)(row, nq, shift, NULL);
+        for (idx_t i = 0; i < nq; i++) sums[i] += row[i];
     }
 }

@@ -92,15 +92,17 @@ static inline vreal FN(vexp_lanes)(vreal x)
 /* exp of one real: the lanes' function, so that it has the same bits */
 static inline real FN(vexp)(real x) { return FN(vexp_lanes)(vset1(x))[0]; }
 
-/* x (n) <- exp(x - shift) * factor, element by element (the backward's
- * weights from the forward's shift and normaliser); whole vectors at
- * once, the rest one by one */
+/* x (n) <- exp(x - shift), element by element, times factor when it is
+ * not NULL (the backward's weights from the forward's shift and
+ * normaliser); whole vectors at once, the rest one by one */
 static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const real *factor)
 {
     idx_t i = 0;
-    for (; i + VLANES <= n; i += VLANES)
-        vstoreu(x + i, FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i)) * vloadu(factor + i));
-    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * factor[i];
+    for (; i + VLANES <= n; i += VLANES) {
+        vreal e = FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i));
+        vstoreu(x + i, factor ? e * vloadu(factor + i) : e);
+    }
+    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * (factor ? factor[i] : 1);
 }
 
 /* Largest element of x (n), in MAX_LANES lanes the compiler vectorises.
