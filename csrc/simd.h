@@ -20,9 +20,9 @@
  *   vtranspose(rows)   rows[VLANES] <- its transpose (a VLANES x VLANES
  *                      block, in registers)
  *   vload_halves(low, high)  VLANES / 2 reals from low, then VLANES / 2
- *                      from high (AVX2 and AVX-512: VLOAD_HALVES): loads
- *                      that do vtranspose's first stage (swapping the rows'
- *                      halves), so that vtranspose_rest finishes it
+ *                      from high (AVX2: VLOAD_HALVES): loads that swap the
+ *                      rows' 16-byte halves, vtranspose's step across
+ *                      blocks, so that vtranspose_in_blocks finishes it
  *   vmac(pairs, a, b, acc)  the micro-kernel's step: vfma(a, b, acc), or
  *                      with pairs (BF16_PAIRS only) vdot_pairs(a, b, acc):
  *                      a and b hold a pair of bfloat16 per 32-bit lane
@@ -55,7 +55,7 @@
 #define sfma FN(sfma)
 #define vlanes_mask FN(vlanes_mask)
 #define vtranspose FN(vtranspose)
-#define vtranspose_rest FN(vtranspose_rest)
+#define vtranspose_in_blocks FN(vtranspose_in_blocks)
 #define vload_halves FN(vload_halves)
 #define vdot_pairs FN(vdot_pairs)
 #define vmac FN(vmac)
@@ -163,73 +163,87 @@ typedef int32_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
 #else
 typedef int64_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
 #endif
-/* For rows i and i + d (bit d of i clear), the lanes with bit d set in row
- * i trade places with the lanes with it clear in row i + d: */
-#define SWAP_LOW(l, d) (((l) & (d)) ? SIMD_LANES + (l) - (d) : (l))  /* new row i */
-#define SWAP_HIGH(l, d) (((l) & (d)) ? SIMD_LANES + (l) : (l) + (d)) /* new row i + d */
-#define TRANSPOSE_STAGE(d)                                                                         \
-    for (int i = 0; i < SIMD_LANES; i++)                                                           \
-        if (!(i & (d))) {                                                                          \
-            vreal low = rows[i], high = rows[i + (d)];                                             \
-            rows[i] = __builtin_shuffle(low, high, (vlanes_mask){LANE_LIST(SWAP_LOW, d)});       \
-            rows[i + (d)] = __builtin_shuffle(low, high, (vlanes_mask){LANE_LIST(SWAP_HIGH, d)}); \
+/* The transpose is built from one kind of step, even/odd: lanes are cut
+ * into spans of `span` lanes, each span into units of g lanes; from rows a
+ * and b, the even step keeps the even units of a's span, then of b's (the
+ * odd step, the odd units). Two such steps over spans of four units (rows
+ * d = 1 and 2 apart, or 4 and 8) transpose a 4 x 4 grid of units; one over
+ * two units (span 2g) a 2 x 2 grid. Each is one x86 instruction (shufps,
+ * unpcklpd, vperm2f128, vshuff32x4, vshuff64x2) or NEON's uzp1 / uzp2,
+ * where the swaps of halving blocks this replaced needed two-source
+ * permutes (vpermt2ps): a (1, 768) x (2304, 768)^T `linear` took 1.27x the
+ * time on a Zen 4 core (benchmarks/NOTES.md). Lane l of a step: */
+#define UNITS(span, g) ((span) / (g))
+#define EVEN_ODD_LANE(l, g, span, odd)                                                                    \
+    ((l) - (l) % (span) + ((l) % (span) / (g) % (UNITS(span, g) / 2) * 2 + (odd)) * (g) + (l) % (g) + \
+     ((l) % (span) / (g) >= UNITS(span, g) / 2 ? SIMD_LANES : 0))
+/* the two kinds of spans: each 16-byte block (units of one lane), and the
+ * whole vector (units of a block) */
+#if defined(ATTNC_COMPUTE_F32)
+#  define BLOCK_LANES 4
+#else
+#  define BLOCK_LANES 2
+#endif
+#define IN_BLOCK(l, odd) EVEN_ODD_LANE(l, 1, BLOCK_LANES, odd)
+#define OF_BLOCKS(l, odd) EVEN_ODD_LANE(l, BLOCK_LANES, SIMD_LANES, odd)
+/* rows i and i + d (bit d of i clear) <- the even and odd steps of them */
+#define EVEN_ODD_STEPS(d, LANE)                                                         \
+    for (int i = 0; i < SIMD_LANES; i++)                                                \
+        if (!(i & (d))) {                                                               \
+            vreal a = rows[i], b = rows[i + (d)];                                       \
+            rows[i] = __builtin_shuffle(a, b, (vlanes_mask){LANE_LIST(LANE, 0)});       \
+            rows[i + (d)] = __builtin_shuffle(a, b, (vlanes_mask){LANE_LIST(LANE, 1)}); \
         }
-/* The block transpose by swapping off-diagonal blocks of halving sizes:
- * log2(VLANES) stages of VLANES two-vector shuffles (they commute). All
- * stages but the first (blocks of VLANES / 2), which vload_halves does: */
-static inline __attribute__((always_inline)) void vtranspose_rest(vreal rows[SIMD_LANES])
+/* Each 16-byte block column of every BLOCK_LANES rows transposed in place;
+ * with vtranspose's steps across blocks (which commute with these), the
+ * whole block. */
+static inline __attribute__((always_inline)) void vtranspose_in_blocks(vreal rows[SIMD_LANES])
 {
-#if SIMD_LANES > 8
-    TRANSPOSE_STAGE(4)
+    EVEN_ODD_STEPS(1, IN_BLOCK)
+#if BLOCK_LANES == 4
+    EVEN_ODD_STEPS(2, IN_BLOCK)
 #endif
-#if SIMD_LANES > 4
-    TRANSPOSE_STAGE(2)
-#endif
-#if SIMD_LANES > 2
-    TRANSPOSE_STAGE(1)
-#endif
-    (void)rows;
 }
 
 static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LANES])
 {
-    TRANSPOSE_STAGE(SIMD_LANES / 2)
-    vtranspose_rest(rows);
+    vtranspose_in_blocks(rows);
+#if SIMD_LANES > BLOCK_LANES /* two blocks: one step; four: two */
+    EVEN_ODD_STEPS(BLOCK_LANES, OF_BLOCKS)
+#endif
+#if SIMD_LANES > 2 * BLOCK_LANES
+    EVEN_ODD_STEPS(2 * BLOCK_LANES, OF_BLOCKS)
+#endif
 }
-#undef TRANSPOSE_STAGE
+#undef EVEN_ODD_STEPS
+#undef OF_BLOCKS
+#undef IN_BLOCK
+#undef EVEN_ODD_LANE
+#undef UNITS
 
-/* Two half-vector loads joined, at AVX2 and AVX-512: the second is an
- * insert from memory, which needs no shuffle port (a shuffle, as in
- * vtranspose's first stage, can only use one on Intel cores). The portable
- * level has no such instruction (SSE2 builds a float vector from halves
- * through the stack) and turns whole loads with vtranspose. */
+/* Two half-vector loads joined, at AVX2: the second is an insert from
+ * memory, which needs no shuffle port (vperm2f128, vtranspose's step across
+ * blocks, can only use one on Intel cores). At AVX-512 the step across
+ * blocks is two (vshuff32x4 on four blocks), and whole loads turned by
+ * vtranspose measured as fast as halves (benchmarks/NOTES.md); the
+ * portable level has no such instruction (SSE2 builds a float vector from
+ * halves through the stack). */
 #undef VLOAD_HALVES
-#if defined(ATTNC_ISA_AVX512) || defined(ATTNC_ISA_AVX2)
+#if defined(ATTNC_ISA_AVX2)
 #  define VLOAD_HALVES 1
 #endif
-#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
-static inline vreal vload_halves(const real *low, const real *high)
-{
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(low)), _mm256_loadu_ps(high), 1);
-}
-#elif defined(ATTNC_ISA_AVX512)
-static inline vreal vload_halves(const real *low, const real *high)
-{
-    return _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd(low)), _mm256_loadu_pd(high), 1);
-}
-#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+#if defined(VLOAD_HALVES) && defined(ATTNC_COMPUTE_F32)
 static inline vreal vload_halves(const real *low, const real *high)
 {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(low)), _mm_loadu_ps(high), 1);
 }
-#elif defined(ATTNC_ISA_AVX2)
+#elif defined(VLOAD_HALVES)
 static inline vreal vload_halves(const real *low, const real *high)
 {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_loadu_pd(low)), _mm_loadu_pd(high), 1);
 }
 #endif
-#undef SWAP_LOW
-#undef SWAP_HIGH
+#undef BLOCK_LANES
 
 #if defined(FUSED_MULTIPLY_ADD) && defined(ATTNC_COMPUTE_F32)
 static inline vreal vset1(real x) { return BROADCAST(ps)(x); }

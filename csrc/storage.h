@@ -227,10 +227,10 @@ static inline real FN(pair_at)(const elem *row, idx_t p, idx_t cs, idx_t n)
 
 /* rows[s] <- element p + s of each of the VLANES rows src[l], in lane l
  * (s < VLANES): a VLANES x VLANES block of the rows turned in registers.
- * Reals at AVX2 and AVX-512 are loaded half a vector of two rows at a time
- * (vload_halves), which does the transpose's first stage without its
- * shuffles; 16-bit elems are widened a whole vector at a time, and the
- * portable level loads whole vectors, both turned by vtranspose. */
+ * Reals at AVX2 are loaded half a vector of two rows at a time
+ * (vload_halves), which does the transpose's step across blocks without a
+ * shuffle; 16-bit elems are widened a whole vector at a time, and the
+ * other levels load whole vectors, all turned by vtranspose. */
 static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLANES], const elem *const src[VLANES],
                                                                   idx_t p)
 {
@@ -240,7 +240,7 @@ static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLA
         rows[l] = vload_halves(src[l] + p, src[l + half] + p);
         rows[l + half] = vload_halves(src[l] + p + half, src[l + half] + p + half);
     }
-    vtranspose_rest(rows);
+    vtranspose_in_blocks(rows);
 #else
     for (int l = 0; l < VLANES; l++) rows[l] = vload_elems(src[l] + p);
     vtranspose(rows);
