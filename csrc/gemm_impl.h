@@ -433,13 +433,33 @@ typedef struct {
     idx_t N, blocks_per_task;
 } FN(few_rows_job);
 
+/* The first `count` of VLANES steps of few_rows_block from p: B's rows'
+ * elements p + s turned in registers (all VLANES read), acc[m] += A (m, p
+ * + s) times them, s < count in order. */
+static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const rows[VLANES],
+                                                                      const real *a, idx_t K, idx_t p, int count,
+                                                                      int M)
+{
+    vreal steps[VLANES];
+    FN(load_turned)(steps, rows, p);
+    _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
+        if (s < count)
+            _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[m * K + p + s]), steps[s], acc[m]);
+}
+
 /* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
  * (M a constant at each call, so the accumulators stay in registers): B's
  * rows are read in place and turned in registers VLANES steps at a time,
- * and each step is multiplied by every row's element. A lane past n
- * repeats the last output and is not stored. Each element gets the packed
- * path's operations in its order: from the bias, the multiply-adds of a K
- * block one step after another, then the K blocks' sums added. */
+ * and each step is multiplied by every row's element. The steps up to the
+ * first row's next vector boundary go first (a whole turned block, of
+ * which only they are used), so that the vector loads after them (of every
+ * row, when rows are a multiple of 64 bytes apart) are aligned: a (1,
+ * 4096) x (4096, 4096)^T `linear` whose rows start 16 bytes past a line
+ * (NumPy's alignment) took 1.2-1.3x the time with every load split over two
+ * lines (benchmarks/NOTES.md). A lane past n repeats the last output and
+ * is not stored. Each element gets the packed path's operations in its
+ * order: from the bias, the multiply-adds of a K block one step after
+ * another, then the K blocks' sums added. */
 static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
                                                                      int M)
 {
@@ -452,17 +472,17 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         rows[l] = FN(operand_row)(&job->b, j);
         bias[l] = FN(bias_at)(g, j);
     }
+    const size_t vector_bytes = VLANES * sizeof(elem);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         idx_t p = p0, end = attnc_min(K, p0 + GEMM_KC);
         vreal acc[GEMM_FEW_ROWS];
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
-        for (; p + VLANES <= end; p += VLANES) {
-            vreal steps[VLANES];
-            FN(load_turned)(steps, rows, p);
-            _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
-                _Pragma("GCC unroll 16") for (int m = 0; m < M; m++)
-                    acc[m] = vfma(vset1(job->a[m * K + p + s]), steps[s], acc[m]);
+        int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
+        if (lead && p + VLANES <= end) {
+            FN(few_rows_turned)(acc, rows, job->a, K, p, lead, M);
+            p += lead;
         }
+        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, job->a, K, p, VLANES, M);
         for (; p < end; p++) {
             real step[VLANES];
             for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);

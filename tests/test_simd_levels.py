@@ -103,6 +103,31 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
 
 
+@pytest.mark.parametrize("offset", [1, 4, 7, 15])
+@pytest.mark.parametrize("k", [19, 771, 1543])
+@pytest.mark.parametrize("m", [1, 3])
+def test_linear_few_rows_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
+    """The few-rows order starts each K block with the steps up to the first
+    weight row's next vector boundary (a whole turned block, only those
+    steps used), so that its other loads are aligned. Weights whose rows
+    start `offset` elements past a 64-byte boundary (a view into a larger
+    buffer; K = 19: one vector at most, 771 and 1543: one and three K
+    blocks): against float64, and each row's bits as among 100 rows (a
+    packed order) and as with the weights copied (NumPy's own alignment)."""
+    rng = np.random.default_rng(m + k + offset)
+    itemsize = np.dtype(dtype).itemsize
+    buffer = np.empty(130 * k + 64, dtype)
+    start = (-buffer.ctypes.data % 64) // itemsize + offset
+    w = buffer[start:start + 130 * k].reshape(130, k)
+    w[...] = _r(rng, (130, k), dtype)
+    x, b = _r(rng, (m, k), dtype), _r(rng, (130,), dtype)
+    out = F.linear(x, w, b)
+    assert_close(out, x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m} K={k}")
+    among = F.linear(np.concatenate([_r(rng, (50, k), dtype), x, _r(rng, (50 - m, k), dtype)]), w, b)
+    np.testing.assert_array_equal(among[50:50 + m], out)
+    np.testing.assert_array_equal(F.linear(x, w.copy(), b), out)
+
+
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
