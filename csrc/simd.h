@@ -171,8 +171,9 @@ typedef int64_t vlanes_mask __attribute__((vector_size(SIMD_BYTES)));
  * two units (span 2g) a 2 x 2 grid. Each is one x86 instruction (shufps,
  * unpcklpd, vperm2f128, vshuff32x4, vshuff64x2) or NEON's uzp1 / uzp2,
  * where the swaps of halving blocks this replaced needed two-source
- * permutes (vpermt2ps): a (1, 768) x (2304, 768)^T `linear` took 1.27x the
- * time on a Zen 4 core (benchmarks/NOTES.md). Lane l of a step: */
+ * permutes (vpermt2ps): a (1, 768) x (2304, 768)^T `linear` (weights
+ * turned in registers) took 0.93x the time on a Zen 4 core
+ * (benchmarks/NOTES.md). Lane l of a step: */
 #define UNITS(span, g) ((span) / (g))
 #define EVEN_ODD_LANE(l, g, span, odd)                                                                    \
     ((l) - (l) % (span) + ((l) % (span) / (g) % (UNITS(span, g) / 2) * 2 + (odd)) * (g) + (l) % (g) + \
