@@ -149,7 +149,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
         t->run_max[i] = new_max;
         t->tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
     }
-    FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk);
+    FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk, t->pairs);
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);

@@ -262,12 +262,13 @@ static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t
 }
 
 /* scores_t[j, i] <- exp(scores_t[j, i] - shift[i]); sums (nq) += column
- * sums, added key by key in order (the same for any thread count) */
-static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, idx_t nq, idx_t nk)
+ * sums, added key by key in order (the same for any thread count). With
+ * pairs, the exp for probabilities rounded to bfloat16 next (vexp.h). */
+static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, idx_t nq, idx_t nk, int pairs)
 {
     for (idx_t j = 0; j < nk; j++) {
         real *row = scores_t + j * BLOCK_Q;
-        FN(exp_shift_row)(row, nq, shift, NULL);
+        FN(exp_shift_row)(row, nq, shift, NULL, pairs);
         for (idx_t i = 0; i < nq; i++) sums[i] += row[i];
     }
 }

@@ -272,6 +272,24 @@ def test_probabilities_near_the_smallest_normal_give_every_query_the_same_bits(l
         np.testing.assert_array_equal(out.view(np.uint16), np.broadcast_to(out[:1], out.shape).view(np.uint16))
 
 
+def test_lse_carries_the_flash_exp_at_float_accuracy(low, simd_mode):
+    """The flash path's exp has a few float32 ulp of error; where bfloat16 probabilities
+    are rounded right after it (the AVX512_BF16 level), 5.6e-6 relative at most (vexp.h:
+    for_bf16), 1/350 of that rounding. Its error reaches lse unrounded: query i against two
+    keys with scores 0 and d_i (every value of the dtype in [-16, 0]) has
+    lse_i = log(1 + exp(d_i)), off by at most 5.6e-6 * exp(d_i) / (1 + exp(d_i)) <= 2.8e-6
+    from the exp and by float32's rounding of the sum and the log (< 1.2e-7 here)."""
+    bits = np.arange(1 << 16, dtype=np.uint16).view(low)
+    with np.errstate(invalid="ignore"):  # the signalling NaNs among the bits
+        wide = bits.astype(np.float64)
+    d = bits[(wide >= -16) & (wide <= 0)]
+    q = np.stack([d, np.zeros_like(d)], -1)  # (L, 2), L > ROWS_MAX_QUERIES: the flash path
+    k = np.array([[0, 0], [1, 0]], low)
+    _, lse = F.scaled_dot_product_attention(q, k, np.zeros((2, 2), low), scale=1.0, return_lse=True)
+    expected = np.log1p(np.exp(d.astype(np.float64)))
+    assert np.abs(lse - expected).max() <= 3e-6
+
+
 @pytest.mark.parametrize("shape", ["tile-edges", "rows", "decode"])
 def test_sdpa_same_bits_any_threads_and_with_weights(low, shape, restore_threads):
     batch, L, S, E, Ev = SDPA_SHAPES[shape]
