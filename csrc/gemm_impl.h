@@ -106,8 +106,9 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
  * loads of B and 2 * MR FMAs. c's rows are c_rs apart. With stream_b (a
- * constant), b is a GEMM sliver KC steps deep, larger than L1, and its rows
- * GEMM_PREFETCH_STEPS ahead are asked for while these compute. With pairs
+ * constant: the GEMM's tiles), b is a sliver KC steps deep, larger than L1,
+ * whose rows GEMM_PREFETCH_STEPS ahead are asked for while these compute,
+ * and C is in memory. With pairs
  * (a constant; BF16_PAIRS only), a step is two of the product's: every
  * element of a and b is a pair of bfloat16 (storage.h), multiplied by
  * vdot_pairs. */
@@ -121,9 +122,13 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         acc[i][0] = init ? vloadu(init + i * init_rs) : vzero();
         acc[i][1] = init ? vloadu(init + i * init_rs + VLANES) : vzero();
         /* start loading C's row (it may straddle cache lines) while the K
-         * loop runs: waiting for it at the end cost a sixth of the time */
-        __builtin_prefetch(c + i * c_rs);
-        __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
+         * loop runs, when it is added to or is the GEMM's (in memory):
+         * waiting for it at the end cost a sixth of the time. Attention's
+         * score tiles (only stored, in L2) take 0.99x the time without. */
+        if (!init || stream_b) {
+            __builtin_prefetch(c + i * c_rs);
+            __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
+        }
     }
     for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
         if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
