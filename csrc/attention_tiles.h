@@ -262,13 +262,27 @@ static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t
 }
 
 /* scores_t[j, i] <- exp(scores_t[j, i] - shift[i]); sums (nq) += column
- * sums, added key by key in order (the same for any thread count). With
- * pairs, the exp for probabilities rounded to bfloat16 next (vexp.h). */
+ * sums, added key by key in order (the same for any thread count). A
+ * vector of columns at a time, down the keys, its shift and sums held in
+ * registers; the last columns one at a time. With pairs, the exp for
+ * probabilities rounded to bfloat16 next (vexp.h). */
 static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, idx_t nq, idx_t nk, int pairs)
 {
-    for (idx_t j = 0; j < nk; j++) {
-        real *row = scores_t + j * BLOCK_Q;
-        FN(exp_shift_row)(row, nq, shift, NULL, pairs);
-        for (idx_t i = 0; i < nq; i++) sums[i] += row[i];
+    idx_t i = 0;
+    for (; i + VLANES <= nq; i += VLANES) {
+        vreal column_shift = vloadu(shift + i), sum = vloadu(sums + i);
+        for (idx_t j = 0; j < nk; j++) {
+            real *x = scores_t + j * BLOCK_Q + i;
+            vreal e = FN(vexp_lanes)(vloadu(x) - column_shift, pairs);
+            vstoreu(x, e);
+            sum = sum + e;
+        }
+        vstoreu(sums + i, sum);
     }
+    for (; i < nq; i++)
+        for (idx_t j = 0; j < nk; j++) {
+            real *x = scores_t + j * BLOCK_Q + i;
+            *x = FN(vexp_lanes)(vset1(*x - shift[i]), pairs)[0];
+            sums[i] += *x;
+        }
 }
