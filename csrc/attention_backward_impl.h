@@ -222,7 +222,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     real scale = (real)a->scale;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
     FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, NULL, 0);
-    for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm, 0);
+    for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
     if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i0, j0);
         for (idx_t j = 0; j < nk; j++) {

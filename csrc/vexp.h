@@ -110,15 +110,15 @@ static inline real FN(vexp)(real x) { return FN(vexp_lanes)(vset1(x), 0)[0]; }
 
 /* x (n) <- exp(x - shift), element by element, times factor when it is
  * not NULL (the backward's weights from the forward's shift and
- * normaliser); whole vectors at once, the rest one lane at a time */
-static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const real *factor, int for_bf16)
+ * normaliser); whole vectors at once, the rest one by one */
+static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const real *factor)
 {
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) {
-        vreal e = FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i), for_bf16);
+        vreal e = FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i), 0);
         vstoreu(x + i, factor ? e * vloadu(factor + i) : e);
     }
-    for (; i < n; i++) x[i] = FN(vexp_lanes)(vset1(x[i] - shift[i]), for_bf16)[0] * (factor ? factor[i] : 1);
+    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * (factor ? factor[i] : 1);
 }
 
 /* Largest element of x (n), in MAX_LANES lanes the compiler vectorises.
