@@ -88,6 +88,15 @@
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
  * time, 1 thread unchanged (benchmarks/NOTES.md). */
 #define GEMM_PREFETCH_STEPS 8
+/* Packing an element takes about as long as this many of the micro-kernel's
+ * flops (one Zen 4 core packed a (256, 256) A, 67.6K elements, in 10 us,
+ * where the micro-kernel runs 100 GFLOP/s: 15): the packing pass's work in
+ * the flops the pool weighs against waking a thread. Counted as one flop
+ * an element, that pass ran on the caller alone, and at 2 threads took a
+ * third of a `linear` (256, 256, 256) (60 us, the other thread waiting):
+ * its stores wait for the lines of packed A the other core read in the
+ * call before. Shared, 0.91x the call's time (benchmarks/NOTES.md). */
+#define GEMM_PACK_ELEMENT_FLOPS 16
 
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
@@ -643,7 +652,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     if (!job.packed_a || !job.packed_b || (stack_bias && !stacked_bias) || (!ELEM_IS_REAL && !sums)) goto done;
     for (idx_t j = 0; stack_bias && j < N; j++) stacked_bias[j] = FN(bias_at)(g, j);
 
-    double packed_elements = (double)(a_bytes + b_bytes) / sizeof(real);
+    double packing_flops = GEMM_PACK_ELEMENT_FLOPS * (double)(a_bytes + b_bytes) / sizeof(real);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         job.p0 = p0;
         job.kc = attnc_min(GEMM_KC, K - p0);
@@ -662,7 +671,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
             attnc_parallel_for(job.n_row_blocks, flops, FN(multiply_task), &job);
         } else {
             attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + (streamed ? 0 : FN(pack_tasks)(job.N, GEMM_NR)),
-                               packed_elements, FN(pack_task), &job);
+                               packing_flops, FN(pack_task), &job);
             attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
         }
     }
