@@ -93,9 +93,10 @@
  * where the micro-kernel runs 100 GFLOP/s: 15): the packing pass's work in
  * the flops the pool weighs against waking a thread. Counted as one flop
  * an element, that pass ran on the caller alone, and at 2 threads took a
- * third of a `linear` (256, 256, 256) (60 us, the other thread waiting):
- * its stores wait for the lines of packed A the other core read in the
- * call before. Shared, 0.91x the call's time (benchmarks/NOTES.md). */
+ * third of a `linear` (256, 256, 256) (60 us, the other thread waiting;
+ * perf puts the time on its stores, into lines of packed A that the other
+ * core read in the call before). Shared, 0.91x the call's time
+ * (benchmarks/NOTES.md). */
 #define GEMM_PACK_ELEMENT_FLOPS 16
 
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
