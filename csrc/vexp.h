@@ -39,6 +39,7 @@
 #  define EXP_SHIFTER_BITS 0x4B400000 /* its bits: shifted bits - these = n */
 #  define EXP_LN2_HI 0.693145751953125f
 #  define EXP_LN2_LO 1.428606765330187e-06f
+#  define EXP_LN2 0.6931471805599453f /* ln2 in one float, for_bf16 */
 #  define EXP_BIAS 127
 #  define EXP_MANT_BITS 23
 typedef int32_t FN(exp_int);
@@ -49,6 +50,7 @@ typedef int32_t FN(exp_int);
 #  define EXP_SHIFTER_BITS 0x4338000000000000
 #  define EXP_LN2_HI 0.6931471803691238
 #  define EXP_LN2_LO 1.9082149292705877e-10
+#  define EXP_LN2 0.6931471805599453
 #  define EXP_BIAS 1023
 #  define EXP_MANT_BITS 52
 typedef int64_t FN(exp_int);
@@ -98,7 +100,7 @@ static inline vreal FN(vexp_lanes)(vreal x, int for_bf16)
     vreal clamped = vmin(vmax(x, vset1(EXP_LO)), vset1(EXP_HI)); /* NaN becomes EXP_LO */
     vreal shifted = clamped * vset1((real)1.4426950408889634) + vset1(EXP_SHIFTER);
     vreal n = shifted - vset1(EXP_SHIFTER);
-    vreal r = clamped - n * vset1(for_bf16 ? (real)0.6931471805599453 : EXP_LN2_HI);
+    vreal r = clamped - n * vset1(for_bf16 ? EXP_LN2 : EXP_LN2_HI);
     if (!for_bf16) r = r - n * vset1(EXP_LN2_LO);
     /* n + bias in [0, 2 * bias + 1] */
     FN(vexp_int) bits = ((FN(vexp_int))shifted - (EXP_SHIFTER_BITS - EXP_BIAS)) << EXP_MANT_BITS;
@@ -171,5 +173,6 @@ static inline void FN(scale_row)(real *x, idx_t n, real factor)
 #undef EXP_SHIFTER_BITS
 #undef EXP_LN2_HI
 #undef EXP_LN2_LO
+#undef EXP_LN2
 #undef EXP_BIAS
 #undef EXP_MANT_BITS
