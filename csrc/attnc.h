@@ -74,6 +74,10 @@ int attnc_get_num_threads(void);
 /* The threads a parallel_for would compute on: the count asked for, at most
  * the CPUs; for kernels sizing their tasks (never their results) by it. */
 int attnc_running_threads(void);
+/* The threads a parallel_for of work_flops would compute on: 1 below the
+ * work that pays for waking a thread, or inside a task (which runs nested
+ * work inline), else attnc_running_threads(). */
+int attnc_threads_for(double work_flops);
 
 /* ------------------------------------------------------------------------ */
 /* interrupt.c: stopping a long call from its caller (Ctrl-C)                */

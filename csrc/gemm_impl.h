@@ -14,7 +14,8 @@
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
- * C^T = B . A^T, B (the weights) read in place and only A packed; a packed A that
+ * C^T = B . A^T, B (the weights) read in place and only A packed, by each
+ * thread for the block of weights it multiplies; a packed A that
  * stays in L2, and B slivers for every thread, "streamed": pass 1 packs A
  * alone, and each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each, so the weights are read once and never written
@@ -102,6 +103,15 @@
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
 static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
+/* The first of `count` rows (or columns) in block b of n_blocks: the blocks
+ * cut them in whole slivers of `width`, as evenly as whole slivers go (the
+ * first blocks one sliver more), so that threads given the same number of
+ * blocks get the same work. */
+static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, idx_t b)
+{
+    idx_t slivers = attnc_ceil_div(count, width), per = slivers / n_blocks, extra = slivers % n_blocks;
+    return attnc_min(count, (per * b + (b < extra ? b : extra)) * width);
+}
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -201,10 +211,10 @@ typedef struct {
     const real *bias;        /* (N), or (M) when transposed, or NULL */
     real *c;                 /* C (M, N), rows c_rs apart; (N, M) when transposed */
     idx_t c_rs;
-    idx_t mc, nc, n_row_blocks, n_col_blocks;
+    idx_t n_row_blocks, n_col_blocks; /* the tasks: blocks of C (gemm_block_start) */
     real *packed_a, *packed_b; /* (M / MR, steps, MR), (N / NR, steps, NR), rounded up; */
-    int streamed;              /* or a sliver (steps, NR) per task, packed in pass 2 */
-    int transposed;            /* A read in place but for its irregular slivers: */
+    int streamed;              /* or a sliver (steps, NR) per task, packed in pass 2; */
+    int transposed;            /* or all of B per task. A read in place but for its irregular slivers: */
     int n_irregular;           /* those cut by the bottom edge or a part's end, */
     idx_t irregular[ATTNC_GEMM_MAX_PARTS]; /* by first row, packed in packed_a */
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
@@ -387,12 +397,34 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
  * tasks share a column block, so its B slivers stay in cache. A streamed
  * job has one row block, so t is its column block: the task packs each B
  * sliver of the block in turn into slot t of packed_b (it stays in L2) and
- * multiplies all of A by it. */
+ * multiplies all of A by it. A transposed job has one column block and a
+ * row block per thread: the task packs the irregular slivers of its rows
+ * (each is one task's) and all of B, the small operand, into slot t for
+ * itself, then multiplies each tile row of A (read in place, once) by all
+ * of B. (Packed by the caller for all, B had to wait for lines the other
+ * core had read: 2 threads took 3.5x one thread's time to pack it.) */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     const FN(gemm_job) *job = ctx;
-    idx_t i0 = t % job->n_row_blocks * job->mc, i1 = attnc_min(job->M, i0 + job->mc);
-    idx_t j0 = t / job->n_row_blocks * job->nc, j1 = attnc_min(job->N, j0 + job->nc);
+    idx_t row_block = t % job->n_row_blocks, col_block = t / job->n_row_blocks;
+    idx_t i0 = gemm_block_start(job->M, GEMM_MR, job->n_row_blocks, row_block);
+    idx_t i1 = gemm_block_start(job->M, GEMM_MR, job->n_row_blocks, row_block + 1);
+    idx_t j0 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block);
+    idx_t j1 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block + 1);
+    if (job->transposed) {
+        real *b = job->packed_b + t * attnc_ceil_div(job->N, GEMM_NR) * GEMM_NR * job->steps;
+        for (int k = 0; k < job->n_irregular; k++) {
+            idx_t start = job->irregular[k];
+            if (start >= i0 && start < i1)
+                FN(pack_sliver)(job->packed_a + k * GEMM_MR * job->steps, &job->a, start,
+                                attnc_min(GEMM_MR, job->M - start), GEMM_MR, job->p0, job->kc);
+        }
+        for (idx_t j = 0; j < job->N; j += GEMM_NR)
+            FN(pack_sliver)(b + j * job->steps, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
+        for (idx_t i = i0; i < i1; i += GEMM_MR)
+            for (idx_t j = 0; j < job->N; j += GEMM_NR) FN(run_tile)(job, i, j, b + j * job->steps);
+        return;
+    }
     real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
     for (idx_t j = j0; j < j1; j += GEMM_NR) {
         if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
@@ -585,7 +617,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         return ATTNC_OK;
     }
     if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1) return FN(gemm_few_rows)(g, N, &a, &b);
-    idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_running_threads();
+    idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
     idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     /* Few rows of A (a short sequence): C^T = B . A^T, so the weights B are
      * read in place by the micro-kernel's broadcasts and only A is packed,
@@ -606,10 +638,10 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                    attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <= GEMM_STREAMED_A_BYTES;
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
     if (transposed) {
-        /* the job's rows are B's: at least two tasks per thread of them */
-        idx_t rows = attnc_ceil_div(attnc_ceil_div(N, GEMM_MR), 2 * threads) * GEMM_MR;
+        /* the job's rows are B's: a block of them per thread, each task
+         * packing its own A (multiply_task) */
         job.M = N, job.N = M, job.a = b, job.b = a;
-        job.mc = attnc_min(mc, rows), job.nc = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
+        job.n_row_blocks = attnc_min(threads, attnc_ceil_div(N, GEMM_MR)), job.n_col_blocks = 1;
         /* slivers whose MR rows are not one part's evenly spaced rows */
         for (int q = 0; q < b.n_parts; q++) {
             idx_t start = b.ends[q] / GEMM_MR * GEMM_MR; /* the sliver holding a part's end */
@@ -617,24 +649,30 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
             if (cut && !seen) job.irregular[job.n_irregular++] = start;
         }
     } else if (streamed) {
-        /* one row block; column blocks of whole B slivers, at least
-         * GEMM_STREAMED_TASKS per thread, down to a sliver a task */
-        idx_t per_task = attnc_ceil_div(N, GEMM_NR) / (GEMM_STREAMED_TASKS * threads);
+        /* one row block; GEMM_STREAMED_TASKS column blocks per thread of
+         * whole B slivers, at most a sliver each */
         job.M = M, job.N = N, job.a = a, job.b = b;
-        job.mc = attnc_ceil_div(M, GEMM_MR) * GEMM_MR, job.nc = (per_task > 1 ? per_task : 1) * GEMM_NR;
+        job.n_row_blocks = 1;
+        job.n_col_blocks = attnc_min(attnc_ceil_div(N, GEMM_NR), GEMM_STREAMED_TASKS * threads);
     } else {
-        /* narrower column blocks when there are too few row blocks to keep
-         * every thread busy: at least two tasks per thread */
-        idx_t col_blocks = attnc_ceil_div(2 * threads, attnc_ceil_div(M, mc));
+        /* row blocks of at most mc rows; column blocks of at most NC
+         * columns, narrower when there are too few row blocks to keep every
+         * thread busy: at least two tasks per thread */
         job.M = M, job.N = N, job.a = a, job.b = b;
-        job.mc = mc, job.nc = attnc_min(GEMM_NC / GEMM_NR, attnc_ceil_div(attnc_ceil_div(N, GEMM_NR), col_blocks)) * GEMM_NR;
+        job.n_row_blocks = attnc_ceil_div(M, mc);
+        idx_t slivers = attnc_ceil_div(N, GEMM_NR), for_threads = attnc_ceil_div(2 * threads, job.n_row_blocks);
+        idx_t for_nc = attnc_ceil_div(slivers, GEMM_NC / GEMM_NR);
+        job.n_col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
     }
-    job.n_row_blocks = attnc_ceil_div(job.M, job.mc);
-    job.n_col_blocks = attnc_ceil_div(job.N, job.nc);
+    /* packed B: a sliver per task (streamed), all of B per task
+     * (transposed), or all of B */
     size_t a_bytes, b_bytes;
-    idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
+    idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS), b_rows = job.N;
+    if (streamed) b_rows = job.n_col_blocks * GEMM_NR;
+    if (transposed && !attnc_mul_ok(job.n_row_blocks, attnc_ceil_div(job.N, GEMM_NR) * GEMM_NR, &b_rows))
+        return ATTNC_EOVERFLOW;
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
-        !FN(packed_bytes)(streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max, &b_bytes))
+        !FN(packed_bytes)(b_rows, GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     idx_t sums_bytes = 0;
     if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))
@@ -659,22 +697,10 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         job.kc = attnc_min(GEMM_KC, K - p0);
         job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
         double flops = 2.0 * M * N * job.kc;
-        if (transposed) {
-            /* the small operand, and the weights' irregular slivers,
-             * packed here; then the products */
-            for (int k = 0; k < job.n_irregular; k++) {
-                idx_t start = job.irregular[k];
-                FN(pack_sliver)(job.packed_a + k * GEMM_MR * job.steps, &job.a, start, attnc_min(GEMM_MR, job.M - start),
-                                GEMM_MR, p0, job.kc);
-            }
-            idx_t n_pack_a = FN(pack_tasks)(job.M, GEMM_MR), n_pack_b = FN(pack_tasks)(job.N, GEMM_NR);
-            for (idx_t t = n_pack_a; t < n_pack_a + n_pack_b; t++) FN(pack_task)(&job, t);
-            attnc_parallel_for(job.n_row_blocks, flops, FN(multiply_task), &job);
-        } else {
+        if (!transposed) /* (a transposed job's tasks pack for themselves) */
             attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + (streamed ? 0 : FN(pack_tasks)(job.N, GEMM_NR)),
                                packing_flops, FN(pack_task), &job);
-            attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
-        }
+        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
     for (idx_t i = 0; sums && status == ATTNC_OK && i < M; i++) FN(store_row)((elem *)g->c + i * g->c_rs, sums + i * N, N);

@@ -276,11 +276,16 @@ static void run_inline(idx_t n_tasks, attnc_task_fn fn, void *ctx)
     inside_task = was_inside;
 }
 
+int attnc_threads_for(double work_flops)
+{
+    return inside_task || work_flops < MIN_PARALLEL_FLOPS ? 1 : attnc_running_threads();
+}
+
 void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx)
 {
     if (n_tasks <= 0) return;
-    int n_threads = attnc_running_threads();
-    if (n_tasks == 1 || n_threads == 1 || inside_task || work_flops < MIN_PARALLEL_FLOPS) {
+    int n_threads = attnc_threads_for(work_flops);
+    if (n_tasks == 1 || n_threads == 1) {
         run_inline(n_tasks, fn, ctx);
         return;
     }

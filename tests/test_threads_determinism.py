@@ -75,6 +75,25 @@ def test_functional_same_bits_any_thread_count(restore_threads, dtype, simd_mode
                                                                      return_weights=True)))
 
 
+@pytest.mark.parametrize("rows", [13, 20, 32])
+def test_short_sequence_projections_same_bits_any_thread_count(rows, restore_threads, dtype, simd_mode):
+    """A few dozen rows of x: the order where each thread packs x for itself (over two K blocks,
+    with weight slivers cut by the bottom edge and, stacked Q/K/V of 100 rows each, by the parts' ends)."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 1000)).astype(dtype)
+    w = rng.standard_normal((700, 1000)).astype(dtype)
+    b = rng.standard_normal(700).astype(dtype)
+    outs = _over_threads(lambda: F.linear(x, w, b))
+    _all_equal(outs)
+    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype)
+    m = attnc.MultiHeadAttention(100, 4, dtype=dtype, rng=np.random.default_rng(3)).eval()
+    x = rng.standard_normal((1, rows, 100)).astype(dtype)
+    outs = _over_threads(lambda: m(x))
+    _all_equal(outs)
+    ref, _ = ref_forward("MultiHeadAttention", m.state_dict(), x, None, 4)
+    assert_close(outs[0], ref, dtype)
+
+
 def test_repeated_calls_identical():
     m = attnc.MultiHeadAttention(64, 4, rng=np.random.default_rng(4)).eval()
     x = np.random.default_rng(4).standard_normal((3, 70, 64)).astype(np.float32)
