@@ -67,6 +67,15 @@ typedef void (*attnc_task_fn)(void *ctx, idx_t task);
  * not depend on which thread runs them: that keeps results thread-count
  * independent. */
 void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx);
+/* The same on at most max_threads threads (attnc_threads_for(work_flops) in
+ * attnc_parallel_for), so that a task may keep something per thread in
+ * max_threads slots indexed by attnc_thread_index(). */
+void attnc_parallel_for_on(idx_t n_tasks, int max_threads, attnc_task_fn fn, void *ctx);
+/* In a task: which thread runs it, 0 to max_threads - 1 (0: the thread
+ * that called parallel_for, which also runs the tasks a pool busy with
+ * another Python thread, or a nested call, leaves inline). Never part of a
+ * result: tasks may only use it to pick a per-thread slot. */
+int attnc_thread_index(void);
 /* The thread count asked for (n >= 1); the pool never runs more threads
  * than the CPUs this process may use. */
 void attnc_set_num_threads(int n);

@@ -14,13 +14,14 @@
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
- * C^T = B . A^T, B (the weights) read in place and only A packed, by each
- * thread for the block of weights it multiplies; a packed A that
+ * C^T = B . A^T, B (the weights) read in place and only A packed; a packed A that
  * stays in L2, and B slivers for every thread, "streamed": pass 1 packs A
  * alone, and each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each, so the weights are read once and never written
- * back packed. The first K block starts the sums from the bias (or zeros) and
- * stores them: C is never cleared or re-read just to add the bias. Each
+ * back packed. In both, on up to GEMM_OWN_COPY_THREADS threads, each thread
+ * packs a copy of A of its own instead of sharing one. The first K block
+ * starts the sums from the bias (or zeros) and stores them: C is never
+ * cleared or re-read just to add the bias. Each
  * element of C adds up its K blocks in the same order whatever task, thread
  * or tile computes it, and the small-problem loops (gemm_direct) and the few
  * rows order repeat that order with the same fused multiply-add, so a row's
@@ -57,6 +58,18 @@
  * when B has the slivers; with fewer than two slivers a thread, the
  * blocked order splits the rows instead. */
 #define GEMM_STREAMED_TASKS 4
+/* Up to this many threads, each thread packs the small operand (A
+ * streamed, B transposed), which every one of its tasks multiplies, for
+ * itself, into its own copy, instead of the threads packing one shared
+ * copy in a pass of their own: a line of the shared copy that the other
+ * core had read in the call before had to be taken back from it before
+ * being written, and on 2 Zen 4 threads that pass took twice one thread's
+ * time to pack it all (22.7 us against 11.5 for a (256, 256) A). Own
+ * copies: `linear` (256, 256, 256) 0.92x the time, (32, 256, 256) 0.86x,
+ * modules (1, 32, 256) 0.95x, (2, 128, 256) 0.98x. Measured at 2 threads
+ * only; at n threads the shared pass would cost about 4 / n of one
+ * thread's packing, so own copies stop paying at 4. */
+#define GEMM_OWN_COPY_THREADS 3
 /* NC: columns of C per task at most. BLIS sizes NC (4080) to keep a B panel in L3;
  * here (the blocked order) B is packed once per K block for all tasks, so a narrower task costs
  * only re-reading its A block from L3, and narrow tasks balance threads:
@@ -213,10 +226,16 @@ typedef struct {
     idx_t c_rs;
     idx_t n_row_blocks, n_col_blocks; /* the tasks: blocks of C (gemm_block_start) */
     real *packed_a, *packed_b; /* (M / MR, steps, MR), (N / NR, steps, NR), rounded up; */
-    int streamed;              /* or a sliver (steps, NR) per task, packed in pass 2; */
-    int transposed;            /* or all of B per task. A read in place but for its irregular slivers: */
+    int streamed;              /* or a sliver (steps, NR) per task, packed in pass 2 */
+    int transposed;            /* A read in place but for its irregular slivers: */
     int n_irregular;           /* those cut by the bottom edge or a part's end, */
     idx_t irregular[ATTNC_GEMM_MAX_PARTS]; /* by first row, packed in packed_a */
+    /* Streamed or transposed: the small operand (A, or B) all of which
+     * every task multiplies, in own_copies copies own_stride apart, one a
+     * thread (own_copy), or 0: packed once for all by pass 1 */
+    int own_copies;
+    idx_t own_stride;
+    int own_packed[GEMM_OWN_COPY_THREADS]; /* thread t's copy holds the current K block */
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
 } FN(gemm_job);
 
@@ -290,17 +309,30 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
 }
 
 /* Pass 1, task t: PACK_SLIVERS slivers of A, or (from task n_pack_a on)
- * of B. Small tasks, so that the threads end the pass together: with a
- * task per block of C, one thread was left packing the last 512 rows of
- * B alone (benchmarks/NOTES.md). Sliver s starts at s * width * steps,
- * which is row * steps for its first row. */
+ * of B, of those the tasks share (pass1_packs). Small tasks, so that the
+ * threads end the pass together: with a task per block of C, one thread
+ * was left packing the last 512 rows of B alone (benchmarks/NOTES.md).
+ * Sliver s starts at s * width * steps, which is row * steps for its first
+ * row. */
 #define PACK_SLIVERS 4
 static idx_t FN(pack_tasks)(idx_t rows, idx_t width) { return attnc_ceil_div(rows, PACK_SLIVERS * width); }
+
+/* pass 1's tasks packing A (*n_a) and B (*n_b): the blocked order packs
+ * both; the streamed order A (its tasks pack their B slivers), the
+ * transposed B (A is read in place), unless own copies replace them */
+static void FN(pass1_packs)(const FN(gemm_job) *job, idx_t *n_a, idx_t *n_b)
+{
+    int a = !job->transposed && !(job->streamed && job->own_copies);
+    int b = !job->streamed && !(job->transposed && job->own_copies);
+    *n_a = a ? FN(pack_tasks)(job->M, GEMM_MR) : 0;
+    *n_b = b ? FN(pack_tasks)(job->N, GEMM_NR) : 0;
+}
 
 static void FN(pack_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
-    idx_t n_pack_a = FN(pack_tasks)(job->M, GEMM_MR);
+    idx_t n_pack_a, n_pack_b;
+    FN(pass1_packs)(job, &n_pack_a, &n_pack_b);
     int is_a = t < n_pack_a;
     const FN(gemm_operand) *x = is_a ? &job->a : &job->b;
     idx_t width = is_a ? GEMM_MR : GEMM_NR;
@@ -342,11 +374,12 @@ static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile,
         }
 }
 
-/* The C tile at (i, j) += its A sliver . B sliver, or, in the first K
- * block, = bias + that. A tile cut by the bottom or right edge of C, or
- * written transposed, is computed in a buffer first. Either way each
- * element gets the same operations in the same order (a * b == b * a). */
-static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *b)
+/* The C tile at (i, j) += its A sliver . B sliver b, or, in the first K
+ * block, = bias + that; A's slivers packed at packed_a. A tile cut by the
+ * bottom or right edge of C, or written transposed, is computed in a buffer
+ * first. Either way each element gets the same operations in the same
+ * order (a * b == b * a). */
+static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
     /* A's rows in place when transposed, but for an irregular sliver */
@@ -355,7 +388,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     int in_place = job->transposed && slot == job->n_irregular;
     /* (transposed only when elem is real: see gemm) */
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
-                             : job->packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
+                             : packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
@@ -393,43 +426,62 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
         }
 }
 
+/* This thread's copy of the small operand (A streamed, B transposed),
+ * packed by its first task of the K block. */
+static const real *FN(own_copy)(FN(gemm_job) *job)
+{
+    int me = attnc_thread_index();
+    int is_b = job->transposed;
+    real *copy = (is_b ? job->packed_b : job->packed_a) + me * job->own_stride;
+    if (!job->own_packed[me]) {
+        const FN(gemm_operand) *x = is_b ? &job->b : &job->a;
+        idx_t rows = is_b ? job->N : job->M, width = is_b ? GEMM_NR : GEMM_MR;
+        for (idx_t r = 0; r < rows; r += width)
+            FN(pack_sliver)(copy + r * job->steps, x, r, attnc_min(width, rows - r), width, job->p0, job->kc);
+        job->own_packed[me] = 1;
+    }
+    return copy;
+}
+
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
  * tasks share a column block, so its B slivers stay in cache. A streamed
  * job has one row block, so t is its column block: the task packs each B
  * sliver of the block in turn into slot t of packed_b (it stays in L2) and
- * multiplies all of A by it. A transposed job has one column block and a
- * row block per thread: the task packs the irregular slivers of its rows
- * (each is one task's) and all of B, the small operand, into slot t for
- * itself, then multiplies each tile row of A (read in place, once) by all
- * of B. (Packed by the caller for all, B had to wait for lines the other
- * core had read: 2 threads took 3.5x one thread's time to pack it.) */
+ * multiplies all of A by it. A transposed job has one column block: the
+ * task packs the irregular slivers of its rows (each is one task's), then
+ * multiplies each tile row of A (read in place, once) by all of B. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
-    const FN(gemm_job) *job = ctx;
+    FN(gemm_job) *job = ctx;
     idx_t row_block = t % job->n_row_blocks, col_block = t / job->n_row_blocks;
     idx_t i0 = gemm_block_start(job->M, GEMM_MR, job->n_row_blocks, row_block);
     idx_t i1 = gemm_block_start(job->M, GEMM_MR, job->n_row_blocks, row_block + 1);
     idx_t j0 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block);
     idx_t j1 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block + 1);
+    const real *packed_a = job->packed_a, *packed_b = job->packed_b;
+    if (job->own_copies) {
+        const real *own = FN(own_copy)(job);
+        if (job->transposed)
+            packed_b = own;
+        else
+            packed_a = own;
+    }
     if (job->transposed) {
-        real *b = job->packed_b + t * attnc_ceil_div(job->N, GEMM_NR) * GEMM_NR * job->steps;
         for (int k = 0; k < job->n_irregular; k++) {
             idx_t start = job->irregular[k];
             if (start >= i0 && start < i1)
                 FN(pack_sliver)(job->packed_a + k * GEMM_MR * job->steps, &job->a, start,
                                 attnc_min(GEMM_MR, job->M - start), GEMM_MR, job->p0, job->kc);
         }
-        for (idx_t j = 0; j < job->N; j += GEMM_NR)
-            FN(pack_sliver)(b + j * job->steps, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
         for (idx_t i = i0; i < i1; i += GEMM_MR)
-            for (idx_t j = 0; j < job->N; j += GEMM_NR) FN(run_tile)(job, i, j, b + j * job->steps);
+            for (idx_t j = 0; j < job->N; j += GEMM_NR) FN(run_tile)(job, i, j, packed_a, packed_b + j * job->steps);
         return;
     }
     real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
     for (idx_t j = j0; j < j1; j += GEMM_NR) {
         if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
-        const real *b = job->streamed ? sliver : job->packed_b + j * job->steps;
-        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j, b);
+        const real *b = job->streamed ? sliver : packed_b + j * job->steps;
+        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j, packed_a, b);
     }
 }
 
@@ -638,10 +690,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                    attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <= GEMM_STREAMED_A_BYTES;
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
     if (transposed) {
-        /* the job's rows are B's: a block of them per thread, each task
-         * packing its own A (multiply_task) */
+        /* the job's rows are B's: two blocks of them per thread */
         job.M = N, job.N = M, job.a = b, job.b = a;
-        job.n_row_blocks = attnc_min(threads, attnc_ceil_div(N, GEMM_MR)), job.n_col_blocks = 1;
+        job.n_row_blocks = attnc_min(2 * threads, attnc_ceil_div(N, GEMM_MR)), job.n_col_blocks = 1;
         /* slivers whose MR rows are not one part's evenly spaced rows */
         for (int q = 0; q < b.n_parts; q++) {
             idx_t start = b.ends[q] / GEMM_MR * GEMM_MR; /* the sliver holding a part's end */
@@ -664,16 +715,19 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         idx_t for_nc = attnc_ceil_div(slivers, GEMM_NC / GEMM_NR);
         job.n_col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
     }
-    /* packed B: a sliver per task (streamed), all of B per task
-     * (transposed), or all of B */
+    /* packed A and B: a transposed job's A its irregular slivers, a
+     * streamed job's B a sliver per task; the small operand (A streamed, B
+     * transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
+    job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
     size_t a_bytes, b_bytes;
-    idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS), b_rows = job.N;
-    if (streamed) b_rows = job.n_col_blocks * GEMM_NR;
-    if (transposed && !attnc_mul_ok(job.n_row_blocks, attnc_ceil_div(job.N, GEMM_NR) * GEMM_NR, &b_rows))
-        return ATTNC_EOVERFLOW;
+    idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
-        !FN(packed_bytes)(b_rows, GEMM_NR, steps_max, &b_bytes))
+        !FN(packed_bytes)(streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
+    size_t *small = transposed ? &b_bytes : &a_bytes;
+    job.own_stride = (idx_t)(*small / sizeof(real));
+    if (job.own_copies && *small > SIZE_MAX / (size_t)job.own_copies) return ATTNC_EOVERFLOW;
+    if (job.own_copies) *small *= (size_t)job.own_copies;
     idx_t sums_bytes = 0;
     if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))
         return ATTNC_EOVERFLOW;
@@ -696,11 +750,13 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         job.p0 = p0;
         job.kc = attnc_min(GEMM_KC, K - p0);
         job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
-        double flops = 2.0 * M * N * job.kc;
-        if (!transposed) /* (a transposed job's tasks pack for themselves) */
-            attnc_parallel_for(FN(pack_tasks)(job.M, GEMM_MR) + (streamed ? 0 : FN(pack_tasks)(job.N, GEMM_NR)),
-                               packing_flops, FN(pack_task), &job);
-        attnc_parallel_for(job.n_row_blocks * job.n_col_blocks, flops, FN(multiply_task), &job);
+        idx_t n_pack_a, n_pack_b;
+        FN(pass1_packs)(&job, &n_pack_a, &n_pack_b);
+        attnc_parallel_for(n_pack_a + n_pack_b, packing_flops, FN(pack_task), &job);
+        /* (own copies: on the threads they were made for) */
+        for (int q = 0; q < GEMM_OWN_COPY_THREADS; q++) job.own_packed[q] = 0;
+        int on = job.own_copies ? job.own_copies : attnc_threads_for(2.0 * M * N * job.kc);
+        attnc_parallel_for_on(job.n_row_blocks * job.n_col_blocks, on, FN(multiply_task), &job);
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
     for (idx_t i = 0; sums && status == ATTNC_OK && i < M; i++) FN(store_row)((elem *)g->c + i * g->c_rs, sums + i * N, N);

@@ -65,6 +65,7 @@ static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* who owns the poo
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
 static _Thread_local int inside_task = 0;
+static _Thread_local int thread_index = 0; /* attnc_thread_index */
 
 /* The CPUs this process may run on, asked of the system (a syscall) once,
  * and again at each set_num_threads and after fork; 0: not asked yet. */
@@ -191,6 +192,7 @@ static void *worker_main(void *index)
 {
     unsigned long seen = pool.start_generation;
     int share = (int)(uintptr_t)index + 1;
+    thread_index = share;
     pthread_setname_np(pthread_self(), "attnc-worker"); /* as top -H and /proc/<pid>/task/<tid>/comm show it */
     for (;;) {
         spin_while(no_new_job, seen);
@@ -268,12 +270,15 @@ static int resize_pool(int n_workers)
     return pool.n_workers;
 }
 
+/* (as thread 0 of the job, whichever thread runs it) */
 static void run_inline(idx_t n_tasks, attnc_task_fn fn, void *ctx)
 {
-    int was_inside = inside_task;
+    int was_inside = inside_task, was_index = thread_index;
     inside_task = 1;
+    thread_index = 0;
     for (idx_t t = 0; t < n_tasks && !attnc_interrupted(); t++) fn(ctx, t);
     inside_task = was_inside;
+    thread_index = was_index;
 }
 
 int attnc_threads_for(double work_flops)
@@ -281,11 +286,18 @@ int attnc_threads_for(double work_flops)
     return inside_task || work_flops < MIN_PARALLEL_FLOPS ? 1 : attnc_running_threads();
 }
 
+int attnc_thread_index(void) { return thread_index; }
+
 void attnc_parallel_for(idx_t n_tasks, double work_flops, attnc_task_fn fn, void *ctx)
 {
+    attnc_parallel_for_on(n_tasks, attnc_threads_for(work_flops), fn, ctx);
+}
+
+void attnc_parallel_for_on(idx_t n_tasks, int max_threads, attnc_task_fn fn, void *ctx)
+{
     if (n_tasks <= 0) return;
-    int n_threads = attnc_threads_for(work_flops);
-    if (n_tasks == 1 || n_threads == 1) {
+    int running = attnc_running_threads(), n_threads = max_threads < running ? max_threads : running;
+    if (n_tasks == 1 || n_threads <= 1 || inside_task) {
         run_inline(n_tasks, fn, ctx);
         return;
     }
