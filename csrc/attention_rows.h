@@ -246,9 +246,13 @@ static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, in
         for (int c = 0; c < n_vectors; c++) vstoreu(part[r] + c0 + c * VLANES, acc[r * n_vectors + c]);
 }
 
-/* Every column of n_rows parts: blocks of n_vectors vectors, then single
- * vectors, then single columns (the same fused multiply-adds in the same
- * order, so the same bits). */
+/* Every column of n_rows parts: blocks of n_vectors vectors, then one
+ * block each of halving widths, then single vectors, then single columns
+ * (the same fused multiply-adds in the same order, so the same bits). The
+ * halving widths keep a row narrower than n_vectors in independent chains:
+ * one row of Ev = 128 floats at AVX-512 (16 vectors a block) ran 8 chains
+ * of one accumulator each, one dependent multiply-add after another (90 %
+ * of a decoding step's value loop). */
 static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int n_vectors, const real *e, idx_t ld,
                                                                  const elem *v, idx_t vs, idx_t n, real *const *part,
                                                                  idx_t Ev, idx_t ahead)
@@ -256,6 +260,15 @@ static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int
     idx_t c0 = 0;
     for (; c0 + n_vectors * VLANES <= Ev; c0 += n_vectors * VLANES)
         FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
+#define VALUE_ROWS_HALVING(width)                                                                          \
+    if (n_vectors > (width) && c0 + (width) * VLANES <= Ev) {                                              \
+        FN(value_block)(n_rows, (width), e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);             \
+        c0 += (width) * VLANES;                                                                            \
+    }
+    VALUE_ROWS_HALVING(8)
+    VALUE_ROWS_HALVING(4)
+    VALUE_ROWS_HALVING(2)
+#undef VALUE_ROWS_HALVING
     for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
     for (; c0 < Ev; c0++)
         for (int r = 0; r < n_rows; r++)
