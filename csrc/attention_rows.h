@@ -188,10 +188,14 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
         }
 }
 
-/* Asks for row x (cols elements) to come into L1. */
+/* Asks for row x (cols elements) to come into L2 (prefetcht1), whose miss
+ * buffers keep more lines in flight than L1's: a decoding step over keys
+ * and values in memory, (4, 32, 1, 128) over 2048 keys, took 0.72-0.86x
+ * the time of asking for L1 on Zen 4 (2 threads; 0.79x on 1), one whose
+ * 6 MB stay in L3 1.01-1.02x (benchmarks/NOTES.md). */
 static inline void FN(prefetch_row)(const elem *x, idx_t cols)
 {
-    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c);
+    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c, 0, 2);
 }
 
 /* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
