@@ -76,6 +76,20 @@ def test_against_float64(L, S, dtype, simd_mode):
     assert_close(lse, r_lse, dtype, "lse")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("Ev", [16, 120, 200, 240, 511])
+def test_one_query_row_every_value_width(Ev, dtype, simd_mode):
+    """One query row per key/value head: the value loop's blocks of halving widths (a row of
+    Ev = 240 floats at AVX-512 runs blocks of 8, 4, 2 and 1 vectors), then the column tail."""
+    rng = np.random.default_rng(Ev)
+    q, k = normal(rng, (2, 3, 1, 64), dtype), normal(rng, (2, 3, 700, 64), dtype)
+    v = normal(rng, (2, 3, 700, Ev), dtype)
+    out, weights = attend(q, k, v, return_weights=True)
+    r_out, r_weights, _ = oracle(q, k, v)
+    assert_close(out, r_out, dtype, "out")
+    assert_close(weights, r_weights, dtype, "weights")
+
+
 @pytest.mark.parametrize("window", [0, 100, 2 * SPLIT + 5])
 @pytest.mark.parametrize("L", [1, 16])
 def test_windows_and_bias_across_splits(L, window, simd_mode):
