@@ -73,7 +73,7 @@
 /* NC: columns of C per task at most. BLIS sizes NC (4080) to keep a B panel in L3;
  * here (the blocked order) B is packed once per K block for all tasks, so a narrower task costs
  * only re-reading its A block from L3, and narrow tasks balance threads:
- * a (768, 2304) C is 6 x 5 tasks. */
+ * a (768, 2304) float C is 16 x 5 tasks. */
 #define GEMM_NC 512
 /* Up to this many multiply-adds, packing costs more than it saves: C is
  * computed by direct loops with no workspace (e.g. the documents' tiny
