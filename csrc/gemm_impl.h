@@ -49,11 +49,14 @@
  * double (twice that measured no faster). */
 #define GEMM_A_BLOCK_BYTES (144 * 1024)
 /* Up to this much packed A (per K block), the streamed order, whose
- * premise is that all of A stays in L2 while the B slivers pass: 1 MB, the
- * L2 of a Zen 4 or 5 core (1.25 MB on Ice Lake). On Ice Lake it took
- * 0.91-1.00x the usual order's time on 1 thread and 0.94-1.07x on 2, in
- * that host's noise (benchmarks/NOTES.md). */
-#define GEMM_STREAMED_A_BYTES (1024 * 1024)
+ * premise is that A stays close while the B slivers pass: in L2 up to 1 MB
+ * (a Zen 4 or 5 core's; 1.25 MB on Ice Lake, where 1 MB took 0.91-1.00x
+ * the blocked order's time on 1 thread and 0.94-1.07x on 2), in L3 beyond.
+ * On Zen 4, 2 MB instead of 1: `linear` (512, 768, 2304) 0.97x the time on
+ * 1 and 2 threads, (600, 768, 3072) 0.97x, (400, 1024, 1024) 0.84x, module
+ * (1, 512, 768) 0.91-0.98x; at 4 MB (1024, 1024, 1024) was 1.015x
+ * (benchmarks/NOTES.md). */
+#define GEMM_STREAMED_A_BYTES (2 * 1024 * 1024)
 /* Tasks per thread of a streamed pass 2 (a task per column block of B),
  * when B has the slivers; with fewer than two slivers a thread, the
  * blocked order splits the rows instead. */
