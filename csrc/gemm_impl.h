@@ -331,20 +331,26 @@ static void FN(pass1_packs)(const FN(gemm_job) *job, idx_t *n_a, idx_t *n_b)
     *n_b = b ? FN(pack_tasks)(job->N, GEMM_NR) : 0;
 }
 
+/* Rows [first, end) of A (or of B) packed into their slivers in `packed`,
+ * the operand's whole packed copy (sliver s at s * width * steps). */
+static void FN(pack_rows)(const FN(gemm_job) *job, int is_b, real *packed, idx_t first, idx_t end)
+{
+    const FN(gemm_operand) *x = is_b ? &job->b : &job->a;
+    idx_t width = is_b ? GEMM_NR : GEMM_MR;
+    for (idx_t r = first; r < end; r += width)
+        FN(pack_sliver)(packed + r * job->steps, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
+}
+
 static void FN(pack_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
     idx_t n_pack_a, n_pack_b;
     FN(pass1_packs)(job, &n_pack_a, &n_pack_b);
     int is_a = t < n_pack_a;
-    const FN(gemm_operand) *x = is_a ? &job->a : &job->b;
-    idx_t width = is_a ? GEMM_MR : GEMM_NR;
-    idx_t block = PACK_SLIVERS * width;
+    idx_t block = PACK_SLIVERS * (is_a ? GEMM_MR : GEMM_NR);
     idx_t first = (is_a ? t : t - n_pack_a) * block;
-    idx_t end = attnc_min(is_a ? job->M : job->N, first + block);
-    real *dst = (is_a ? job->packed_a : job->packed_b) + first * job->steps;
-    for (idx_t r = first; r < end; r += width, dst += width * job->steps)
-        FN(pack_sliver)(dst, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
+    FN(pack_rows)(job, !is_a, is_a ? job->packed_a : job->packed_b, first,
+                  attnc_min(is_a ? job->M : job->N, first + block));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -437,10 +443,7 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
     int is_b = job->transposed;
     real *copy = (is_b ? job->packed_b : job->packed_a) + me * job->own_stride;
     if (!job->own_packed[me]) {
-        const FN(gemm_operand) *x = is_b ? &job->b : &job->a;
-        idx_t rows = is_b ? job->N : job->M, width = is_b ? GEMM_NR : GEMM_MR;
-        for (idx_t r = 0; r < rows; r += width)
-            FN(pack_sliver)(copy + r * job->steps, x, r, attnc_min(width, rows - r), width, job->p0, job->kc);
+        FN(pack_rows)(job, is_b, copy, 0, is_b ? job->N : job->M);
         job->own_packed[me] = 1;
     }
     return copy;
