@@ -120,13 +120,16 @@ static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
 static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
 /* The first of `count` rows (or columns) in block b of n_blocks: the blocks
- * cut them in whole slivers of `width`, as evenly as whole slivers go (the
- * first blocks one sliver more), so that threads given the same number of
- * blocks get the same work. */
+ * cut them in whole slivers of `width`, as evenly as whole slivers go, the
+ * slivers left over spread evenly among the blocks (block b starts after
+ * extra * b / n_blocks of them), so that each thread's share of consecutive
+ * blocks gets the same work within a sliver: the 22 slivers of a (256, 256)
+ * weight in 4 blocks were 6, 6, 5, 5 (12 for the caller's two blocks, 10
+ * for the worker's) and are 5, 6, 5, 6. */
 static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, idx_t b)
 {
     idx_t slivers = attnc_ceil_div(count, width), per = slivers / n_blocks, extra = slivers % n_blocks;
-    return attnc_min(count, (per * b + (b < extra ? b : extra)) * width);
+    return attnc_min(count, (per * b + extra * b / n_blocks) * width);
 }
 #endif
 
