@@ -13,7 +13,6 @@
  *   vadd(a, b)         a + b
  *   vmax(a, b), vmin(a, b)  a > b ? a : b, a < b ? a : b in each lane (b
  *                      where either is NaN, as x86's max and min)
- *   vnan_or(x, y)      x in the lanes where x is NaN, y in the others
  *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
  *   sfma(a, b, c)      the scalar twin of vfma: the same rounding, so a
  *                      scalar loop gets the micro-kernel's bits
@@ -50,7 +49,6 @@
 #define vadd FN(vadd)
 #define vmax FN(vmax)
 #define vmin FN(vmin)
-#define vnan_or FN(vnan_or)
 #define vfma FN(vfma)
 #define sfma FN(sfma)
 #define vlanes_mask FN(vlanes_mask)
@@ -276,11 +274,6 @@ static inline vreal FN(vselect)(vlanes_mask take_a, vreal a, vreal b)
 static inline vreal vmax(vreal a, vreal b) { return FN(vselect)(a > b, a, b); }
 static inline vreal vmin(vreal a, vreal b) { return FN(vselect)(a < b, a, b); }
 #endif
-static inline vreal vnan_or(vreal x, vreal y)
-{
-    vlanes_mask ordered = x == x;
-    return (vreal)(((vlanes_mask)y & ordered) | ((vlanes_mask)x & ~ordered));
-}
 
 #if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
 static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v); }

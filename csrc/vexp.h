@@ -3,7 +3,9 @@
  * vocabulary, lanes at a time (a scalar exp is its first lane, the same
  * bits): left to the compiler's vectorisation of scalar code, its clamps
  * and NaN select became four compares and three masked moves per vector,
- * where one max, one min and one select do.
+ * where one max and one min do (x their second operand, which they return
+ * where either is NaN, so a NaN passes them and reaches the result through
+ * r: no select).
  *
  * exp: Cody-Waite range reduction x = n*ln2 + r, |r| <= ln2/2, then a
  * polynomial 1 + r + c2 r^2 + ...: for float of degree 6, its c2..c6 fitted
@@ -19,7 +21,7 @@
  * one above the largest (2^n == inf: large x gives inf, from x = 88.38 /
  * 709.44 on, where exp overflows only at 88.72 / 709.78: inf for a finite
  * value in that band, which the softmax never asks for, its arguments being
- * differences from a maximum, at most 0). NaN gives NaN: about 17 vector
+ * differences from a maximum, at most 0). NaN gives NaN: about 15 vector
  * instructions per vector of results.
  *
  * for_bf16 (a constant; float only): the results are rounded to bfloat16
@@ -97,14 +99,14 @@ typedef FN(exp_int) FN(vexp_int) __attribute__((vector_size(SIMD_BYTES)));
 static inline vreal FN(vexp_lanes)(vreal x, int for_bf16)
 {
     for_bf16 = BF16_PAIRS && for_bf16; /* a constant 0 in the other instantiations */
-    vreal clamped = vmin(vmax(x, vset1(EXP_LO)), vset1(EXP_HI)); /* NaN becomes EXP_LO */
+    vreal clamped = vmin(vset1(EXP_HI), vmax(vset1(EXP_LO), x)); /* a NaN x stays (vmax, vmin) */
     vreal shifted = clamped * vset1((real)1.4426950408889634) + vset1(EXP_SHIFTER);
     vreal n = shifted - vset1(EXP_SHIFTER);
     vreal r = clamped - n * vset1(for_bf16 ? EXP_LN2 : EXP_LN2_HI);
     if (!for_bf16) r = r - n * vset1(EXP_LN2_LO);
     /* n + bias in [0, 2 * bias + 1] */
     FN(vexp_int) bits = ((FN(vexp_int))shifted - (EXP_SHIFTER_BITS - EXP_BIAS)) << EXP_MANT_BITS;
-    return vnan_or(x, FN(polynomial_exp)(r, for_bf16) * (vreal)bits);
+    return FN(polynomial_exp)(r, for_bf16) * (vreal)bits; /* NaN in, NaN out through r */
 }
 
 /* exp of one real: the lanes' function, so that it has the same bits */
