@@ -250,14 +250,36 @@ static void FN(pair_probabilities)(real *scores_t, idx_t cols, idx_t nk)
 }
 #endif
 
+/* tile_max[i, i + vectors * VLANES) <- those columns' maxima down the nk
+ * keys of scores_t, the maxima held in registers (vectors a constant):
+ * each column's keys in order, so a max of +0 and -0 is the one first met */
+static inline __attribute__((always_inline)) void FN(columns_max)(real *tile_max, const real *scores_t, idx_t i,
+                                                                  idx_t nk, int vectors)
+{
+    vreal m[BLOCK_Q / VLANES];
+    for (int c = 0; c < vectors; c++) m[c] = vset1(-(real)INFINITY);
+    for (idx_t j = 0; j < nk; j++)
+        for (int c = 0; c < vectors; c++) m[c] = vmax(vloadu(scores_t + j * BLOCK_Q + i + c * VLANES), m[c]);
+    for (int c = 0; c < vectors; c++) vstoreu(tile_max + i + c * VLANES, m[c]);
+}
+
 /* tile_max (nq) <- column maxima of scores_t (nk, BLOCK_Q); NaN is skipped
- * and reaches the result through the sum, as in PyTorch */
+ * (vmax keeps its second operand) and reaches the result through the sum,
+ * as in PyTorch. A whole tile's columns at once (independent maxima: a
+ * column at a time waited on each max, and a stored tile_max on each
+ * store); a short tile's a vector at a time, its last columns one by one. */
 static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t nk)
 {
-    for (idx_t i = 0; i < nq; i++) tile_max[i] = -(real)INFINITY;
-    for (idx_t j = 0; j < nk; j++) {
-        const real *row = scores_t + j * BLOCK_Q;
-        for (idx_t i = 0; i < nq; i++) tile_max[i] = row[i] > tile_max[i] ? row[i] : tile_max[i];
+    idx_t i = 0;
+    if (nq == BLOCK_Q) {
+        FN(columns_max)(tile_max, scores_t, 0, nk, BLOCK_Q / VLANES);
+        return;
+    }
+    for (; i + VLANES <= nq; i += VLANES) FN(columns_max)(tile_max, scores_t, i, nk, 1);
+    for (; i < nq; i++) {
+        real m = -(real)INFINITY;
+        for (idx_t j = 0; j < nk; j++) m = scores_t[j * BLOCK_Q + i] > m ? scores_t[j * BLOCK_Q + i] : m;
+        tile_max[i] = m;
     }
 }
 
