@@ -24,10 +24,14 @@
  * packed slivers with aligned loads */
 #define BUFFER_ALIGN_ELEMS 16
 /* Query tiles per task: a task packs each key/value tile once for all of
- * its query tiles (up to 8 x 96 = 768 queries), while their packed
- * queries and accumulators stay within TASK_STATE_BYTES (in L2). */
-#define MAX_TILES_PER_TASK 8
-#define TASK_STATE_BYTES (512 * 1024)
+ * its query tiles (up to 12 x 96 = 1152 queries: an item of 1024 queries
+ * in one task, its keys and values packed once), while their packed
+ * queries and accumulators stay within TASK_STATE_BYTES (in a 1 MB L2,
+ * beside the key and value tiles). With 8 tiles in 512 KB, SDPA (8, 12,
+ * 1024, 64) took 1.006x the time on a Zen 4 core pair, causal 1.014x,
+ * other shapes the same (benchmarks/NOTES.md). */
+#define MAX_TILES_PER_TASK 12
+#define TASK_STATE_BYTES (768 * 1024)
 #endif
 
 _Static_assert(BLOCK_Q % GEMM_NR == 0 && BLOCK_Q % GEMM_MR == 0 && BLOCK_K % GEMM_MR == 0,
