@@ -44,7 +44,7 @@
 #  define EXP_LN2 0.6931471805599453f /* ln2 in one float, for_bf16 */
 #  define EXP_BIAS 127
 #  define EXP_MANT_BITS 23
-typedef int32_t FN(exp_int);
+typedef uint32_t FN(exp_uint);
 #else
 #  define EXP_LO (-709.0) /* rounds to n = -1023 */
 #  define EXP_HI (710.0)  /* rounds to n = 1024 (from x = 709.44) */
@@ -55,7 +55,7 @@ typedef int32_t FN(exp_int);
 #  define EXP_LN2 0.6931471805599453
 #  define EXP_BIAS 1023
 #  define EXP_MANT_BITS 52
-typedef int64_t FN(exp_int);
+typedef uint64_t FN(exp_uint);
 #endif
 
 static inline vreal FN(polynomial_exp)(vreal r, int for_bf16)
@@ -93,7 +93,7 @@ static inline vreal FN(polynomial_exp)(vreal r, int for_bf16)
 #endif
 }
 
-typedef FN(exp_int) FN(vexp_int) __attribute__((vector_size(SIMD_BYTES)));
+typedef FN(exp_uint) FN(vexp_uint) __attribute__((vector_size(SIMD_BYTES)));
 
 /* exp of every lane (for_bf16: see the top) */
 static inline vreal FN(vexp_lanes)(vreal x, int for_bf16)
@@ -104,8 +104,9 @@ static inline vreal FN(vexp_lanes)(vreal x, int for_bf16)
     vreal n = shifted - vset1(EXP_SHIFTER);
     vreal r = clamped - n * vset1(for_bf16 ? EXP_LN2 : EXP_LN2_HI);
     if (!for_bf16) r = r - n * vset1(EXP_LN2_LO);
-    /* n + bias in [0, 2 * bias + 1] */
-    FN(vexp_int) bits = ((FN(vexp_int))shifted - (EXP_SHIFTER_BITS - EXP_BIAS)) << EXP_MANT_BITS;
+    /* n + bias in [0, 2 * bias + 1]; unsigned, as a NaN's bits (any, and
+     * the product below is NaN) reach it too */
+    FN(vexp_uint) bits = ((FN(vexp_uint))shifted - (EXP_SHIFTER_BITS - EXP_BIAS)) << EXP_MANT_BITS;
     return FN(polynomial_exp)(r, for_bf16) * (vreal)bits; /* NaN in, NaN out through r */
 }
 
