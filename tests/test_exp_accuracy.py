@@ -28,11 +28,12 @@ def test_exp_within_a_few_ulp_over_the_normal_range(dtype, lowest, ulps, simd_mo
 def test_exp_edges(dtype, simd_mode):
     tiny = np.finfo(dtype).tiny
     big = np.finfo(dtype).max
-    x = np.array([-np.inf, -big, -1e4, np.log(tiny) - 1, np.nan, 0.0], dtype=dtype)
+    x = np.array([-np.inf, -big, -1e4, np.log(tiny) - 1, np.nan, 0.0, np.copysign(np.nan, -1)], dtype=dtype)
     weights = F.softmax(np.stack([np.zeros_like(x), x], axis=1), axis=-1)
     assert np.all(weights[:4, 1] < tiny)  # below the smallest normal: 0 or subnormal
     assert np.all(weights[:3, 1] == 0) and np.all(weights[:3, 0] == 1)  # -inf and far below: exactly 0
     assert np.all(np.isnan(weights[4]))  # NaN reaches the whole row, as in PyTorch
+    assert np.all(np.isnan(weights[6])) and np.signbit(x[6])  # a negative NaN too
     assert np.all(weights[5] == 0.5)
     # a huge positive score takes all the weight (exp of the others' gap is 0)
     huge = F.softmax(np.array([[big, 0.0], [1e4, -1e4]], dtype=dtype), axis=-1)
