@@ -130,9 +130,10 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
 /* The micro-kernel adding into a key block's rows: c (MR keys, NR) += a
  * (MR keys, kc queries) . b, a read in place from a transposed tile
  * (keys BLOCK_Q apart). Out of line, as tile_add. */
-static __attribute__((noinline)) void FN(tile_add_keys)(idx_t kc, const real *a, const real *b, real *c, idx_t c_rs)
+static __attribute__((noinline)) void FN(tile_add_keys)(idx_t m, idx_t kc, const real *a, const real *b, real *c,
+                                                        idx_t c_rs)
 {
-    FN(gemm_tile)(kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
+    FN(gemm_tile_rows)(m, kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries
@@ -142,7 +143,7 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
 {
     for (idx_t j0 = 0; j0 < nk; j0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < width_padded; c0 += GEMM_NR)
-            FN(tile_add_keys)(nq, tile_t + j0 * BLOCK_Q, cols + c0 * sliver_rows, acc + j0 * width_padded + c0,
+            FN(tile_add_keys)(nk - j0, nq, tile_t + j0 * BLOCK_Q, cols + c0 * sliver_rows, acc + j0 * width_padded + c0,
                               width_padded);
 }
 

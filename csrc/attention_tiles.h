@@ -180,22 +180,22 @@ static const real FN(zero_row)[64];
  * attention_task with everything flash_step inlines, and its setup reloaded
  * the tile's row pointers from the stack; out of line, the float SDPA cases
  * measured 1-4% faster on Zen 3 (AVX2), the double ones unchanged. */
-static __attribute__((noinline)) void FN(tile_store)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
-                                                     idx_t c_rs, const real *scale, int pairs)
+static __attribute__((noinline)) void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
+                                                     real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
+        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
     else
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
-static __attribute__((noinline)) void FN(tile_add)(idx_t kc, const real *a, idx_t a_step, const real *b, real *c,
-                                                   idx_t c_rs, int pairs)
+static __attribute__((noinline)) void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
+                                                   real *c, idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
+        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
     else
-        FN(gemm_tile)(kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T
@@ -214,8 +214,8 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_
     idx_t steps = FN(product_steps)(E, pairs);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
-            FN(tile_store)(steps, k_pack + j0 * steps, GEMM_MR, q_pack + i0 * steps, scores_t + j0 * BLOCK_Q + i0,
-                           BLOCK_Q, scale, pairs);
+            FN(tile_store)(nk - j0, steps, k_pack + j0 * steps, GEMM_MR, q_pack + i0 * steps,
+                           scores_t + j0 * BLOCK_Q + i0, BLOCK_Q, scale, pairs);
     for (idx_t j = 0; j < nk; j++)
         for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }
@@ -230,7 +230,7 @@ static void FN(value_product)(real *acc, const real *scores_t, const real *v_pac
 {
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
         for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
-            FN(tile_add)(FN(product_steps)(nk, pairs), scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows,
+            FN(tile_add)(nq - i0, FN(product_steps)(nk, pairs), scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows,
                          acc + i0 * Ev_padded + c0, Ev_padded, pairs);
 }
 

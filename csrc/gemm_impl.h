@@ -115,6 +115,11 @@
  * core read in the call before). Shared, 0.91x the call's time
  * (benchmarks/NOTES.md). */
 #define GEMM_PACK_ELEMENT_FLOPS 16
+/* A tile of fewer than MR rows runs the micro-kernel on a multiple of
+ * this many (gemm_tile_rows): thirds of AVX-512's 12 and AVX2's 6, halves
+ * of the 4 of 16-byte vectors. At MR 12, a (256, K) A took 22 slivers, 264
+ * rows, for 256: the last one's 8 padding rows cost 3 % of the product. */
+#define GEMM_MR_STEP (GEMM_MR % 3 == 0 ? GEMM_MR / 3 : GEMM_MR / 2)
 
 static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
@@ -136,7 +141,8 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
 /* ------------------------------------------------------------------------ */
 /* the micro-kernel                                                          */
 
-/* c (MR, NR) = init (MR, NR) + a (MR, kc) . b (kc, NR), or c += a . b when
+/* c (rows, NR) = init (rows, NR) + a (rows, kc) . b (kc, NR), rows <= MR (a
+ * constant: gemm_tile_rows picks it), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away); init's rows are
  * init_rs apart (0: one row for all). With a scale (not NULL, with init
  * only), c = *scale * (init + a . b), rounded as a multiply after the sum.
@@ -151,13 +157,14 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * (a constant; BF16_PAIRS only), a step is two of the product's: every
  * element of a and b is a pair of bfloat16 (storage.h), multiplied by
  * vdot_pairs. */
-static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
+static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t kc, const real *a, idx_t a_rs,
+                                                                idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
                                                                 const real *init, idx_t init_rs, const real *scale,
                                                                 int stream_b, int pairs)
 {
     vreal acc[GEMM_MR][2], factor = scale ? vset1(*scale) : vzero(); /* read once: c may alias it */
-    _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
+    _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
         acc[i][0] = init ? vloadu(init + i * init_rs) : vzero();
         acc[i][1] = init ? vloadu(init + i * init_rs + VLANES) : vzero();
         /* start loading C's row (it may straddle cache lines) while the K
@@ -175,13 +182,13 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
             if (GEMM_NR * sizeof(real) > 64) __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
         }
         vreal b0 = vload(b), b1 = vload(b + VLANES);
-        _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
             vreal ai = vset1(a[i * a_rs]);
             acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
             acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
         }
     }
-    _Pragma("GCC unroll 12") for (int i = 0; i < GEMM_MR; i++, c += c_rs) {
+    _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++, c += c_rs) {
         if (!init) {
             acc[i][0] = vadd(vloadu(c), acc[i][0]);
             acc[i][1] = vadd(vloadu(c + VLANES), acc[i][1]);
@@ -192,6 +199,24 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(idx_t kc, const 
         vstoreu(c, acc[i][0]);
         vstoreu(c + VLANES, acc[i][1]);
     }
+}
+
+/* The micro-kernel on a tile of m <= MR rows (C's bottom edge, a key or
+ * query tile's last rows): on the fewest whole GEMM_MR_STEP rows that hold
+ * them (rows past m computed from the zero padding and stored like the
+ * rest), not on MR rows of which the rest are padding. */
+static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, idx_t kc, const real *a, idx_t a_rs,
+                                                                     idx_t a_step, const real *b, real *c, idx_t c_rs,
+                                                                     const real *init, idx_t init_rs,
+                                                                     const real *scale, int stream_b, int pairs)
+{
+    idx_t steps = attnc_ceil_div(m, GEMM_MR_STEP);
+    if (steps == 1)
+        FN(gemm_tile)(GEMM_MR_STEP, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
+    else if (steps == 2 && 2 * GEMM_MR_STEP < GEMM_MR)
+        FN(gemm_tile)(2 * GEMM_MR_STEP, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
+    else
+        FN(gemm_tile)(GEMM_MR, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -361,7 +386,8 @@ static void FN(pack_task)(void *ctx, idx_t t)
 
 /* C (j + s, i + r) <- tile (r, s) for r < m, s < n, or += it after the
  * first K block: a transposed job's tile of C^T written to C. Blocks of
- * VLANES x VLANES are turned in registers, and each column of the tile is
+ * VLANES x VLANES are turned in registers (of its first m rows: the
+ * micro-kernel may have computed no more), and each column of the tile is
  * stored as m elements of a row of C (at most MR: no write past the tile,
  * which the next tile's task may be writing). */
 static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile, idx_t i, idx_t j, idx_t m, idx_t n,
@@ -370,7 +396,7 @@ static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile,
     for (idx_t r0 = 0; r0 < m; r0 += VLANES)
         for (idx_t s0 = 0; s0 < n; s0 += VLANES) {
             vreal columns[VLANES];
-            for (idx_t l = 0; l < VLANES; l++) columns[l] = vloadu(tile + attnc_min(r0 + l, GEMM_MR - 1) * GEMM_NR + s0);
+            for (idx_t l = 0; l < VLANES; l++) columns[l] = vloadu(tile + attnc_min(r0 + l, m - 1) * GEMM_NR + s0);
             vtranspose(columns);
             int rows = (int)attnc_min(VLANES, m - r0);
             for (idx_t l = 0; l < attnc_min(VLANES, n - s0); l++) {
@@ -407,10 +433,10 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0, NULL, 1,
-                          BF16_PAIRS);
+            FN(gemm_tile)(GEMM_MR, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
+                          NULL, 1, BF16_PAIRS);
         else
-            FN(gemm_tile)(job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
+            FN(gemm_tile)(GEMM_MR, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -426,7 +452,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
         start = init;
     }
-    FN(gemm_tile)(job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, NULL, 1, BF16_PAIRS);
+    FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, NULL, 1, BF16_PAIRS);
     if (job->transposed) {
         FN(store_tile_transposed)(job, tile, i, j, m, n, first);
         return;
