@@ -92,14 +92,14 @@
 #define GEMM_FEW_ROWS (VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
 /* Packing contiguous weights costs about as much as multiplying them by
- * this many more rows of A: (M, 256) x (768, 256)^T took 30 us more than
- * 2.85 us a row (padded to MR) on an Ice Lake core at AVX-512 float, about
- * 10 rows, and NR / 4 is 8 there. The other levels take the same fraction
- * of their NR unmeasured; the rule it sets was measured a gain at AVX2 and
- * portable float and neutral for double (benchmarks/NOTES.md). The
- * transposed order is taken only where it pads A by at most this much more
- * than the packed orders. */
-#define GEMM_PACKING_ROWS (GEMM_NR / 4)
+ * this many more rows of A: 4 at AVX-512 (float and double), 2 at AVX2
+ * (float and double), 1 at the 16-byte portable level's float, measured on
+ * a Zen 4 core as the padding at which the transposed order stops paying
+ * ((M, 256) x (768, 256)^T, 1 thread; an Ice Lake core had put it near 10
+ * rows at AVX-512 before edge tiles ran on fewer rows: benchmarks/NOTES.md).
+ * The transposed order is taken only where it pads A by at most this much
+ * more than the packed orders. */
+#define GEMM_PACKING_ROWS (GEMM_NR * (idx_t)sizeof(real) / 32)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -711,14 +711,15 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * into a block that stays in L2 like the A block of the usual order
      * (packing the weights cost more than multiplying them by a few dozen
      * rows). But A's rows are then the tiles' columns, NR wide: when that
-     * pads A more than the other orders' MR-row slivers do plus
-     * GEMM_PACKING_ROWS, packing contiguous weights costs less (weights
+     * pads A more than the other orders' edge tiles do (whole
+     * GEMM_MR_STEP rows) plus GEMM_PACKING_ROWS, packing contiguous
+     * weights costs less (weights
      * with a column stride pack one element at a time: not measured, so
      * they keep the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES &&
-                     (b.cs != 1 || transposed_rows <= attnc_ceil_div(M, GEMM_MR) * GEMM_MR + GEMM_PACKING_ROWS);
+                     (b.cs != 1 || transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS);
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
