@@ -13,7 +13,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import SIMD_LEVELS, assert_close, ref_attend
+from toolkit import SIMD_LEVELS, assert_close, assert_grad_close, ref_attend
 
 
 def _r(rng, shape, dtype):
@@ -126,6 +126,38 @@ def test_linear_few_rows_weights_at_any_alignment(m, k, offset, dtype, simd_mode
     among = F.linear(np.concatenate([_r(rng, (50, k), dtype), x, _r(rng, (50 - m, k), dtype)]), w, b)
     np.testing.assert_array_equal(among[50:50 + m], out)
     np.testing.assert_array_equal(F.linear(x, w.copy(), b), out)
+
+
+def _attention_grads(q, k, v, d_out, scale):
+    """dQ, dK, dV of softmax(q k^T scale) v in float64, by the chain rule."""
+    q, k, v, d_out = (t.astype(np.float64) for t in (q, k, v, d_out))
+    p = ref_attend(q, k, v, scale)[1].astype(np.float64)
+    d_p = d_out @ np.swapaxes(v, -1, -2)
+    d_s = p * (d_p - np.sum(d_p * p, axis=-1, keepdims=True))
+    return scale * d_s @ k, scale * np.swapaxes(d_s, -1, -2) @ q, np.swapaxes(p, -1, -2) @ d_out
+
+
+def test_edge_tiles_of_every_height_every_level(dtype, simd_mode):
+    """Tiles cut by an edge (1 to MR - 1 rows; MR is 4, 6 or 12) run the
+    micro-kernel on whole steps of rows (gemm_tile_rows, thirds or halves
+    of MR) rather than MR rows of padding: x of 13 to 36 rows through the
+    packed GEMM, and attention of 17 to 40 queries and keys (the flash
+    path: the score product's last key sliver, the value product's last
+    queries, the backward's last key rows), each against float64."""
+    rng = np.random.default_rng(3)
+    w, b = _r(rng, (100, 70), dtype), _r(rng, (100,), dtype)
+    for m in range(13, 37):
+        x = _r(rng, (m, 70), dtype)
+        assert_close(F.linear(x, w, b), x.astype(np.float64) @ w.astype(np.float64).T + b, dtype,
+                     f"{simd_mode} M={m}")
+    for n in range(17, 41):
+        q, k, v, d_out = _r(rng, (1, n, 16), dtype), _r(rng, (1, n, 16), dtype), _r(rng, (1, n, 24), dtype), \
+            _r(rng, (1, n, 24), dtype)
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+        assert_close(out, ref_attend(q, k, v, 0.25)[0], dtype, f"{simd_mode} L=S={n}")
+        grads = F.scaled_dot_product_attention_backward(d_out, q, k, v, out, lse)
+        for name, got, expected in zip("qkv", grads, _attention_grads(q, k, v, d_out, 0.25)):
+            assert_grad_close(got, expected, dtype, f"{simd_mode} L=S={n} d{name}")
 
 
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
