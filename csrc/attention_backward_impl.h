@@ -129,7 +129,9 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
 
 /* The micro-kernel adding into a key block's rows: c (MR keys, NR) += a
  * (MR keys, kc queries) . b, a read in place from a transposed tile
- * (keys BLOCK_Q apart). Out of line, as tile_add. */
+ * (keys BLOCK_Q apart); of the last block, the m keys left on whole
+ * GEMM_MR_STEP rows (gemm_tile_rows: score_product wrote those rows).
+ * Out of line, as tile_add. */
 static __attribute__((noinline)) void FN(tile_add_keys)(idx_t m, idx_t kc, const real *a, const real *b, real *c,
                                                         idx_t c_rs)
 {

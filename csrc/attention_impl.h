@@ -154,7 +154,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
 #if BF16_PAIRS
-    if (t->pairs) FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR), nk);
+    if (t->pairs) FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR_STEP), nk);
 #endif
     FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K, t->pairs);
 }
@@ -177,7 +177,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + FN(tile_queries)(q0, i1), 0, a->S);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
-        idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR); /* the rows value_product adds to */
+        idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR_STEP); /* the rows value_product adds to */
         for (idx_t i = 0; i < acc_rows * t->Ev_padded; i++) view.acc[i] = 0;
         for (idx_t i = 0; i < BLOCK_Q; i++) {
             view.run_max[i] = -(real)INFINITY;

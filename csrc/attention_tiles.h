@@ -175,7 +175,8 @@ static const real FN(zero_row)[64];
 
 /* The micro-kernel (gemm_impl.h) in its two forms, one out-of-line copy
  * each, called once per register tile by the two products below (E or nk
- * steps of 2 * GEMM_MR FMAs each, so the call costs nothing), as before the
+ * steps of up to 2 * GEMM_MR FMAs each, so the call costs nothing; m: the
+ * rows left from the tile's first, gemm_tile_rows), as before the
  * SIMD vocabulary. Inlined, the value product's tile sat inside
  * attention_task with everything flash_step inlines, and its setup reloaded
  * the tile's row pointers from the stack; out of line, the float SDPA cases
@@ -198,19 +199,21 @@ static __attribute__((noinline)) void FN(tile_add)(idx_t m, idx_t kc, const real
         FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
-/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, MR)] <- k_pack . q_pack^T
- * (stored, not added: the tile is never cleared first), over E elements
- * packed as product_steps(E, pairs) steps; with pairs, times *scale as
- * they are stored (pairs are packed unscaled). The products run
- * over whole NR slivers up to nq; the value product reads whole MR runs of
- * queries, and the columns of those past the last sliver (at most MR - 1)
+/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- k_pack .
+ * q_pack^T (stored, not added: the tile is never cleared first), over E
+ * elements packed as product_steps(E, pairs) steps; with pairs, times
+ * *scale as they are stored (pairs are packed unscaled). Keys in MR-row
+ * slivers, the last on whole GEMM_MR_STEP rows (gemm_tile_rows: the rows
+ * past those are not written). The products run over whole NR slivers up
+ * to nq; the value product (and pair_probabilities) read whole runs of
+ * GEMM_MR_STEP queries, and the columns of those past the last sliver
  * are set to the zeros a product with the zero-padded queries would give,
  * rather than computed as one more sliver (at nq = 32 that sliver was a
  * third of the product: 48 columns for 32 queries at MR 6, NR 16). */
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
                               idx_t E, const real *scale, int pairs)
 {
-    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR);
+    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR_STEP);
     idx_t steps = FN(product_steps)(E, pairs);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)

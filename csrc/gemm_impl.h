@@ -93,13 +93,14 @@
 #define GEMM_FEW_ROWS_TASKS 4
 /* Packing contiguous weights costs about as much as multiplying them by
  * this many more rows of A: 4 at AVX-512 (float and double), 2 at AVX2
- * (float and double), 1 at the 16-byte portable level's float, measured on
- * a Zen 4 core as the padding at which the transposed order stops paying
- * ((M, 256) x (768, 256)^T, 1 thread; an Ice Lake core had put it near 10
- * rows at AVX-512 before edge tiles ran on fewer rows: benchmarks/NOTES.md).
- * The transposed order is taken only where it pads A by at most this much
- * more than the packed orders. */
-#define GEMM_PACKING_ROWS (GEMM_NR * (idx_t)sizeof(real) / 32)
+ * (float and double), 1 at the 16-byte portable level's float (its double
+ * and the wide portable builds take the same SIMD_BYTES / 16 unmeasured),
+ * measured on a Zen 4 core as the padding at which the transposed order
+ * stops paying ((M, 256) x (768, 256)^T, 1 thread; an Ice Lake core had
+ * put it near 10 rows at AVX-512 before edge tiles ran on fewer rows:
+ * benchmarks/NOTES.md). The transposed order is taken only where it pads A
+ * by at most this much more than the packed orders. */
+#define GEMM_PACKING_ROWS (SIMD_BYTES / 16)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -150,7 +151,7 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
- * loads of B and 2 * MR FMAs. c's rows are c_rs apart. With stream_b (a
+ * loads of B and 2 * rows FMAs. c's rows are c_rs apart. With stream_b (a
  * constant: the GEMM's tiles), b is a sliver KC steps deep, larger than L1,
  * whose rows GEMM_PREFETCH_STEPS ahead are asked for while these compute,
  * and C is in memory. With pairs
@@ -201,10 +202,12 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t 
     }
 }
 
-/* The micro-kernel on a tile of m <= MR rows (C's bottom edge, a key or
- * query tile's last rows): on the fewest whole GEMM_MR_STEP rows that hold
- * them (rows past m computed from the zero padding and stored like the
- * rest), not on MR rows of which the rest are padding. */
+/* The micro-kernel on the tile whose first row has m rows left below it
+ * (from 1): MR or more run a whole tile; fewer (C's bottom edge, a key or
+ * query tile's last rows) run on the fewest whole GEMM_MR_STEP rows that
+ * hold them (rows past m computed from the zero padding and stored like
+ * the rest; rows past those neither computed nor written), not on MR rows
+ * of which the rest are padding. */
 static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, idx_t kc, const real *a, idx_t a_rs,
                                                                      idx_t a_step, const real *b, real *c, idx_t c_rs,
                                                                      const real *init, idx_t init_rs,

@@ -340,6 +340,25 @@ def test_linear_against_float64(low, M, K, N, simd_mode):
     assert_close(out, x64 @ w64.T + b64, low)
 
 
+def test_edge_tiles_of_every_height(low, simd_mode):
+    """As test_simd_levels.py's test of edge tiles, in 16 bits at every level
+    (the bfloat16 pairs' score product scales as it stores, pair_probabilities
+    rounds whole runs of queries): x of 13 to 36 rows against 97 to 108 weight
+    rows, and attention of 17 to 40 queries over as many keys or 192 more."""
+    rng = np.random.default_rng(4)
+    for n_out in range(97, 109):
+        w, b = normal(rng, (n_out, 70), low), normal(rng, (n_out,), low)
+        for m in range(13, 37):
+            x = normal(rng, (m, 70), low)
+            x64, w64, b64 = wide(x, w, b)
+            assert_close(F.linear(x, w, b), x64 @ w64.T + b64, low, f"{simd_mode} M={m} N={n_out}")
+    for n in range(17, 41):
+        for s in (n, 192 + n):
+            q, k, v = normal(rng, (1, n, 16), low), normal(rng, (1, s, 16), low), normal(rng, (1, s, 24), low)
+            assert_close(F.scaled_dot_product_attention(q, k, v), oracle(q, k, v)[0], low,
+                         f"{simd_mode} L={n} S={s}")
+
+
 @pytest.mark.parametrize("M", [1, 3, 8])
 def test_linear_few_rows(low, M, simd_mode):
     """A few rows take the GEMM's order that reads the weights in place (but

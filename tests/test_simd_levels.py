@@ -141,23 +141,28 @@ def test_edge_tiles_of_every_height_every_level(dtype, simd_mode):
     """Tiles cut by an edge (1 to MR - 1 rows; MR is 4, 6 or 12) run the
     micro-kernel on whole steps of rows (gemm_tile_rows, thirds or halves
     of MR) rather than MR rows of padding: x of 13 to 36 rows through the
-    packed GEMM, and attention of 17 to 40 queries and keys (the flash
-    path: the score product's last key sliver, the value product's last
-    queries, the backward's last key rows), each against float64."""
+    GEMM against 97 to 108 weight rows (the transposed order's tiles are
+    the weights' rows), and attention of 17 to 40 queries over as many keys
+    or 192 more (the flash path: the score product's last key sliver, alone
+    or after a whole key tile, the value product's last queries, the
+    backward's last key rows), each against float64. test_low_precision.py
+    runs the same sizes through the bfloat16 pairs."""
     rng = np.random.default_rng(3)
-    w, b = _r(rng, (100, 70), dtype), _r(rng, (100,), dtype)
-    for m in range(13, 37):
-        x = _r(rng, (m, 70), dtype)
-        assert_close(F.linear(x, w, b), x.astype(np.float64) @ w.astype(np.float64).T + b, dtype,
-                     f"{simd_mode} M={m}")
+    for n_out in range(97, 109):  # the transposed order's edge tiles are the weights' last rows
+        w, b = _r(rng, (n_out, 70), dtype), _r(rng, (n_out,), dtype)
+        for m in range(13, 37):
+            x = _r(rng, (m, 70), dtype)
+            assert_close(F.linear(x, w, b), x.astype(np.float64) @ w.astype(np.float64).T + b, dtype,
+                         f"{simd_mode} M={m} N={n_out}")
     for n in range(17, 41):
-        q, k, v, d_out = _r(rng, (1, n, 16), dtype), _r(rng, (1, n, 16), dtype), _r(rng, (1, n, 24), dtype), \
-            _r(rng, (1, n, 24), dtype)
-        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
-        assert_close(out, ref_attend(q, k, v, 0.25)[0], dtype, f"{simd_mode} L=S={n}")
-        grads = F.scaled_dot_product_attention_backward(d_out, q, k, v, out, lse)
-        for name, got, expected in zip("qkv", grads, _attention_grads(q, k, v, d_out, 0.25)):
-            assert_grad_close(got, expected, dtype, f"{simd_mode} L=S={n} d{name}")
+        for s in (n, 192 + n):  # the only key tile, or a short one after a whole one (BLOCK_K 192)
+            q, k, v, d_out = _r(rng, (1, n, 16), dtype), _r(rng, (1, s, 16), dtype), _r(rng, (1, s, 24), dtype), \
+                _r(rng, (1, n, 24), dtype)
+            out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+            assert_close(out, ref_attend(q, k, v, 0.25)[0], dtype, f"{simd_mode} L={n} S={s}")
+            grads = F.scaled_dot_product_attention_backward(d_out, q, k, v, out, lse)
+            for name, got, expected in zip("qkv", grads, _attention_grads(q, k, v, d_out, 0.25)):
+                assert_grad_close(got, expected, dtype, f"{simd_mode} L={n} S={s} d{name}")
 
 
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
