@@ -59,6 +59,18 @@ def module_dtype(dtype):
     return np.dtype({2: np.float16, 4: np.float32, 8: np.float64}[resolved.itemsize])
 
 
+def flag(value, name):
+    """`value`'s truth, as bool(value); an object that has none (an array of
+    several elements) raises its error with the argument's name in front,
+    as the C layer's flags do."""
+    try:
+        return bool(value)
+    except (TypeError, ValueError) as error:
+        if type(error) not in (TypeError, ValueError):  # a subclass may take other arguments: as raised
+            raise
+        raise type(error)(f"{name}: {error}") from error
+
+
 def integer(value, name):
     """`value` as an int, through __index__; a bool is refused (True where a
     count, an axis or a seed belongs is a slip, as NumPy's axis holds)."""

@@ -54,6 +54,14 @@ class _Attention(Module):
         """(probability, active): the dropout submodule's p and mode (its own, as torch's)."""
         return 0.0, False
 
+    def _dropout_of(self, child):
+        """(p, training) of the Dropout submodule `child`; TypeError naming it
+        if it was replaced by another kind of module."""
+        dropout = self._submodule((child,))
+        if not isinstance(dropout, Dropout):
+            raise TypeError(f"{child}: expected a Dropout, got a {type(dropout).__name__}")
+        return dropout.p, dropout.training
+
     def _attend(self, x, attention_mask=None, return_weights=False):
         params = self._values_of(self._spec[0])
         # read once: another thread may switch the modes
@@ -396,7 +404,7 @@ class SelfAttentionV3(_Attention):
                            dropout="attention_dropout.p")
 
     def _dropout(self):
-        return self.attention_dropout.p, self.attention_dropout.training
+        return self._dropout_of("attention_dropout")
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
@@ -498,7 +506,7 @@ class SelfAttentionV4(_Attention):
                            dropout="attention_dropout.p")
 
     def _dropout(self):
-        return self.attention_dropout.p, self.attention_dropout.training
+        return self._dropout_of("attention_dropout")
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Attend over the sequence axis of `x`, with a mask and dropout.
@@ -634,7 +642,7 @@ class MultiHeadAttention(_Attention):
                            heads_axis=True, dropout="dropout.p")
 
     def _dropout(self):
-        return self.dropout.p, self.dropout.training
+        return self._dropout_of("dropout")
 
     def forward(self, x, attention_mask=None, *, return_weights=False):
         """Multi-head attention over the sequence axis of `x`, with mask and dropout.

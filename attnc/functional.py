@@ -26,7 +26,7 @@ a new C-contiguous array.
 import numpy as np
 
 from . import _C
-from ._checks import as_array, integer, is_floating
+from ._checks import as_array, flag, integer, is_floating
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
            "scaled_dot_product_attention_backward"]
@@ -266,7 +266,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     >>> out.dtype, lse.dtype
     (dtype('float16'), dtype('float32'))
     """
-    grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
+    grouped = _Grouped(query, key, value, attn_mask, attn_bias) \
+        if enable_gqa is not False and flag(enable_gqa, "enable_gqa") else None
     if grouped:
         query, key, value, attn_mask, attn_bias = grouped.inputs
     # positional: parsing a dozen keywords cost 2.6 us a call (a tenth of a small one)
@@ -385,7 +386,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     """
     query, key, value = _arrays(query=query, key=key, value=value)
     shapes = [given.shape for given in (query, key, value)]
-    grouped = _Grouped(query, key, value, attn_mask, attn_bias) if enable_gqa else None
+    grouped = _Grouped(query, key, value, attn_mask, attn_bias) if flag(enable_gqa, "enable_gqa") else None
     if grouped:
         query, key, value, attn_mask, attn_bias = grouped.inputs
         grad_out, out, lse = (grouped.split_result(part, n, name)
@@ -572,7 +573,7 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
     g2, x2 = g.reshape(rows, n_out), xa.reshape(rows, n_in)
     grad_x = _C.linear(g, w.T, dtype=dt)             # grad_out @ weight, weight read in place
     grad_weight = _C.linear(g2.T, x2.T, dtype=dt)    # grad_out^T @ x over all rows
-    grad_bias = _widened(g2).sum(axis=0).astype(dt, copy=False) if need_bias_grad else None
+    grad_bias = _widened(g2).sum(axis=0).astype(dt, copy=False) if flag(need_bias_grad, "need_bias_grad") else None
     return grad_x, grad_weight, grad_bias
 
 

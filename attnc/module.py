@@ -1,5 +1,6 @@
 """Module, Linear and Dropout: torch.nn's bookkeeping for NumPy arrays."""
 import collections
+import collections.abc
 import functools
 import math
 import threading
@@ -7,7 +8,7 @@ import threading
 import numpy as np
 
 from . import _C
-from ._checks import as_array, is_floating, module_dtype, positive_int
+from ._checks import as_array, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
@@ -168,6 +169,8 @@ class Module:
         self.__dict__.update(state)
         for name in self._parameters:
             self.__dict__[name] = self._as_parameter(name, self.__dict__[name])
+        for name, (grad, made_for) in self._grads.items():  # gradient buffers writable again
+            self._grads[name] = np.require(grad, requirements="CAW"), made_for
 
     def register_parameter(self, name, value):
         """Register a parameter: the attribute `name`, set to `value`.
@@ -267,7 +270,7 @@ class Module:
         Module
             The module itself.
         """
-        self.training = bool(mode)
+        self.training = flag(mode, "mode")
         for child in self._modules.values():
             child.train(mode)
         return self
@@ -373,7 +376,9 @@ class Module:
 
         Every value is converted and checked first; nothing is changed
         unless the whole mapping is valid. Values are copied into the
-        parameters in place (views of a parameter see the new values).
+        parameters in place (views of a parameter see the new values);
+        every value is read before any parameter is written, so the
+        module's own arrays may be given (a swap of two parameters).
 
         Parameters
         ----------
@@ -398,7 +403,8 @@ class Module:
         ValueError
             Naming the key, for a value of another shape (in both modes).
         TypeError
-            Naming the key, for a complex, object or string value.
+            Naming the key, for a complex, object or string value; naming
+            `state_dict`, for anything but a mapping.
 
         Examples
         --------
@@ -412,6 +418,10 @@ class Module:
         >>> linear.load_state_dict({"weight": [[3.0, 4.0]]}, strict=False)
         IncompatibleKeys(missing_keys=['bias'], unexpected_keys=[])
         """
+        if not isinstance(state_dict, collections.abc.Mapping):
+            raise TypeError(f"state_dict: expected a mapping of parameter names to arrays, got "
+                            f"{type(state_dict).__name__}")
+        strict = flag(strict, "strict")
         own = dict(self.named_parameters(remove_duplicate=False))
         missing = [key for key in own if key not in state_dict]
         unexpected = [key for key in state_dict if key not in own]
@@ -425,6 +435,8 @@ class Module:
             array = _C.as_parameter(value, name=key, dtype=owner.dtype)
             if array.shape != own[key].shape:
                 raise ValueError(f"{key}: expected shape {own[key].shape}, got {array.shape}")
+            if any(np.may_share_memory(array, param) for param in own.values()):
+                array = array.copy()  # a parameter's own memory (a swap): read before any is overwritten
             converted[key] = owner, name, array
         # nothing below can fail: copy into each parameter in place (views
         # of it see the new values, as torch's copy_), or replace one that
@@ -484,7 +496,11 @@ class Module:
             return tuple([getattr(self._submodule(path), name) for path, name in paths])
         except AttributeError as error:  # a deleted parameter: name it by its dotted key
             for key, (path, name) in zip(keys, paths):
-                if not hasattr(self._submodule(path), name):
+                owner = self._submodule(path)
+                if path and name not in owner._parameters:
+                    raise AttributeError(f"{key}: {'.'.join(path)} is now a {type(owner).__name__}, which has no "
+                                         f"parameter {name!r}; the forward needs one there") from error
+                if not hasattr(owner, name):
                     raise AttributeError(f"{key}: the parameter was deleted; assign it again before a "
                                          "forward") from error
             raise
@@ -537,7 +553,11 @@ class Module:
         Each buffer has its parameter's shape and dtype: zeros until a
         `backward` adds into it, as torch accumulates ``.grad``. A buffer
         follows its parameter: it starts again from zeros when the
-        parameter is replaced by one of another shape or dtype. A shared
+        parameter is replaced by one of another shape or dtype. A buffer
+        changed in place instead (its shape, dtype or strides set, or made
+        read-only) makes this, `backward` and optimizer steps raise
+        ValueError naming its parameter, rather than lose the gradient it
+        held; `zero_grad` gives it a new buffer. A shared
         submodule has one buffer per parameter, which gets the gradients
         of every use; an array assigned to parameters of two modules has a
         buffer in each, and comes here once with their sum (a new array).
@@ -559,24 +579,39 @@ class Module:
         """
         if not remove_duplicate:
             for name, _, owner, attribute in self._every_parameter_slot(prefix):
-                yield name, owner._grad(attribute)
+                yield name, owner._grad(attribute, name)
             return
         for name, _, slots in self._shared_parameters(prefix):
-            buffers = list({id(buffer): buffer for buffer in (owner._grad(attribute) for owner, attribute in slots)}
-                           .values())
+            buffers = list({id(buffer): buffer
+                            for buffer in (owner._grad(attribute, name) for owner, attribute in slots)}.values())
             yield name, buffers[0] if len(buffers) == 1 else sum(buffers[1:], buffers[0])
 
     def zero_grad(self):
-        """Fill every gradient buffer (see `named_grads`) with zeros."""
-        for _, grad in self.named_grads(remove_duplicate=False):
-            grad.fill(0)
+        """Fill every gradient buffer (see `named_grads`) with zeros.
 
-    def _grad(self, name):
-        """The gradient buffer of parameter `name`, made on first use."""
+        A buffer changed in place (reshaped, retyped, made read-only) is
+        replaced by a new one instead."""
+        for name, _, owner, attribute in self._every_parameter_slot(""):
+            owner._grad(attribute, name, renew=True).fill(0)
+
+    def _grad(self, name, key, renew=False):
+        """The gradient buffer of parameter `name` (dotted `key`), made on
+        first use and again after the parameter changed shape or dtype.
+        ValueError naming `key` if the buffer itself was changed in place
+        (unless `renew`: a new one then)."""
         param = getattr(self, name)
-        grad = self._grads.get(name)
-        if grad is None or grad.shape != param.shape or grad.dtype != param.dtype:
-            grad = self._grads[name] = np.zeros(param.shape, param.dtype)
+        layout = param.shape, param.dtype
+        grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
+        if grad is not None and made_for == layout:
+            if grad.shape == param.shape and grad.dtype == param.dtype and grad.flags.c_contiguous \
+                    and grad.flags.writeable:
+                return grad
+            if not renew:
+                raise ValueError(f"{key}: its gradient buffer was changed in place (now shape {grad.shape}, dtype "
+                                 f"{grad.dtype}{'' if grad.flags.writeable else ', read-only'}; the parameter is "
+                                 f"{param.shape}, {param.dtype}): zero_grad() gives it a new one")
+        grad = np.zeros(param.shape, param.dtype)
+        self._grads[name] = grad, layout
         return grad
 
     def _add_grads(self, grads):
@@ -589,7 +624,7 @@ class Module:
             if value is None:
                 continue
             owner, name = self._owner_of(key)
-            buffer = owner._grad(name)
+            buffer = owner._grad(name, key)
             if buffer.shape != value.shape or not np.can_cast(value.dtype, buffer.dtype, "same_kind"):
                 raise ValueError(f"{key}: the parameter is now {buffer.dtype} of shape {buffer.shape}, its gradient "
                                  f"{value.dtype} of shape {value.shape} (changed in place since the forward?)")
@@ -602,9 +637,11 @@ class Module:
         earlier forward's), with the shape its grad_output must have, the
         dtype of the gradient it returns (x's when x is a floating array, as
         torch's x.grad, else the module's), and the parameters the forward
-        used ({dotted name: array or None}) with their shapes and dtypes."""
+        used ({dotted name: array or None}) with their shapes and dtypes, and
+        the module dtype."""
         used = {key: (a, None if a is None else (a.shape, a.dtype)) for key, a in (params or {}).items()}
-        object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype), used))
+        object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype), used,
+                                            self.dtype))
 
     def _kept(self, grad_output):
         """The kept forward state, with grad_output checked against the
@@ -615,7 +652,10 @@ class Module:
         if saved is None:
             raise RuntimeError(f"{type(self).__name__}.backward: no training-mode forward to go back through "
                                "(each forward allows one backward; an eval-mode forward keeps nothing)")
-        state, shape, _, used = saved
+        state, shape, _, used, dtype = saved
+        if self.dtype != dtype:
+            raise ValueError(f"dtype: the module's dtype changed after the forward, from {dtype} to {self.dtype}; "
+                             "run the forward again before backward")
         if np.shape(grad_output) != shape:
             raise ValueError(f"grad_output: expected shape {shape} (the forward's output), "
                              f"got {np.shape(grad_output)}")

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import _C
-from ._checks import as_array, divides, is_floating, positive_int
+from ._checks import as_array, divides, flag, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import (_widened, linear, linear_backward, scaled_dot_product_attention,
@@ -156,8 +156,8 @@ class MultiheadAttention(Module):
         self.vdim = self.embed_dim if vdim is None else positive_int(vdim, "vdim")
         self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
         self.dropout = _C.probability(dropout, name="dropout")
-        self.batch_first = bool(batch_first)
-        self.add_zero_attn = bool(add_zero_attn)
+        self.batch_first = batch_first
+        self.add_zero_attn = add_zero_attn
         e = self.embed_dim
         draw = self._generator()
         if self._qkv_same_embed_dim:
@@ -175,6 +175,11 @@ class MultiheadAttention(Module):
             self.out_proj.bias[...] = 0
         self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
         self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
+
+    def __setattr__(self, name, value):
+        if name in ("batch_first", "add_zero_attn"):  # kept as bools, whenever set
+            value = flag(value, name)
+        super().__setattr__(name, value)
 
     # -- forward ---------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -268,6 +273,9 @@ class MultiheadAttention(Module):
         >>> print(weights[0, 0, 0])  # the first query sees the first key only
         [1. 0. 0. 0. 0.]
         """
+        need_weights, average_attn_weights = flag(need_weights, "need_weights"), flag(average_attn_weights,
+                                                                                        "average_attn_weights")
+        is_causal = flag(is_causal, "is_causal")
         params = self._checked_parameters()
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
@@ -275,12 +283,12 @@ class MultiheadAttention(Module):
             raise ValueError("is_causal: needs attn_mask (torch's hint); give the causal mask as attn_mask")
         batched, inputs = self._inputs(query, key, value, keep=training)
         n, tgt_len, src_len = inputs[0].shape[0], inputs[0].shape[1], inputs[1].shape[1]
-        causal = bool(is_causal) and key_padding_mask is None and not need_weights
+        causal = is_causal and key_padding_mask is None and not need_weights
         bias = self._score_bias(None if causal else attn_mask, key_padding_mask, batched, n, tgt_len, src_len)
         q, k, v = self._project(inputs, params)
         seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
         result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
-                                              return_weights=bool(need_weights), return_lse=training)
+                                              return_weights=need_weights, return_lse=training)
         out_heads, *rest = result if isinstance(result, tuple) else (result,)
         out = linear(self._merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
         output = self._to_layout(out, batched)

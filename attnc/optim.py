@@ -24,6 +24,11 @@ is updated: its state cannot follow it, and resetting it silently would
 change the optimisation behind the caller's back. Make a new optimizer
 then.
 
+The hyper-parameters are plain attributes (``optimizer.lr = 0.01`` between
+steps, as a schedule sets torch's ``param_groups``); every step checks them
+as the constructor does, so a bad value raises, naming it, before any
+parameter moves.
+
 Each update rule is torch's single-tensor (foreach=False) implementation,
 operation by operation, with the hyperparameters rounded to the
 parameter's dtype where torch rounds them; what can differ from torch is
@@ -54,6 +59,23 @@ def _nonnegative(value, name):
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
     return number
+
+
+def _may_overlap_itself(array):
+    """True when two elements of `array` may share memory (a zero stride
+    along an axis of more than one element, or strides that interleave):
+    an in-place update would then write such memory once per element. The
+    test is sufficient, not exact: axes sorted by stride, each stride must
+    step over everything the smaller ones span (every C, Fortran or sliced
+    layout passes)."""
+    if array.size == 0:
+        return False
+    span = array.itemsize
+    for stride, size in sorted((abs(stride), size) for stride, size in zip(array.strides, array.shape) if size > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
 
 
 def _betas(betas):
@@ -128,11 +150,18 @@ class Optimizer:
             Naming the parameter, with no parameter updated, if a
             parameter was replaced since the previous step by one of
             another shape or dtype (its state cannot follow it: make a new
-            optimizer), or cannot be updated in place (read-only, or not
-            floating).
+            optimizer), or cannot be updated in place (read-only, not
+            floating, or with elements that share memory, as strides set
+            to 0 make them); naming the setting, if a hyper-parameter
+            attribute (``lr``, ...) was set since construction to a value
+            the constructor refuses (checked at every step).
+        TypeError
+            Naming the setting, for a hyper-parameter attribute set to
+            something that is not a real number.
         NotImplementedError
             On the base class, which has no update rule.
         """
+        self._check_settings()
         triples = [(name, param, grad) for (name, param), (_, grad)
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
@@ -140,6 +169,9 @@ class Optimizer:
                 kind = f"{'a read-only' if not param.flags.writeable else 'an'} {param.dtype} array"
                 raise ValueError(f"{name}: step() updates parameters in place: expected a writable floating "
                                  f"array, got {kind}")
+            if _may_overlap_itself(param):
+                raise ValueError(f"{name}: step() updates parameters in place: expected an array whose elements "
+                                 f"do not share memory, got strides {param.strides} for shape {param.shape}")
             layout = param.shape, param.dtype
             before = self._layouts.setdefault(name, layout)
             if layout != before:
@@ -154,6 +186,11 @@ class Optimizer:
                 param[...] = widened
             else:
                 self._update(param, grad, state)
+
+    def _check_settings(self):
+        """Checks the hyper-parameter attributes (at construction and at every
+        step: they are plain attributes a caller may set), normalising them;
+        TypeError or ValueError naming the first bad one."""
 
     def _update(self, param, grad, state):
         """Updates `param` in place from `grad` (read only) and its `state` dict."""
@@ -213,9 +250,13 @@ class SGD(Optimizer):
 
     def __init__(self, module, lr, momentum=0.0, weight_decay=0.0):
         super().__init__(module)
-        self.lr = _nonnegative(lr, "lr")
-        self.momentum = _nonnegative(momentum, "momentum")
-        self.weight_decay = _nonnegative(weight_decay, "weight_decay")
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self._check_settings()
+
+    def _check_settings(self):
+        self.lr = _nonnegative(self.lr, "lr")
+        self.momentum = _nonnegative(self.momentum, "momentum")
+        self.weight_decay = _nonnegative(self.weight_decay, "weight_decay")
 
     def _update(self, param, grad, state):
         d = grad if self.weight_decay == 0 else grad + self.weight_decay * param
@@ -290,10 +331,14 @@ class AdamW(Optimizer):
 
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         super().__init__(module)
-        self.lr = _nonnegative(lr, "lr")
-        self.betas = _betas(betas)
-        self.eps = _nonnegative(eps, "eps")
-        self.weight_decay = _nonnegative(weight_decay, "weight_decay")
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self._check_settings()
+
+    def _check_settings(self):
+        self.lr = _nonnegative(self.lr, "lr")
+        self.betas = _betas(self.betas)
+        self.eps = _nonnegative(self.eps, "eps")
+        self.weight_decay = _nonnegative(self.weight_decay, "weight_decay")
 
     def _update(self, param, grad, state):
         beta1, beta2 = self.betas

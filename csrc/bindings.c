@@ -122,6 +122,21 @@ static int as_double(PyObject *obj, const char *name, const char *what, double *
     return 0;
 }
 
+/* *out <- bool(obj), Python's truth of it, when obj is given (else the
+ * default stays); an object that has none (an array of several elements)
+ * raises its error, named (name_the_error). */
+static int flag_argument(PyObject *obj, const char *name, int *out)
+{
+    if (!obj) return 1;
+    int truth = PyObject_IsTrue(obj);
+    if (truth < 0) {
+        name_the_error(name);
+        return 0;
+    }
+    *out = truth;
+    return 1;
+}
+
 /* A dropout probability: a number in [0, 1] (NaN is not). */
 static int probability(PyObject *obj, const char *name, double *p)
 {
@@ -750,10 +765,11 @@ done:
 static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "p", "training", "rng", "dtype", "seed", NULL};
-    PyObject *x_obj, *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
+    PyObject *x_obj, *p_obj = NULL, *training_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
     int training = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$pOOO:dropout", kwlist, &x_obj, &p_obj, &training, &rng,
-                                     &dtype_obj, &seed_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$OOOO:dropout", kwlist, &x_obj, &p_obj, &training_obj, &rng,
+                                     &dtype_obj, &seed_obj) ||
+        !flag_argument(training_obj, "training", &training))
         return NULL;
     double p = 0.5;
     uint64_t seed = 0;
@@ -977,12 +993,16 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
                              "return_weights", "return_lse", "attn_bias", "causal_alignment", "window", "dtype",
                              "seed", NULL};
     PyObject *objs[3], *p_obj = NULL, *rng = Py_None, *dtype_obj = NULL, *seed_obj = Py_None;
+    PyObject *causal_obj = NULL, *weights_obj = NULL, *lse_obj = NULL;
     score_options o = {Py_None, Py_None, Py_None, NULL, NULL, 0};
     int want_weights = 0, want_lse = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOpOOppOOOOO:scaled_dot_product_attention", kwlist,
-                                     &objs[0], &objs[1], &objs[2], &o.mask, &p_obj, &o.is_causal, &o.scale, &rng,
-                                     &want_weights, &want_lse, &o.bias, &o.alignment, &o.window, &dtype_obj,
-                                     &seed_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOOOOOOOOOOO:scaled_dot_product_attention", kwlist,
+                                     &objs[0], &objs[1], &objs[2], &o.mask, &p_obj, &causal_obj, &o.scale, &rng,
+                                     &weights_obj, &lse_obj, &o.bias, &o.alignment, &o.window, &dtype_obj,
+                                     &seed_obj) ||
+        !flag_argument(causal_obj, "is_causal", &o.is_causal) ||
+        !flag_argument(weights_obj, "return_weights", &want_weights) ||
+        !flag_argument(lse_obj, "return_lse", &want_lse))
         return NULL;
     double dropout_p = 0.0;
     uint64_t seed = 0;
@@ -1037,11 +1057,13 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
     static char *kwlist[] = {"grad_out", "query", "key", "value", "out", "lse", "attn_mask", "is_causal", "scale",
                              "dropout_p", "attn_bias", "causal_alignment", "window", "dtype", "seed", NULL};
     PyObject *grad_obj, *objs[3], *out_obj, *lse_obj, *p_obj = NULL, *dtype_obj = NULL, *seed_obj = Py_None;
+    PyObject *causal_obj = NULL;
     score_options o = {Py_None, Py_None, Py_None, NULL, NULL, 0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OpOO$OOOOO:scaled_dot_product_attention_backward",
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|OOOO$OOOOO:scaled_dot_product_attention_backward",
                                      kwlist, &grad_obj, &objs[0], &objs[1], &objs[2], &out_obj, &lse_obj, &o.mask,
-                                     &o.is_causal, &o.scale, &p_obj, &o.bias, &o.alignment, &o.window, &dtype_obj,
-                                     &seed_obj))
+                                     &causal_obj, &o.scale, &p_obj, &o.bias, &o.alignment, &o.window, &dtype_obj,
+                                     &seed_obj) ||
+        !flag_argument(causal_obj, "is_causal", &o.is_causal))
         return NULL;
     double dropout_p = 0.0;
     uint64_t seed = 0;

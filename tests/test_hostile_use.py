@@ -659,10 +659,10 @@ def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once(monkeypat
     twin.backward(np.ones_like(y_twin))
     make_buffer = attnc.Module._grad
 
-    def out_of_memory_at_the_last(module, name):  # the last parameter's gradient buffer
+    def out_of_memory_at_the_last(module, name, key, renew=False):  # the last parameter's gradient buffer
         if module is m.output_proj and name == "bias":
             raise MemoryError
-        return make_buffer(module, name)
+        return make_buffer(module, name, key, renew)
 
     monkeypatch.setattr(attnc.Module, "_grad", out_of_memory_at_the_last)
     with pytest.raises(MemoryError):
@@ -950,3 +950,192 @@ def test_an_arrays_own_error_subclass_reaches_the_caller_as_raised():
         F.scaled_dot_product_attention_backward(q, Raises(), q, q, q, np.zeros(2))
     with pytest.raises(json.JSONDecodeError):
         attnc.Linear(3, 2)(Raises())
+
+
+# ============================================================================
+# a fuzzing review (2026-11-25): a self-overlapping parameter, gradient buffers
+# changed in place, a swap through load_state_dict, flags without a truth value,
+# and errors that named an internal argument or none
+
+
+def _trained(seed=4):
+    """A SelfAttentionV3 after one training-mode forward and backward, its input and gradient."""
+    m = attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=np.random.default_rng(seed))
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    m(x)
+    m.backward(g)
+    return m, x, g
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_optimizer_step_refuses_a_parameter_whose_elements_share_memory(optimizer):
+    """A weight whose rows share memory (stride 0; set in place, as unpickling or
+    `strides` would) was updated row after row by step(), every row ending as the last
+    one's update: now ValueError naming it, nothing updated. A strided weight whose
+    elements are distinct is still updated in place, as a contiguous one is."""
+    m, _, _ = _trained()
+    opt = getattr(attnc.optim, optimizer)(m, lr=0.1)
+    weight = m.output_proj.weight
+    m.output_proj.__dict__["weight"] = np.lib.stride_tricks.as_strided(weight, shape=weight.shape,
+                                                                        strides=(0, weight.itemsize), writeable=True)
+    before = {name: p.copy() for name, p in m.named_parameters()}
+    with pytest.raises(ValueError, match=r"^output_proj\.weight: step\(\) updates parameters in place: expected an "
+                                         r"array whose elements do not share memory"):
+        opt.step()
+    for name, p in m.named_parameters():
+        np.testing.assert_array_equal(p, before[name], err_msg=name)
+    # distinct elements in a column-major layout: updated in place, as the contiguous twin
+    twin, _, _ = _trained()
+    column_major = np.asfortranarray(weight)
+    m.output_proj.__dict__["weight"] = column_major
+    twin.output_proj.weight[...] = weight
+    getattr(attnc.optim, optimizer)(twin, lr=0.1).step()
+    opt.step()
+    assert m.output_proj.weight is column_major
+    np.testing.assert_array_equal(column_major, twin.output_proj.weight)
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "read-only"])
+def test_a_gradient_buffer_changed_in_place_is_named_and_zero_grad_renews_it(change):
+    """A gradient buffer reshaped or retyped in place was silently replaced by zeros
+    (its gradient lost) at the next step or backward; now they raise ValueError naming
+    its parameter, and zero_grad gives it a new buffer."""
+    m, x, g = _trained()
+    reference, _, _ = _trained()
+    opt = attnc.optim.SGD(m, lr=0.1)
+    buffer = dict(m.named_grads())["proj.weight"]
+    if change == "shape":
+        buffer.shape = (buffer.size,)
+    elif change == "dtype":
+        buffer.dtype = np.int32
+    else:
+        buffer.setflags(write=False)
+    before = {name: p.copy() for name, p in m.named_parameters()}
+    pattern = r"^proj\.weight: its gradient buffer was changed in place"
+    with pytest.raises(ValueError, match=pattern):
+        opt.step()
+    with pytest.raises(ValueError, match=pattern):
+        dict(m.named_grads())
+    m(x)
+    with pytest.raises(ValueError, match=pattern):
+        m.backward(g)
+    for name, p in m.named_parameters():
+        np.testing.assert_array_equal(p, before[name], err_msg=name)
+    m.zero_grad()
+    reference.zero_grad()
+    m.backward(g)
+    reference(x)
+    reference.backward(g)
+    for (name, got), (_, expected) in zip(m.named_grads(), reference.named_grads()):
+        assert got.shape == expected.shape and got.dtype == expected.dtype, name
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+def test_gradient_buffers_unpickled_from_read_only_buffers_keep_accumulating():
+    """Unpickled with out-of-band (read-only) buffers, a module's gradient buffers are
+    writable again: a second backward adds to the first, as it does on the original."""
+    m, x, g = _trained()
+    buffers = []
+    loaded = pickle.loads(pickle.dumps(m, protocol=5, buffer_callback=buffers.append),
+                          buffers=[bytes(b.raw()) for b in buffers])
+    first = {name: grad.copy() for name, grad in loaded.named_grads()}
+    assert any(grad.any() for grad in first.values())
+    loaded(x)
+    loaded.backward(g)
+    for name, grad in loaded.named_grads():
+        np.testing.assert_array_equal(grad, 2 * first[name], err_msg=name)
+
+
+def test_load_state_dict_swaps_parameters_given_as_the_modules_own_arrays():
+    """Values were copied in one at a time, so a swap given as the live arrays read one
+    already overwritten: both ended as the old K weight."""
+    m = attnc.SelfAttentionV1(DIM, rng=np.random.default_rng(2))
+    q, k = m.Q_proj.weight.copy(), m.K_proj.weight.copy()
+    values = m.state_dict()
+    values["Q_proj.weight"], values["K_proj.weight"] = m.K_proj.weight, m.Q_proj.weight
+    m.load_state_dict(values)
+    np.testing.assert_array_equal(m.Q_proj.weight, k)
+    np.testing.assert_array_equal(m.K_proj.weight, q)
+
+
+class _NoTruth:
+    """An object whose truth raises a subclass of ValueError that takes other arguments."""
+
+    def __bool__(self):
+        import json
+        raise json.JSONDecodeError("no truth", "doc", 0)
+
+
+def _flag_calls(flag):
+    q = np.ones((1, 2, 3, 4), np.float32)
+    out, lse = F.scaled_dot_product_attention(q, q, q, return_lse=True)
+    x = np.ones((3, 2, 8), np.float32)
+    mha = attnc.nn.MultiheadAttention(8, 2)
+    return [
+        ("is_causal", lambda: F.scaled_dot_product_attention(q, q, q, is_causal=flag)),
+        ("return_weights", lambda: F.scaled_dot_product_attention(q, q, q, return_weights=flag)),
+        ("return_lse", lambda: F.scaled_dot_product_attention(q, q, q, return_lse=flag)),
+        ("enable_gqa", lambda: F.scaled_dot_product_attention(q, q, q, enable_gqa=flag)),
+        ("is_causal", lambda: F.scaled_dot_product_attention_backward(q, q, q, q, out, lse, is_causal=flag)),
+        ("need_bias_grad", lambda: F.linear_backward(np.ones((2, 3)), np.ones((2, 4)), np.ones((3, 4)),
+                                                     need_bias_grad=flag)),
+        ("need_weights", lambda: mha(x, x, x, need_weights=flag)),
+        ("average_attn_weights", lambda: mha(x, x, x, average_attn_weights=flag)),
+        ("is_causal", lambda: mha(x, x, x, is_causal=flag, attn_mask=np.zeros((3, 3), bool))),
+        ("batch_first", lambda: setattr(mha, "batch_first", flag)),
+        ("add_zero_attn", lambda: setattr(mha, "add_zero_attn", flag)),
+        ("mode", lambda: mha.train(flag)),
+        ("strict", lambda: mha.load_state_dict(mha.state_dict(), strict=flag)),
+    ]
+
+
+def test_a_flag_without_a_truth_value_is_named():
+    """A bool argument given an array of several elements raised NumPy's "truth value
+    ... is ambiguous" naming nothing; an error of a subclass passes through as raised."""
+    import json
+    for name, call in _flag_calls(np.array([True, False])):
+        with pytest.raises(ValueError, match=f"^{name}: The truth value of an array"):
+            call()
+    for name, call in _flag_calls(_NoTruth()):
+        with pytest.raises(json.JSONDecodeError):
+            call()
+
+
+def test_multihead_flags_set_after_construction_are_kept_as_bools():
+    """add_zero_attn = 2 was added to a key count (two zero keys where the mask had one
+    column); "no" failed inside the forward with a TypeError: both are now True, as
+    the constructor takes them, and the forward matches the module built with True."""
+    x = np.random.default_rng(3).standard_normal((3, 2, 8)).astype(np.float32)
+    padding = np.array([[False, False, True], [False, False, False]])
+    expected = attnc.nn.MultiheadAttention(8, 2, add_zero_attn=True, rng=np.random.default_rng(5)).eval()
+    for value in (2, "no"):
+        m = attnc.nn.MultiheadAttention(8, 2, rng=np.random.default_rng(5)).eval()
+        m.add_zero_attn = value
+        assert m.add_zero_attn is True
+        for got, want in zip(m(x, x, x, key_padding_mask=padding), expected(x, x, x, key_padding_mask=padding)):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_errors_that_named_an_internal_argument_or_none():
+    x = np.ones((1, 3, 8), np.float32)
+    m = attnc.MultiHeadAttention(8, 2)
+    out = m(x)
+    m.dtype = np.float64
+    with pytest.raises(ValueError, match="^dtype: the module's dtype changed after the forward"):
+        m.backward(np.ones_like(out))
+    m = attnc.MultiHeadAttention(8, 2)
+    m.query_linear = attnc.Dropout(0.1)
+    with pytest.raises(AttributeError, match="^query_linear.weight: query_linear is now a Dropout"):
+        m(x)
+    m = attnc.MultiHeadAttention(8, 2, 0.1)
+    m.dropout = attnc.Linear(2, 2)
+    with pytest.raises(TypeError, match="^dropout: expected a Dropout, got a Linear"):
+        m(x)
+    m = attnc.SelfAttentionV3(8, 0.1)
+    m.attention_dropout = attnc.Linear(2, 2)
+    with pytest.raises(TypeError, match="^attention_dropout: expected a Dropout, got a Linear"):
+        m(x)
+    for value in (None, [("weight", 1)]):
+        with pytest.raises(TypeError, match="^state_dict: expected a mapping"):
+            attnc.Linear(2, 2).load_state_dict(value)

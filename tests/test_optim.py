@@ -284,3 +284,49 @@ def test_a_tied_parameters_gradient_and_conversions_keep_the_tie(tie):
     twin.load_state_dict({key: torch.from_numpy(value) for key, value in values.items()})
     assert net.K_proj.weight is net.Q_proj.weight
     np.testing.assert_array_equal(net.Q_proj.weight, twin.Q_proj.weight.detach().numpy())
+
+
+BAD_SETTINGS = [
+    ("SGD", "lr", float("nan"), ValueError),
+    ("SGD", "lr", -5, ValueError),
+    ("SGD", "momentum", "0.9", TypeError),
+    ("SGD", "weight_decay", float("inf"), ValueError),
+    ("AdamW", "lr", None, TypeError),
+    ("AdamW", "betas", (2.0, 0.5), ValueError),
+    ("AdamW", "betas", 0.9, TypeError),
+    ("AdamW", "eps", -1e-8, ValueError),
+]
+
+
+@pytest.mark.parametrize("name, setting, value, error", BAD_SETTINGS,
+                         ids=[f"{n}-{s}-{i}" for i, (n, s, _, _) in enumerate(BAD_SETTINGS)])
+def test_a_hyperparameter_set_after_construction_is_checked_at_every_step(name, setting, value, error):
+    """opt.lr = nan turned every parameter into NaN at the next step, silently (a
+    fuzzing review, 2026-11-25): each step now checks the settings as the
+    constructor does, before any parameter moves."""
+    module = MODULES["V2"](np.float32)
+    opt, topt, twins = make_pair(module, name, CASES[name][1])
+    set_grads(module, twins, np.random.default_rng(6))
+    before = module.state_dict()
+    setattr(opt, setting, value)
+    with pytest.raises(error) as info:
+        opt.step()
+    assert str(info.value).startswith(setting + ":"), str(info.value)
+    for pname, p in module.named_parameters():
+        np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW-custom"])
+def test_a_learning_rate_changed_between_steps_is_used_as_torch_uses_it(case):
+    """A schedule sets opt.lr between steps (torch: param_groups[0]["lr"])."""
+    name, kwargs = CASES[case]
+    module = MODULES["MHA"](np.float64)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    rng = np.random.default_rng(7)
+    for step, lr in enumerate([0.05, 0.01, 0.002]):
+        opt.lr = np.float64(lr)
+        topt.param_groups[0]["lr"] = lr
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        assert_params_match(module, twins, f"step {step}")
