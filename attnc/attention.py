@@ -57,8 +57,9 @@ class _Attention(Module):
     def _dropout_of(self, child):
         """(p, training) of the Dropout submodule `child`; TypeError naming it
         if it was replaced by another kind of module."""
-        dropout = self._submodule((child,))
+        dropout = self._modules.get(child)
         if not isinstance(dropout, Dropout):
+            dropout = self._submodule((child,))  # (names a deleted one)
             raise TypeError(f"{child}: expected a Dropout, got a {type(dropout).__name__}")
         return dropout.p, dropout.training
 
