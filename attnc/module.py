@@ -270,7 +270,8 @@ class Module:
         Module
             The module itself.
         """
-        self.training = flag(mode, "mode")
+        mode = flag(mode, "mode")
+        self.training = mode
         for child in self._modules.values():
             child.train(mode)
         return self
@@ -607,9 +608,10 @@ class Module:
                     and grad.flags.writeable:
                 return grad
             if not renew:
+                state = ("" if grad.flags.c_contiguous else ", strided") + ("" if grad.flags.writeable else ", read-only")
                 raise ValueError(f"{key}: its gradient buffer was changed in place (now shape {grad.shape}, dtype "
-                                 f"{grad.dtype}{'' if grad.flags.writeable else ', read-only'}; the parameter is "
-                                 f"{param.shape}, {param.dtype}): zero_grad() gives it a new one")
+                                 f"{grad.dtype}{state}; the parameter is {param.shape}, {param.dtype}): zero_grad() "
+                                 "gives it a new one")
         grad = np.zeros(param.shape, param.dtype)
         self._grads[name] = grad, layout
         return grad
