@@ -31,6 +31,17 @@ def _grad_dtype(x, module_dtype):
     return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2 else module_dtype
 
 
+def _initial_values(make, shape, sizes):
+    """make(shape), a parameter's initial values; an array NumPy refuses (too big
+    to exist, or to allocate) raises its error with the sizes that asked for it
+    in front (`sizes`, e.g. "out_features, in_features")."""
+    try:
+        return make(shape)
+    except (ValueError, MemoryError) as error:  # NumPy's _ArrayMemoryError is a MemoryError
+        kind = MemoryError if isinstance(error, MemoryError) else ValueError
+        raise kind(f"{sizes}: no parameter of shape {shape} can be made ({error})") from error
+
+
 @functools.lru_cache(maxsize=1024)
 def _key_paths(keys):
     """Dotted parameter names, each split once into (submodule path, name):
@@ -779,8 +790,11 @@ class Linear(Module):
         self.out_features = positive_int(out_features, "out_features", allow_zero=True)
         bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
         draw = self._generator()
-        self.register_parameter("weight", draw.uniform(-bound, bound, (self.out_features, self.in_features)))
-        self.register_parameter("bias", draw.uniform(-bound, bound, self.out_features) if bias else None)
+        self.register_parameter("weight", _initial_values(lambda shape: draw.uniform(-bound, bound, shape),
+                                                          (self.out_features, self.in_features),
+                                                          "out_features, in_features"))
+        self.register_parameter("bias", _initial_values(lambda shape: draw.uniform(-bound, bound, shape),
+                                                        (self.out_features,), "out_features") if bias else None)
 
     def forward(self, x):
         """Compute ``x @ weight.T + bias`` over the leading dims of `x`.

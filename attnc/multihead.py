@@ -16,7 +16,7 @@ from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import (_widened, linear, linear_backward, scaled_dot_product_attention,
                          scaled_dot_product_attention_backward)
-from .module import Linear, Module, _grad_dtype
+from .module import Linear, Module, _grad_dtype, _initial_values
 
 
 _PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
@@ -27,7 +27,7 @@ def _xavier_uniform(draw, shape):
     """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out))."""
     receptive = math.prod(shape[2:])
     bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
-    return draw.uniform(-bound, bound, shape)
+    return _initial_values(lambda size: draw.uniform(-bound, bound, size), shape, "embed_dim, kdim, vdim")
 
 
 def _xavier_normal(draw, shape):

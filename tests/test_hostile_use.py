@@ -1139,3 +1139,17 @@ def test_errors_that_named_an_internal_argument_or_none():
     for value in (None, [("weight", 1)]):
         with pytest.raises(TypeError, match="^state_dict: expected a mapping"):
             attnc.Linear(2, 2).load_state_dict(value)
+
+
+@pytest.mark.parametrize("make, sizes", [
+    (lambda: attnc.Linear(10 ** 12, 10 ** 12), "out_features, in_features"),
+    (lambda: attnc.Linear(0, 10 ** 19), "out_features, in_features"),  # an empty weight NumPy still refuses
+    (lambda: attnc.SelfAttentionV1(10 ** 12), "out_features, in_features"),
+    (lambda: attnc.nn.MultiheadAttention(2 ** 40, 1), "embed_dim, kdim, vdim"),
+    (lambda: attnc.nn.MultiheadAttention(8, 2, kdim=2 ** 62), "embed_dim, kdim, vdim"),
+], ids=["linear", "linear-no-inputs", "document-module", "nn-mha", "nn-mha-kdim"])
+def test_sizes_too_big_for_any_parameter_are_named(make, sizes):
+    """SelfAttentionV1(10**12) raised NumPy's "array is too big", naming nothing (a
+    fuzzing review, 2026-11-25): the sizes that asked for the parameter now come first."""
+    with pytest.raises(ValueError, match=f"^{re.escape(sizes)}: no parameter of shape"):
+        make()
