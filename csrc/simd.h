@@ -279,15 +279,32 @@ static inline vreal vmin(vreal a, vreal b) { return FN(vselect)(a < b, a, b); }
 static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), v); }
 #elif defined(ATTNC_ISA_AVX512)
 static inline void vstore_first(real *p, vreal v, int n) { _mm512_mask_storeu_pd(p, (__mmask8)((1u << n) - 1), v); }
-#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
-static inline void vstore_first(real *p, vreal v, int n)
-{
-    _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
-}
 #elif defined(ATTNC_ISA_AVX2)
+/* Not AVX2's masked store: vmaskmovps/pd to memory is microcoded on AMD's
+ * Zen 1-3 (about one per 12 cycles), and half of packing a GEMM's 6-row A
+ * slivers waited on it (benchmarks/NOTES.md). The n * sizeof(real) bytes go
+ * out as plain stores of 16, 8 and 4 bytes by the bits of that count, each
+ * from the low end of what is left of v; float and double alike. */
 static inline void vstore_first(real *p, vreal v, int n)
 {
-    _mm256_maskstore_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3)), v);
+    size_t bytes = (size_t)n * sizeof(real);
+    if (bytes == sizeof(vreal)) {
+        vstoreu(p, v);
+        return;
+    }
+    char *dst = (char *)p;
+    __m128 rest = _mm256_castps256_ps128((__m256)v);
+    if (bytes & 16) {
+        _mm_storeu_ps((float *)dst, rest);
+        dst += 16;
+        rest = _mm256_extractf128_ps((__m256)v, 1);
+    }
+    if (bytes & 8) {
+        _mm_storel_epi64((__m128i *)dst, _mm_castps_si128(rest));
+        dst += 8;
+        rest = _mm_movehl_ps(rest, rest);
+    }
+    if (bytes & 4) _mm_store_ss((float *)dst, rest);
 }
 #else
 static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t)n * sizeof(real)); }
