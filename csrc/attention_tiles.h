@@ -180,8 +180,13 @@ static const real FN(zero_row)[64];
  * SIMD vocabulary. Inlined, the value product's tile sat inside
  * attention_task with everything flash_step inlines, and its setup reloaded
  * the tile's row pointers from the stack; out of line, the float SDPA cases
- * measured 1-4% faster on Zen 3 (AVX2), the double ones unchanged. */
-static __attribute__((noinline)) void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
+ * measured 1-4% faster on Zen 3 (AVX2), the double ones unchanged. Their
+ * K loops start on a 64-byte boundary (TILE_LOOPS_ALIGNED): where they
+ * fell (a change elsewhere moves them), a loop of ~136 bytes took 4 of
+ * the op cache's 64-byte windows instead of 3, and float SDPA (1, 12, 512,
+ * 64) took 1.09x the time on a Zen 3 core (benchmarks/NOTES.md). */
+#define TILE_LOOPS_ALIGNED __attribute__((noinline, optimize("align-loops=64")))
+static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
                                                      real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
@@ -190,7 +195,7 @@ static __attribute__((noinline)) void FN(tile_store)(idx_t m, idx_t kc, const re
         FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
-static __attribute__((noinline)) void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
+static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
                                                    real *c, idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
