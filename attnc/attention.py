@@ -18,7 +18,7 @@ import numpy as np
 from . import _C
 from ._checks import as_array, divides, positive_int
 from ._docs import shared_docs
-from .module import Dropout, Linear, Module
+from .module import Dropout, Linear, Module, _sized_by
 
 
 def _private_copy(array):
@@ -211,9 +211,10 @@ class SelfAttentionV1(_Attention):
     def __init__(self, hidden_dim=728, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
         self.hidden_dim = positive_int(hidden_dim, "hidden_dim")
-        self.Q_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
-        self.K_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
-        self.V_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+        with _sized_by("hidden_dim"):
+            self.Q_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+            self.K_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+            self.V_proj = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
         self._spec = _spec(("Q_proj", "K_proj", "V_proj"), in_dim=hidden_dim, qk_dim=hidden_dim, v_dim=hidden_dim)
 
     def forward(self, x, *, return_weights=False):
@@ -303,7 +304,8 @@ class SelfAttentionV2(_Attention):
     def __init__(self, dim=728, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
         self.dim = positive_int(dim, "dim")
-        self.proj = Linear(dim, dim * 3, dtype=dtype, rng=rng)
+        with _sized_by("dim"):
+            self.proj = Linear(dim, dim * 3, dtype=dtype, rng=rng)
         self._spec = _spec(("proj",), in_dim=dim, qk_dim=dim, v_dim=dim, fused=True)
 
     def forward(self, x, *, return_weights=False):
@@ -398,9 +400,10 @@ class SelfAttentionV3(_Attention):
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
         self.dim = positive_int(dim, "dim")
-        self.proj = Linear(dim, dim * 3, dtype=dtype, rng=rng)
-        self.attention_dropout = Dropout(_C.probability(dropout_rate, name="dropout_rate"), dtype=dtype, rng=rng)
-        self.output_proj = Linear(dim, dim, dtype=dtype, rng=rng)
+        with _sized_by("dim"):
+            self.proj = Linear(dim, dim * 3, dtype=dtype, rng=rng)
+            self.attention_dropout = Dropout(_C.probability(dropout_rate, name="dropout_rate"), dtype=dtype, rng=rng)
+            self.output_proj = Linear(dim, dim, dtype=dtype, rng=rng)
         self._spec = _spec(("proj", "output_proj"), in_dim=dim, qk_dim=dim, v_dim=dim, out_dim=dim, fused=True,
                            dropout="attention_dropout.p")
 
@@ -499,9 +502,10 @@ class SelfAttentionV4(_Attention):
     def __init__(self, dim=728, dropout_rate=0.1, *, dtype=np.float32, rng=None):
         super().__init__(dtype=dtype, rng=rng)
         self.dim = positive_int(dim, "dim")
-        self.query = Linear(dim, dim, dtype=dtype, rng=rng)
-        self.key = Linear(dim, dim, dtype=dtype, rng=rng)
-        self.value = Linear(dim, dim, dtype=dtype, rng=rng)
+        with _sized_by("dim"):
+            self.query = Linear(dim, dim, dtype=dtype, rng=rng)
+            self.key = Linear(dim, dim, dtype=dtype, rng=rng)
+            self.value = Linear(dim, dim, dtype=dtype, rng=rng)
         self.attention_dropout = Dropout(_C.probability(dropout_rate, name="dropout_rate"), dtype=dtype, rng=rng)
         self._spec = _spec(("query", "key", "value"), in_dim=dim, qk_dim=dim, v_dim=dim,
                            dropout="attention_dropout.p")
@@ -634,10 +638,11 @@ class MultiHeadAttention(_Attention):
         divides(self.head_num, self.hidden_dim, "head_num", "hidden_dim")
         self.head_dim = self.hidden_dim // self.head_num
         self.dropout = Dropout(_C.probability(dropout, name="dropout"), dtype=dtype, rng=rng)
-        self.query_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
-        self.key_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
-        self.value_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
-        self.output_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+        with _sized_by("hidden_dim"):
+            self.query_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+            self.key_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+            self.value_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
+            self.output_linear = Linear(hidden_dim, hidden_dim, dtype=dtype, rng=rng)
         self._spec = _spec(("query_linear", "key_linear", "value_linear", "output_linear"), in_dim=hidden_dim,
                            qk_dim=hidden_dim, v_dim=hidden_dim, out_dim=hidden_dim, n_heads=head_num,
                            heads_axis=True, dropout="dropout.p")
@@ -747,9 +752,10 @@ class SelfAttention(_Attention):
         self.dim_in = positive_int(dim_in, "dim_in")
         self.dim_k = positive_int(dim_k, "dim_k")
         self.dim_v = positive_int(dim_v, "dim_v")
-        self.linear_q = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
-        self.linear_k = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
-        self.linear_v = Linear(dim_in, dim_v, bias=bias, dtype=dtype, rng=rng)
+        with _sized_by("dim_in, dim_k, dim_v"):
+            self.linear_q = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
+            self.linear_k = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
+            self.linear_v = Linear(dim_in, dim_v, bias=bias, dtype=dtype, rng=rng)
         self._norm_fact = 1 / math.sqrt(self.dim_k)
         self._spec = _spec(("linear_q", "linear_k", "linear_v"), in_dim=dim_in, qk_dim=dim_k, v_dim=dim_v)
 
@@ -861,9 +867,10 @@ class MultiHeadSelfAttention(_Attention):
         self.num_heads = positive_int(num_heads, "num_heads")
         divides(self.num_heads, self.dim_k, "num_heads", "dim_k")
         divides(self.num_heads, self.dim_v, "num_heads", "dim_v")
-        self.linear_q = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
-        self.linear_k = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
-        self.linear_v = Linear(dim_in, dim_v, bias=bias, dtype=dtype, rng=rng)
+        with _sized_by("dim_in, dim_k, dim_v"):
+            self.linear_q = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
+            self.linear_k = Linear(dim_in, dim_k, bias=bias, dtype=dtype, rng=rng)
+            self.linear_v = Linear(dim_in, dim_v, bias=bias, dtype=dtype, rng=rng)
         self._norm_fact = 1 / math.sqrt(self.dim_k // self.num_heads)
         self._spec = _spec(("linear_q", "linear_k", "linear_v"), in_dim=dim_in, qk_dim=dim_k, v_dim=dim_v,
                            n_heads=num_heads, heads_axis=True)

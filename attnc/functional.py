@@ -558,6 +558,7 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
     [[1. 2.]
      [1. 2.]]
     """
+    need_bias_grad = flag(need_bias_grad, "need_bias_grad")  # before any work
     dt, (g, xa, w) = _result_dtype({"grad_out": grad_out, "x": x, "weight": weight})
     if w.ndim != 2:
         raise ValueError(f"weight: expected 2 dimensions (out_features, in_features), got shape {w.shape}")
@@ -573,7 +574,7 @@ def linear_backward(grad_out, x, weight, need_bias_grad=True):
     g2, x2 = g.reshape(rows, n_out), xa.reshape(rows, n_in)
     grad_x = _C.linear(g, w.T, dtype=dt)             # grad_out @ weight, weight read in place
     grad_weight = _C.linear(g2.T, x2.T, dtype=dt)    # grad_out^T @ x over all rows
-    grad_bias = _widened(g2).sum(axis=0).astype(dt, copy=False) if flag(need_bias_grad, "need_bias_grad") else None
+    grad_bias = _widened(g2).sum(axis=0).astype(dt, copy=False) if need_bias_grad else None
     return grad_x, grad_weight, grad_bias
 
 

@@ -1,6 +1,8 @@
 """Module, Linear and Dropout: torch.nn's bookkeeping for NumPy arrays."""
 import collections
 import collections.abc
+import contextlib
+import contextvars
 import functools
 import math
 import threading
@@ -31,14 +33,33 @@ def _grad_dtype(x, module_dtype):
     return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2 else module_dtype
 
 
+# The arguments a module's constructor names its parameters' sizes by, while it
+# makes them (an attention module's Linear layers are sized by its "hidden_dim",
+# not by their own "out_features, in_features"); None outside such a constructor.
+_constructor_sizes = contextvars.ContextVar("attnc_constructor_sizes", default=None)
+
+
+@contextlib.contextmanager
+def _sized_by(sizes):
+    """Within: a parameter NumPy refuses to make is blamed on `sizes`, the
+    arguments of the constructor that asked for it (e.g. "hidden_dim")."""
+    token = _constructor_sizes.set(sizes)
+    try:
+        yield
+    finally:
+        _constructor_sizes.reset(token)
+
+
 def _initial_values(make, shape, sizes):
     """make(shape), a parameter's initial values; an array NumPy refuses (too big
     to exist, or to allocate) raises its error with the sizes that asked for it
-    in front (`sizes`, e.g. "out_features, in_features")."""
+    in front (`sizes`, e.g. "out_features, in_features", or those of the
+    constructor making the layer: _sized_by)."""
     try:
         return make(shape)
     except (ValueError, MemoryError) as error:  # NumPy's _ArrayMemoryError is a MemoryError
         kind = MemoryError if isinstance(error, MemoryError) else ValueError
+        sizes = _constructor_sizes.get() or sizes
         raise kind(f"{sizes}: no parameter of shape {shape} can be made ({error})") from error
 
 
@@ -601,7 +622,7 @@ class Module:
     def zero_grad(self):
         """Fill every gradient buffer (see `named_grads`) with zeros.
 
-        A buffer changed in place (reshaped, retyped, made read-only) is
+        A buffer changed in place (reshaped, restrided, retyped, made read-only) is
         replaced by a new one instead."""
         for name, _, owner, attribute in self._every_parameter_slot(""):
             owner._grad(attribute, name, renew=True).fill(0)
@@ -788,6 +809,7 @@ class Linear(Module):
         super().__init__(dtype=dtype, rng=rng)
         self.in_features = positive_int(in_features, "in_features", allow_zero=True)
         self.out_features = positive_int(out_features, "out_features", allow_zero=True)
+        bias = flag(bias, "bias")
         bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
         draw = self._generator()
         self.register_parameter("weight", _initial_values(lambda shape: draw.uniform(-bound, bound, shape),

@@ -16,24 +16,26 @@ from ._docs import shared_docs
 from ._random import draw_seed
 from .functional import (_widened, linear, linear_backward, scaled_dot_product_attention,
                          scaled_dot_product_attention_backward)
-from .module import Linear, Module, _grad_dtype, _initial_values
+from .module import Linear, Module, _grad_dtype, _initial_values, _sized_by
 
 
 _PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
                "bias_v", "out_proj.weight", "out_proj.bias")
 
 
-def _xavier_uniform(draw, shape):
-    """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out))."""
+def _xavier_uniform(draw, shape, sizes):
+    """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out));
+    `sizes`: the constructor's arguments that size it (_initial_values)."""
     receptive = math.prod(shape[2:])
     bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
-    return _initial_values(lambda size: draw.uniform(-bound, bound, size), shape, "embed_dim, kdim, vdim")
+    return _initial_values(lambda size: draw.uniform(-bound, bound, size), shape, sizes)
 
 
-def _xavier_normal(draw, shape):
+def _xavier_normal(draw, shape, sizes):
     """torch.nn.init.xavier_normal_: normal with std sqrt(2 / (fan_in + fan_out))."""
     receptive = math.prod(shape[2:])
-    return draw.normal(0.0, math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive)), shape)
+    std = math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive))
+    return _initial_values(lambda size: draw.normal(0.0, std, size), shape, sizes)
 
 
 @shared_docs
@@ -154,6 +156,7 @@ class MultiheadAttention(Module):
         self.head_dim = self.embed_dim // self.num_heads
         self.kdim = self.embed_dim if kdim is None else positive_int(kdim, "kdim")
         self.vdim = self.embed_dim if vdim is None else positive_int(vdim, "vdim")
+        bias, add_bias_kv = flag(bias, "bias"), flag(add_bias_kv, "add_bias_kv")
         self._qkv_same_embed_dim = self.kdim == self.embed_dim and self.vdim == self.embed_dim
         self.dropout = _C.probability(dropout, name="dropout")
         self.batch_first = batch_first
@@ -161,20 +164,21 @@ class MultiheadAttention(Module):
         e = self.embed_dim
         draw = self._generator()
         if self._qkv_same_embed_dim:
-            self.register_parameter("in_proj_weight", _xavier_uniform(draw, (3 * e, e)))
+            self.register_parameter("in_proj_weight", _xavier_uniform(draw, (3 * e, e), "embed_dim"))
             for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
                 self.register_parameter(name, None)
         else:
-            self.register_parameter("q_proj_weight", _xavier_uniform(draw, (e, e)))
-            self.register_parameter("k_proj_weight", _xavier_uniform(draw, (e, self.kdim)))
-            self.register_parameter("v_proj_weight", _xavier_uniform(draw, (e, self.vdim)))
+            self.register_parameter("q_proj_weight", _xavier_uniform(draw, (e, e), "embed_dim"))
+            self.register_parameter("k_proj_weight", _xavier_uniform(draw, (e, self.kdim), "embed_dim, kdim"))
+            self.register_parameter("v_proj_weight", _xavier_uniform(draw, (e, self.vdim), "embed_dim, vdim"))
             self.register_parameter("in_proj_weight", None)
         self.register_parameter("in_proj_bias", np.zeros(3 * e) if bias else None)
-        self.out_proj = Linear(e, e, bias=bias, dtype=dtype, rng=rng)
+        with _sized_by("embed_dim"):
+            self.out_proj = Linear(e, e, bias=bias, dtype=dtype, rng=rng)
         if bias:
             self.out_proj.bias[...] = 0
-        self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
-        self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e)) if add_bias_kv else None)
+        self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
+        self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
 
     def __setattr__(self, name, value):
         if name in ("batch_first", "add_zero_attn"):  # kept as bools, whenever set

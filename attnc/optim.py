@@ -151,8 +151,8 @@ class Optimizer:
             parameter was replaced since the previous step by one of
             another shape or dtype (its state cannot follow it: make a new
             optimizer), or cannot be updated in place (read-only, not
-            floating, or with elements that share memory, as strides set
-            to 0 make them); naming the setting, if a hyper-parameter
+            floating, or with strides under which elements may share
+            memory, as strides set to 0 make them); naming the setting, if a hyper-parameter
             attribute (``lr``, ...) was set since construction to a value
             the constructor refuses (checked at every step).
         TypeError
@@ -171,7 +171,7 @@ class Optimizer:
                                  f"array, got {kind}")
             if _may_overlap_itself(param):
                 raise ValueError(f"{name}: step() updates parameters in place: expected an array whose elements "
-                                 f"do not share memory, got strides {param.strides} for shape {param.shape}")
+                                 f"cannot share memory, got strides {param.strides} for shape {param.shape}, which may")
             layout = param.shape, param.dtype
             before = self._layouts.setdefault(name, layout)
             if layout != before:

@@ -1358,11 +1358,12 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
     static char *kwlist[] = {"x", "params", "spec", "attention_mask", "dtype", "dropout_p", "training", "rng",
                              "return_weights", "scale", "save", NULL};
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
-             *scale_obj = Py_None;
+             *weights_obj = Py_False, *scale_obj = Py_None;
     int training = 0, want_weights = 0, save = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOpOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOOOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
                                      &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
-                                     &rng, &want_weights, &scale_obj, &save))
+                                     &rng, &weights_obj, &scale_obj, &save) ||
+        !flag_argument(weights_obj, "return_weights", &want_weights))
         return NULL;
     module_call c = {.held = {NULL}};
     PyObject *out = NULL, *weights = NULL, *kept[3] = {NULL, NULL, NULL}, *saved = NULL;

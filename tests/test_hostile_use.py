@@ -22,6 +22,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
+from attnc.module import _initial_values, _sized_by
 from toolkit import DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, ref_attend, ref_module
 
 DIM = 4
@@ -981,7 +982,7 @@ def test_optimizer_step_refuses_a_parameter_whose_elements_share_memory(optimize
                                                                         strides=(0, weight.itemsize), writeable=True)
     before = {name: p.copy() for name, p in m.named_parameters()}
     with pytest.raises(ValueError, match=r"^output_proj\.weight: step\(\) updates parameters in place: expected an "
-                                         r"array whose elements do not share memory"):
+                                         r"array whose elements cannot share memory"):
         opt.step()
     for name, p in m.named_parameters():
         np.testing.assert_array_equal(p, before[name], err_msg=name)
@@ -1087,6 +1088,12 @@ def _flag_calls(flag):
         ("add_zero_attn", lambda: setattr(mha, "add_zero_attn", flag)),
         ("mode", lambda: mha.train(flag)),
         ("strict", lambda: mha.load_state_dict(mha.state_dict(), strict=flag)),
+        ("return_weights", lambda: attnc.SelfAttentionV1(8)(x, return_weights=flag)),
+        ("return_weights", lambda: attnc.MultiHeadAttention(8, 2).eval()(x, return_weights=flag)),
+        ("bias", lambda: attnc.Linear(8, 2, bias=flag)),
+        ("bias", lambda: attnc.SelfAttention(8, 4, 4, bias=flag)),
+        ("bias", lambda: attnc.nn.MultiheadAttention(8, 2, bias=flag)),
+        ("add_bias_kv", lambda: attnc.nn.MultiheadAttention(8, 2, add_bias_kv=flag)),
     ]
 
 
@@ -1144,12 +1151,37 @@ def test_errors_that_named_an_internal_argument_or_none():
 @pytest.mark.parametrize("make, sizes", [
     (lambda: attnc.Linear(10 ** 12, 10 ** 12), "out_features, in_features"),
     (lambda: attnc.Linear(0, 10 ** 19), "out_features, in_features"),  # an empty weight NumPy still refuses
-    (lambda: attnc.SelfAttentionV1(10 ** 12), "out_features, in_features"),
-    (lambda: attnc.nn.MultiheadAttention(2 ** 40, 1), "embed_dim, kdim, vdim"),
-    (lambda: attnc.nn.MultiheadAttention(8, 2, kdim=2 ** 62), "embed_dim, kdim, vdim"),
-], ids=["linear", "linear-no-inputs", "document-module", "nn-mha", "nn-mha-kdim"])
+    (lambda: attnc.SelfAttentionV1(10 ** 12), "hidden_dim"),
+    (lambda: attnc.SelfAttentionV2(10 ** 12), "dim"),
+    (lambda: attnc.SelfAttentionV3(10 ** 12), "dim"),
+    (lambda: attnc.MultiHeadAttention(2 ** 40, 1), "hidden_dim"),
+    (lambda: attnc.SelfAttention(2, 2 ** 62, 2), "dim_in, dim_k, dim_v"),
+    (lambda: attnc.MultiHeadSelfAttention(2, 2 ** 62, 8, num_heads=2), "dim_in, dim_k, dim_v"),
+    (lambda: attnc.nn.MultiheadAttention(2 ** 40, 1), "embed_dim"),
+    (lambda: attnc.nn.MultiheadAttention(8, 2, kdim=2 ** 62), "embed_dim, kdim"),
+    (lambda: attnc.nn.MultiheadAttention(8, 2, vdim=2 ** 62), "embed_dim, vdim"),
+], ids=["linear", "linear-no-inputs", "V1", "V2", "V3", "document-mha", "self-attention", "mhsa", "nn-mha",
+        "nn-mha-kdim", "nn-mha-vdim"])
 def test_sizes_too_big_for_any_parameter_are_named(make, sizes):
     """SelfAttentionV1(10**12) raised NumPy's "array is too big", naming nothing (a
-    fuzzing review, 2026-11-25): the sizes that asked for the parameter now come first."""
+    fuzzing review, 2026-11-25): the constructor's own arguments that asked for the
+    parameter now come first (a module's, not its Linear layers' "out_features,
+    in_features"), and a Linear made afterwards names its own again."""
     with pytest.raises(ValueError, match=f"^{re.escape(sizes)}: no parameter of shape"):
         make()
+    with pytest.raises(ValueError, match="^out_features, in_features: no parameter of shape"):
+        attnc.Linear(10 ** 12, 10 ** 12)
+
+
+def test_parameters_too_big_to_allocate_raise_a_named_memory_error():
+    """An array NumPy can describe but not allocate keeps NumPy's MemoryError, with
+    the constructor's sizes in front (the allocation's failure is planted: a
+    real one would need more memory than CI's machine refuses outright)."""
+    def refuse(shape):
+        raise MemoryError(f"Unable to allocate an array with shape {shape}")
+
+    with pytest.raises(MemoryError, match=r"^out_features, in_features: no parameter of shape \(2, 3\) can be made "
+                                          r"\(Unable to allocate"):
+        _initial_values(refuse, (2, 3), "out_features, in_features")
+    with _sized_by("dim_in, dim_k, dim_v"), pytest.raises(MemoryError, match=r"^dim_in, dim_k, dim_v: no parameter"):
+        _initial_values(refuse, (2, 3), "out_features, in_features")
