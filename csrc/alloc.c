@@ -18,6 +18,7 @@
  *
  * The failure-injection counter lets tests prove that every allocation
  * failure becomes a clean MemoryError with nothing leaked. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -122,7 +123,9 @@ static void ask_for_huge_pages(char *start, size_t bytes)
     if (page <= 0) return;
     uintptr_t first = ((uintptr_t)start + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
     uintptr_t end = ((uintptr_t)start + bytes) / (uintptr_t)page * (uintptr_t)page;
+    int saved_errno = errno; /* the allocation succeeded: a refusal leaves no trace */
     if (end > first) (void)madvise((void *)first, end - first, MADV_HUGEPAGE); /* refused: 4 KB pages, as before */
+    errno = saved_errno;
 #else
     (void)start, (void)bytes;
 #endif
