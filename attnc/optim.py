@@ -152,9 +152,10 @@ class Optimizer:
             another shape or dtype (its state cannot follow it: make a new
             optimizer), or cannot be updated in place (read-only, not
             floating, or with strides under which elements may share
-            memory, as strides set to 0 make them); naming the setting, if a hyper-parameter
-            attribute (``lr``, ...) was set since construction to a value
-            the constructor refuses (checked at every step).
+            memory, as strides set to 0 make them); naming the setting,
+            if a hyper-parameter attribute (``lr``, ...) was set since
+            construction to a value the constructor refuses (checked at
+            every step).
         TypeError
             Naming the setting, for a hyper-parameter attribute set to
             something that is not a real number.

@@ -187,7 +187,7 @@ static const real FN(zero_row)[64];
  * 64) took 1.09x the time on a Zen 3 core (benchmarks/NOTES.md). */
 #define TILE_LOOPS_ALIGNED __attribute__((noinline, optimize("align-loops=64")))
 static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
-                                                     real *c, idx_t c_rs, const real *scale, int pairs)
+                                              real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
         FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
@@ -196,7 +196,7 @@ static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, 
 }
 
 static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
-                                                   real *c, idx_t c_rs, int pairs)
+                                            real *c, idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
         FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
