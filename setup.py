@@ -26,8 +26,12 @@ compile_args = [
 ]
 link_args = ["-pthread"]
 # ATTNC_PORTABLE_VECTOR_BYTES=32 or 64: the portable kernels take the AVX2 or
-# AVX-512 vector width and tile shapes (a test build: .ci/wide_vectors.sh)
+# AVX-512 vector width and tile shapes (a test build: .ci/wide_vectors.sh).
+# It is built at -O1: GCC takes two minutes at -O3 over the 64-byte vectors
+# it must split for a CPU without AVX-512, 25 s at -O1, and the build is for
+# the tests' results, not for speed.
 if os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES"):
+    compile_args = [a for a in compile_args if a != "-O3"] + ["-O1"]
     compile_args.append("-DATTNC_PORTABLE_BYTES=" + str(int(os.environ["ATTNC_PORTABLE_VECTOR_BYTES"])))
 # ATTNC_EMULATE_BF16_DOT=1: the AVX512_BF16 level's kernels with its dot
 # product emulated, offered on any AVX-512 CPU (a test build:
