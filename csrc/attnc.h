@@ -47,6 +47,9 @@ static inline size_t attnc_compute_size(attnc_dtype dt) { return dt == ATTNC_F64
 
 /* *out = a * b; returns 0 on overflow of idx_t (a, b >= 0). */
 int attnc_mul_ok(idx_t a, idx_t b, idx_t *out);
+static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
+/* ceil(x / y) without the overflow of (x + y - 1) / y */
+static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
 /* 64-byte aligned malloc whose large freed blocks are kept for reuse (at
  * most 64 MB in all), with an allocation-failure injection hook for tests:
  * after attnc_fail_alloc_after(n), the (n+1)-th allocation fails (n < 0:

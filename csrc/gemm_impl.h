@@ -122,9 +122,6 @@
  * rows, for 256: the last one's 8 padding rows cost 3 % of the product. */
 #define GEMM_MR_STEP (GEMM_MR % 3 == 0 ? GEMM_MR / 3 : GEMM_MR / 2)
 
-static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
-/* ceil(x / y) without the overflow of (x + y - 1) / y */
-static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
 /* The first of `count` rows (or columns) in block b of n_blocks: the blocks
  * cut them in whole slivers of `width`, as evenly as whole slivers go, the
  * slivers left over spread evenly among the blocks (block b starts after

@@ -1,6 +1,9 @@
 /* A whole attention module, forward and backward: the Q, K, V projections
  * as one product, attention over heads (as strides into the projection
- * buffer), output projection; every step through the kernel table. */
+ * buffer), output projection; every step through the kernel table. Short
+ * items of an inference forward on several threads instead project and
+ * attend an item (or a group of its heads) per task, with the same bits. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "attnc.h"
@@ -55,34 +58,136 @@ static void head_view(const attnc_self_attention_args *s, const module_sizes *m,
     for (int d = 0; d < nd; d++) a->mask_batch_strides[d] = s->mask_batch_strides[d];
 }
 
+/* Up to this many bytes of x per item (its T rows), an inference forward
+ * on more than one thread projects and attends each item, or each group
+ * of an item's heads, in one task (attend_by_items): the task's GEMM writes
+ * its heads' Q, K and V into a buffer of its own, and its attention reads
+ * them there, on the core that wrote them. Through one projection buffer,
+ * about a third of each head's Q, K and V had been written by the other
+ * core's share of the QKV GEMM; by items, a (1, 32, 256) module took
+ * 0.92-0.99x the time (five runs, median 0.955x) on 2 threads of a Zen 3
+ * host. Beyond 32 KB, each task's product is the slower one: a (2, 128,
+ * 256) module took 1.03x on 2 threads, 1.12x on one, where a (128, 256)
+ * x_b is multiplied in the transposed order and the whole (256, 256) x
+ * in the packed one (benchmarks/NOTES.md). */
+#define ITEM_TASK_MAX_X_BYTES (32 * 1024)
+
+typedef struct {
+    const attnc_self_attention_args *s;
+    const module_sizes *m;
+    char *merged;
+    idx_t H, head_qk, head_v, per_task, groups; /* heads per task, tasks per item */
+    atomic_int status;
+} heads_job;
+
+/* Task = a group of item b's heads, from h0: merged's columns of those
+ * heads in item b's rows <- attention over their projections of x_b. */
+static void heads_task(void *ctx, idx_t task)
+{
+    heads_job *job = ctx;
+    const attnc_self_attention_args *s = job->s;
+    const module_sizes *m = job->m;
+    idx_t b = task / job->groups, h0 = task % job->groups * job->per_task;
+    idx_t nh = attnc_min(job->per_task, job->H - h0), qk = nh * job->head_qk, v = nh * job->head_v;
+    idx_t width = 2 * qk + v;
+    char *qkv = attnc_malloc((size_t)(s->T * width) * m->elem); /* within the sizes' check */
+    if (!qkv) {
+        atomic_store(&job->status, ATTNC_ENOMEM);
+        return;
+    }
+    const char *w[3] = {s->w[ATTNC_Q], s->w[ATTNC_K], s->w[ATTNC_V]};
+    const char *bias[3] = {s->bias[ATTNC_Q], s->bias[ATTNC_K], s->bias[ATTNC_V]};
+    idx_t first[3] = {h0 * job->head_qk, h0 * job->head_qk, h0 * job->head_v}, rows[3] = {qk, qk, v};
+    attnc_gemm_args project = {
+        .M = s->T, .K = s->C, .a = (const char *)s->x + (size_t)(b * s->T * s->C) * m->elem, .a_rs = s->C, .a_cs = 1,
+        .n_parts = 3, .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = width,
+    };
+    for (int part = 0; part < 3; part++)
+        project.parts[part] = (attnc_gemm_part){w[part] + (size_t)(first[part] * s->C) * m->elem,
+                                                bias[part] ? bias[part] + (size_t)first[part] * m->elem : NULL,
+                                                rows[part]};
+    attnc_status status = m->kernels->gemm(&project);
+    if (status == ATTNC_OK) {
+        idx_t item = b * job->H + h0; /* the first head's item of the module's batch */
+        int head_dim = s->batch.ndim - 1;
+        attnc_attention_args a = {
+            .batch = {1, {nh}}, .L = s->T, .S = s->T, .E = job->head_qk, .Ev = job->head_v,
+            .q = {qkv, {job->head_qk}, width},
+            .k = {qkv + (size_t)qk * m->elem, {job->head_qk}, width},
+            .v = {qkv + (size_t)(2 * qk) * m->elem, {job->head_v}, width},
+            .mask = s->mask ? s->mask + attnc_item_offset(&s->batch, s->mask_batch_strides, item) : NULL,
+            .mask_batch_strides = {s->mask_batch_strides[head_dim]}, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
+            .scale = s->scale,
+            .out = {job->merged + (size_t)(b * s->T * m->Dv + h0 * job->head_v) * m->elem, {job->head_v}, m->Dv},
+            .weights = s->weights ? (char *)s->weights + (size_t)(item * s->T * s->T) * m->elem : NULL,
+        };
+        status = m->kernels->attention(&a);
+    }
+    attnc_free(qkv);
+    if (status != ATTNC_OK) atomic_store(&job->status, status);
+}
+
+/* merged <- attention over every item's heads, in as few tasks as keep
+ * the threads busy: a task per item, or per group of its heads when the
+ * items are fewer than the threads (heads_task). */
+static attnc_status attend_by_items(const attnc_self_attention_args *s, const module_sizes *m, char *merged,
+                                    double flops, idx_t threads)
+{
+    idx_t H = s->batch.shape[s->batch.ndim - 1], items = m->rows / s->T;
+    heads_job job = {s, m, merged, H, s->dim[ATTNC_Q] / H, m->Dv / H, H, 1, ATTNC_OK};
+    if (items < threads) {
+        job.groups = attnc_min(H, attnc_ceil_div(threads, items));
+        job.per_task = attnc_ceil_div(H, job.groups);
+        job.groups = attnc_ceil_div(H, job.per_task);
+    }
+    attnc_parallel_for(items * job.groups, flops, heads_task, &job);
+    attnc_status status = atomic_load(&job.status);
+    return status == ATTNC_OK && attnc_interrupted() ? ATTNC_EINTR : status;
+}
+
+/* Passes 1 and 2 through one projection buffer: qkv <- the Q, K, V
+ * projections side by side (rows, width), one product of x with the three
+ * weights stacked; merged <- attention per item over its heads' columns. */
+static attnc_status project_then_attend(const attnc_self_attention_args *s, const module_sizes *m, char *qkv,
+                                        char *merged)
+{
+    attnc_gemm_args qkv_args = {
+        .M = m->rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
+        .parts = {{s->w[ATTNC_Q], s->bias[ATTNC_Q], s->dim[ATTNC_Q]},
+                  {s->w[ATTNC_K], s->bias[ATTNC_K], s->dim[ATTNC_K]},
+                  {s->w[ATTNC_V], s->bias[ATTNC_V], s->dim[ATTNC_V]}},
+        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = m->width,
+    };
+    attnc_status status = m->kernels->gemm(&qkv_args);
+    if (status != ATTNC_OK) return status;
+    attnc_attention_args a;
+    head_view(s, m, qkv, merged, &a);
+    a.weights = s->weights;
+    a.lse = s->lse;
+    return m->kernels->attention(&a);
+}
+
 attnc_status attnc_self_attention(const attnc_self_attention_args *s)
 {
     module_sizes m;
     idx_t merged_size = 0;
     if (!sizes_of(s, &m) || !attnc_mul_ok(m.rows, m.Dv, &merged_size)) return ATTNC_EOVERFLOW;
 
+    /* an inference forward (nothing kept, no dropout) of short items on
+     * more than one thread: a task per item or group of its heads, no
+     * projection buffer */
+    double qkv_flops = 2.0 * (double)m.rows * (double)s->C * (double)m.width;
+    double attention_flops = 2.0 * (double)m.rows * (double)s->T * (double)(s->dim[ATTNC_Q] + m.Dv);
+    int threads = attnc_threads_for(qkv_flops + attention_flops);
+    int by_items = threads > 1 && !s->keep_qkv && !s->keep_merged && !s->lse && s->dropout_p == 0 && m.rows > 0 &&
+                   (double)s->T * (double)s->C * (double)m.elem <= ITEM_TASK_MAX_X_BYTES;
     attnc_status status = ATTNC_ENOMEM;
-    char *qkv = s->keep_qkv ? s->keep_qkv : attnc_malloc((size_t)(m.rows * m.width) * m.elem);
+    char *qkv = s->keep_qkv ? s->keep_qkv : by_items ? NULL : attnc_malloc((size_t)(m.rows * m.width) * m.elem);
     char *merged = s->keep_merged ? s->keep_merged : s->w_out ? attnc_malloc((size_t)merged_size * m.elem) : s->out;
-    if (!qkv || !merged) goto done;
-
-    /* pass 1: Q, K, V projections side by side in one (rows, width) buffer,
-     * one product of x with the three weights stacked */
-    attnc_gemm_args qkv_args = {
-        .M = m.rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
-        .parts = {{s->w[ATTNC_Q], s->bias[ATTNC_Q], s->dim[ATTNC_Q]},
-                  {s->w[ATTNC_K], s->bias[ATTNC_K], s->dim[ATTNC_K]},
-                  {s->w[ATTNC_V], s->bias[ATTNC_V], s->dim[ATTNC_V]}},
-        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = m.width,
-    };
-    if ((status = m.kernels->gemm(&qkv_args)) != ATTNC_OK) goto done;
-
-    /* pass 2: attention per item, merged in place in the output rows */
-    attnc_attention_args a;
-    head_view(s, &m, qkv, merged, &a);
-    a.weights = s->weights;
-    a.lse = s->lse;
-    if ((status = m.kernels->attention(&a)) != ATTNC_OK) goto done;
+    if ((!qkv && !by_items) || !merged) goto done;
+    status = by_items ? attend_by_items(s, &m, merged, qkv_flops + attention_flops, threads)
+                      : project_then_attend(s, &m, qkv, merged);
+    if (status != ATTNC_OK) goto done;
     if (!s->w_out) {
         if (merged != s->out) memcpy(s->out, merged, (size_t)merged_size * m.elem);
         goto done;

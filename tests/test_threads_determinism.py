@@ -9,7 +9,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import MODEL_IDS, MODELS, assert_close, ref_forward, scores_shape
+from toolkit import MODEL, MODEL_IDS, MODELS, assert_close, ref_forward, scores_shape
 
 THREADS = (1, 2, 3, 4)
 
@@ -73,6 +73,33 @@ def test_functional_same_bits_any_thread_count(restore_threads, dtype, simd_mode
     _all_equal(_over_threads(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.2,
                                                                      rng=np.random.default_rng(9),
                                                                      return_weights=True)))
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4, 6])
+@pytest.mark.parametrize("items", [1, 2])
+@pytest.mark.parametrize("mask_kind", [None, "per head", "per item"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_items_heads_in_groups_same_bits(heads, items, mask_kind, dtype, restore_threads, simd_mode):
+    """Short items on more threads than items: a task projects and attends each group of an
+    item's heads into its own buffer (one thread: one projection buffer for all). Same bits at
+    every thread count, the weights too, and the float64 oracle's values."""
+    dim, seq = 48, 20
+    case = MODEL["MHA"]
+    m = case.make(dim, heads=heads, dtype=dtype, rng=np.random.default_rng(0)).eval()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((items, seq, dim)).astype(dtype)
+    mask = None
+    if mask_kind is not None:
+        shape = (items, heads, seq, seq) if mask_kind == "per head" else (items, 1, seq, seq)
+        mask = rng.random(shape) < 0.7
+        mask[..., 0] = True
+    args = (x,) if mask is None else (x, mask)
+    outs = _over_threads(lambda: m(*args, return_weights=True))
+    _all_equal(outs)
+    _all_equal([o[0] for o in outs] + _over_threads(lambda: m(*args)))
+    ref, ref_weights = ref_forward(case.kind, m.state_dict(), x, mask, heads)
+    assert_close(outs[0][0], ref, dtype)
+    assert_close(outs[0][1], ref_weights, dtype)
 
 
 @pytest.mark.parametrize("rows", [13, 20, 32])
