@@ -74,6 +74,23 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
 
 
+@pytest.mark.parametrize("m", [64, 65, 96, 128])
+def test_linear_around_the_transposed_rows_cap(m, dtype, simd_mode, restore_threads):
+    """At AVX2 the transposed order takes at most 64 rows (65-144 rows of K = 256 float
+    took it before, and run the packed order now): against float64 on 1 and 2 threads,
+    and the first 64 rows' bits as in the 64-row product (the transposed order at every
+    level that has it)."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, 256), dtype), _r(rng, (768, 256), dtype), _r(rng, (768,), dtype)
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m}")
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(F.linear(x[:64], w, b), outs[0][:64])
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("k", [301, 1543])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
