@@ -51,13 +51,15 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
 
 
-@pytest.mark.parametrize("m", [12, 32, 400, 1000])
+@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 1000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
     transposed at every level (the weights read in place; x's rows the
     tiles' columns), 12 rows transposed where the tiles' columns pad them
     little and streamed where padding would cost more than packing the
-    weights (AVX-512 float: 32 columns), 400 streamed (x packed whole,
+    weights (AVX-512 float: 32 columns), 64 and 96 float rows on either
+    side of AVX2's cap on the transposed order (64 transposed, 96
+    streamed; both transposed at AVX-512), 400 streamed (x packed whole,
     the weights a sliver at a time; 130 outputs are at least two slivers a
     thread at every level), 1000 the blocked order: each against float64,
     on 1 and 2 threads, and each row's bits as when alone (one row takes the
@@ -72,23 +74,6 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     np.testing.assert_array_equal(outs[0], outs[1])
     for i in (0, 11, m // 2, m - 1):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
-
-
-@pytest.mark.parametrize("m", [64, 65, 96, 128])
-def test_linear_around_the_transposed_rows_cap(m, dtype, simd_mode, restore_threads):
-    """At AVX2 the transposed order takes at most 64 rows (65-144 rows of K = 256 float
-    took it before, and run the packed order now): against float64 on 1 and 2 threads,
-    and the first 64 rows' bits as in the 64-row product (the transposed order at every
-    level that has it)."""
-    rng = np.random.default_rng(m)
-    x, w, b = _r(rng, (m, 256), dtype), _r(rng, (768, 256), dtype), _r(rng, (768,), dtype)
-    outs = []
-    for threads in (1, 2):
-        attnc.set_num_threads(threads)
-        outs.append(F.linear(x, w, b))
-    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m}")
-    np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_array_equal(F.linear(x[:64], w, b), outs[0][:64])
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
