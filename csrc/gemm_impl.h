@@ -101,15 +101,18 @@
  * benchmarks/NOTES.md). The transposed order is taken only where it pads A
  * by at most this much more than the packed orders. */
 #define GEMM_PACKING_ROWS (SIMD_BYTES / 16)
-/* The transposed order's rows at most, at AVX2: its loop broadcasts from
- * six weight rows read in place (their offsets partly reloaded from the
- * stack), and on a Zen 3 core it ran behind the packed order from about
- * 96 rows: (M, 256) x (768, 256)^T in the packed order took 0.944x the
- * time at M = 96 and 0.914x at 128 on 1 thread, 0.855x and 0.877x on 2,
- * (112, 256) x (256, 256)^T 0.946x and 0.916x; at M = 64 0.95-1.02x
- * (benchmarks/NOTES.md). Elsewhere (AVX-512 and the 16-byte level, not
- * measured so) only the A block's size bounds it. */
-#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES == 32 ? 64 : PTRDIFF_MAX)
+/* The transposed order's rows at most, at AVX2 and AVX-512: its loop
+ * broadcasts from the weight rows read in place (at AVX2 their offsets
+ * partly reloaded from the stack), and it ran behind the packed order from
+ * about 96 rows: on a Zen 3 core (AVX2), (M, 256) x (768, 256)^T in the
+ * packed order took 0.944x the time at M = 96 and 0.914x at 128 on 1
+ * thread, 0.855x and 0.877x on 2, (112, 256) x (256, 256)^T 0.946x and
+ * 0.916x, at M = 64 0.95-1.02x; on a Zen 4 core (AVX-512), 0.975x at M =
+ * 96 and 0.981x at 128 on 1 thread (where K is small enough for the A
+ * block below to take them; unchanged at K = 512 and 768), modules (1,
+ * 128, 256) and (1, 96, 512) 0.97x on 2 (benchmarks/NOTES.md). At the
+ * 16-byte level (not measured so) only the A block's size bounds it. */
+#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the

@@ -58,12 +58,12 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     tiles' columns), 12 rows transposed where the tiles' columns pad them
     little and streamed where padding would cost more than packing the
     weights (AVX-512 float: 32 columns), 64 and 96 float rows on either
-    side of AVX2's cap on the transposed order (64 transposed, 96
-    streamed; both transposed at AVX-512), 400 streamed (x packed whole,
-    the weights a sliver at a time; 130 outputs are at least two slivers a
-    thread at every level), 1000 the blocked order: each against float64,
-    on 1 and 2 threads, and each row's bits as when alone (one row takes the
-    few-rows order)."""
+    side of the cap on the transposed order at AVX2 and AVX-512 (64
+    transposed, 96 streamed; both transposed at the 16-byte level), 400
+    streamed (x packed whole, the weights a sliver at a time; 130 outputs
+    are at least two slivers a thread at every level), 1000 the blocked
+    order: each against float64, on 1 and 2 threads, and each row's bits as
+    when alone (one row takes the few-rows order)."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     outs = []
