@@ -14,12 +14,14 @@
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
- * C^T = B . A^T, B (the weights) read in place and only A packed; a packed A that
- * stays in L2, and B slivers for every thread, "streamed": pass 1 packs A
- * alone, and each task of pass 2 packs its B slivers one at a time and
- * multiplies all of A by each, so the weights are read once and never written
- * back packed. In both, on up to GEMM_OWN_COPY_THREADS threads, each thread
- * packs a copy of A of its own instead of sharing one. The first K block
+ * C^T = B . A^T, B (the weights) read in place and only A packed; an A that
+ * stays in L2, and B slivers for every thread, "streamed": each task of pass
+ * 2 packs its B slivers one at a time and multiplies all of A by each, so
+ * the weights are read once and never written back packed; A's whole
+ * slivers are read in place (contiguous rows of reals; else pass 1 packs A,
+ * and so its last partial sliver). In both, on up to GEMM_OWN_COPY_THREADS
+ * threads, each thread packs what it packs of the small operand in a copy
+ * of its own instead of sharing one. The first K block
  * starts the sums from the bias (or zeros) and stores them: C is never
  * cleared or re-read just to add the bias. Each
  * element of C adds up its K blocks in the same order whatever task, thread
@@ -113,6 +115,15 @@
  * 128, 256) and (1, 96, 512) 0.97x on 2 (benchmarks/NOTES.md). At the
  * 16-byte level (not measured so) only the A block's size bounds it. */
 #define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
+/* The streamed order reads A's whole slivers in place, at AVX2 and
+ * AVX-512: each thread's packed copy of A cost more than the broadcasts
+ * from its rows, once those take three row pointers and three offsets
+ * (gemm_tile) instead of twelve offsets that spilled. On a Zen 4 core, 2
+ * threads: `linear` (256, 256, 256) 0.94x the time, (256, 256, 768)
+ * 0.97-0.98x, (512, 768, 2304) 0.98x, module (2, 128, 256) 0.97-0.98x;
+ * x of 1-2 MB (from L3 either way) unchanged. At the 16-byte level 1.05-1.10x
+ * the time: it packs (benchmarks/NOTES.md). */
+#define GEMM_STREAMED_A_IN_PLACE (SIMD_BYTES >= 32)
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -198,17 +209,25 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t 
             __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
         }
     }
-    GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, a += a_step, b += GEMM_NR) {
+    /* A's rows in groups of four from a base each: element (i, p) at
+     * group[i / 4][(i % 4) * a_rs], so that rows read in place (a_rs not
+     * 1) take three base pointers and three offsets, scaled addresses of
+     * one register, not twelve offsets that spill */
+    const real *group[(GEMM_MR + 3) / 4];
+    for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] = 4 * g < rows ? a + 4 * g * a_rs : a;
+    idx_t offset[4] = {0, a_rs, 2 * a_rs, 3 * a_rs};
+    GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += GEMM_NR) {
         if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
             __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
             if (GEMM_NR * sizeof(real) > 64) __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
         }
         vreal b0 = vload(b), b1 = vload(b + VLANES);
         _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
-            vreal ai = vset1(a[i * a_rs]);
+            vreal ai = vset1(group[i / 4][offset[i % 4]]);
             acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
             acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
         }
+        for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] += a_step;
     }
     _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++, c += c_rs) {
         if (!init) {
@@ -290,6 +309,9 @@ typedef struct {
      * thread (own_copy), or 0: packed once for all by pass 1 */
     int own_copies;
     idx_t own_stride;
+    /* Streamed, A's rows from here on packed; the whole slivers before it
+     * read in place (a_packed_from, a multiple of MR, or 0: all packed) */
+    idx_t a_packed_from;
     int own_packed[GEMM_OWN_COPY_THREADS]; /* thread t's copy holds the current K block */
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
 } FN(gemm_job);
@@ -379,7 +401,7 @@ static void FN(pass1_packs)(const FN(gemm_job) *job, idx_t *n_a, idx_t *n_b)
 {
     int a = !job->transposed && !(job->streamed && job->own_copies);
     int b = !job->streamed && !(job->transposed && job->own_copies);
-    *n_a = a ? FN(pack_tasks)(job->M, GEMM_MR) : 0;
+    *n_a = a ? FN(pack_tasks)(job->M - job->a_packed_from, GEMM_MR) : 0;
     *n_b = b ? FN(pack_tasks)(job->N, GEMM_NR) : 0;
 }
 
@@ -400,7 +422,7 @@ static void FN(pack_task)(void *ctx, idx_t t)
     FN(pass1_packs)(job, &n_pack_a, &n_pack_b);
     int is_a = t < n_pack_a;
     idx_t block = PACK_SLIVERS * (is_a ? GEMM_MR : GEMM_NR);
-    idx_t first = (is_a ? t : t - n_pack_a) * block;
+    idx_t first = is_a ? job->a_packed_from + t * block : (t - n_pack_a) * block;
     FN(pack_rows)(job, !is_a, is_a ? job->packed_a : job->packed_b, first,
                   attnc_min(is_a ? job->M : job->N, first + block));
 }
@@ -444,11 +466,12 @@ static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile,
 static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
-    /* A's rows in place when transposed, but for an irregular sliver */
+    /* A's rows in place: transposed, but for an irregular sliver; streamed,
+     * its whole slivers (before a_packed_from) */
     int slot = 0;
     while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
-    int in_place = job->transposed && slot == job->n_irregular;
-    /* (transposed only when elem is real: see gemm) */
+    int in_place = job->transposed ? slot == job->n_irregular : GEMM_STREAMED_A_IN_PLACE && i < job->a_packed_from;
+    /* (in place only when elem is real: see gemm) */
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
                              : packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
@@ -496,7 +519,7 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
     int is_b = job->transposed;
     real *copy = (is_b ? job->packed_b : job->packed_a) + me * job->own_stride;
     if (!job->own_packed[me]) {
-        FN(pack_rows)(job, is_b, copy, 0, is_b ? job->N : job->M);
+        FN(pack_rows)(job, is_b, copy, is_b ? 0 : job->a_packed_from, is_b ? job->N : job->M);
         job->own_packed[me] = 1;
     }
     return copy;
@@ -779,6 +802,10 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * streamed job's B a sliver per task; the small operand (A streamed, B
      * transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
     job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
+    /* Streamed, A's whole slivers read in place by the micro-kernel's
+     * broadcasts (contiguous rows of reals), only a last partial one packed
+     * (GEMM_STREAMED_A_IN_PLACE) */
+    job.a_packed_from = GEMM_STREAMED_A_IN_PLACE && streamed && ELEM_IS_REAL && a.cs == 1 ? M / GEMM_MR * GEMM_MR : 0;
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||

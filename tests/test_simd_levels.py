@@ -51,6 +51,20 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
 
 
+def _linear_on_threads_and_alone(x, w, b, rows, label):
+    """F.linear(x, w, b) on 1 thread against float64, the same bits on 2,
+    and the bits of each of `rows` as when alone (the few-rows order)."""
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, x.dtype, label)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for i in rows:
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+    return outs[0]
+
+
 @pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 1000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
@@ -60,20 +74,31 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     weights (AVX-512 float: 32 columns), 64 and 96 float rows on either
     side of the cap on the transposed order at AVX2 and AVX-512 (64
     transposed, 96 streamed; both transposed at the 16-byte level), 400
-    streamed (x packed whole, the weights a sliver at a time; 130 outputs
-    are at least two slivers a thread at every level), 1000 the blocked
+    streamed (the weights a sliver at a time, x read in place but for a last
+    partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
+    130 outputs are at least two slivers a thread at every level), 1000 the blocked
     order: each against float64, on 1 and 2 threads, and each row's bits as
     when alone (one row takes the few-rows order)."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
-    outs = []
-    for threads in (1, 2):
-        attnc.set_num_threads(threads)
-        outs.append(F.linear(x, w, b))
-    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} M={m}")
-    np.testing.assert_array_equal(outs[0], outs[1])
-    for i in (0, 11, m // 2, m - 1):
-        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+    _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
+@pytest.mark.parametrize("m", [200, 401])
+def test_linear_streamed_x_in_place_every_level(m, dtype, simd_mode, restore_threads):
+    """The streamed order reads x's whole MR-row slivers in place at AVX2
+    and AVX-512 (the micro-kernel's broadcasts from its rows, a row pointer
+    per four rows) and packs only a last partial sliver: 401 rows are 5 past
+    the last whole sliver of 12 (AVX-512) or 6 (AVX2), 200 rows 8 and 2
+    (doubles of 401 rows are too many for the order: blocked). K = 1543:
+    three K blocks, each sliver read from its block's first column. Against
+    float64, on 1 and 2 threads (each thread's copy of the partial sliver),
+    each row's bits as when alone (the few-rows order) and as in a product
+    of 16 rows (the transposed order, x packed)."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, 1543), dtype), _r(rng, (130, 1543), dtype), _r(rng, (130,), dtype)
+    out = _linear_on_threads_and_alone(x, w, b, (0, 11, 12, m // 2, m - 6, m - 1), f"{simd_mode} M={m}")
+    np.testing.assert_array_equal(F.linear(x[m - 16:], w, b), out[m - 16:])
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
