@@ -56,9 +56,14 @@
  * the blocked order's time on 1 thread and 0.94-1.07x on 2), in L3 beyond.
  * On Zen 4, 2 MB instead of 1: `linear` (512, 768, 2304) 0.97x the time on
  * 1 and 2 threads, (600, 768, 3072) 0.97x, (400, 1024, 1024) 0.84x, module
- * (1, 512, 768) 0.91-0.98x; at 4 MB (1024, 1024, 1024) was 1.015x
- * (benchmarks/NOTES.md). */
-#define GEMM_STREAMED_A_BYTES (2 * 1024 * 1024)
+ * (1, 512, 768) 0.91-0.98x; at 4 MB (1024, 1024, 1024) was 1.015x.
+ * 3 MB at AVX-512 since A is read in place there (GEMM_STREAMED_A_IN_PLACE;
+ * its rows multiply each 32-column B sliver): module (8, 128, 512) 0.98x
+ * on 1 and 2 threads, `linear` (1024, 512, 512) 0.94-0.97x, (768, 768,
+ * 2304) 0.95x / 0.98x (1 / 2 threads); at 4 MB (1024, 1024, 1024) 1.03x. Not
+ * at AVX2, whose 16-column slivers read A twice as often: (2048, 256, 768)
+ * 1.10x, (1024, 512, 512) 1.08x on 2 threads (benchmarks/NOTES.md). */
+#define GEMM_STREAMED_A_BYTES ((SIMD_BYTES == 64 ? 3 : 2) * 1024 * 1024)
 /* Tasks per thread of a streamed pass 2 (a task per column block of B),
  * when B has the slivers; with fewer than two slivers a thread, the
  * blocked order splits the rows instead. */

@@ -65,7 +65,7 @@ def _linear_on_threads_and_alone(x, w, b, rows, label):
     return outs[0]
 
 
-@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 1000])
+@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 3000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
     transposed at every level (the weights read in place; x's rows the
@@ -76,8 +76,9 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     transposed, 96 streamed; both transposed at the 16-byte level), 400
     streamed (the weights a sliver at a time, x read in place but for a last
     partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
-    130 outputs are at least two slivers a thread at every level), 1000 the blocked
-    order: each against float64, on 1 and 2 threads, and each row's bits as
+    130 outputs are at least two slivers a thread at every level), 3000 the
+    blocked order (x over 3 MB packed; 1000 rows of float, 1.2 MB, were
+    streamed): each against float64, on 1 and 2 threads, and each row's bits as
     when alone (one row takes the few-rows order)."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
