@@ -15,11 +15,13 @@
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
  * C^T = B . A^T, B (the weights) read in place and only A packed; an A that
- * stays in L2, and B slivers for every thread, "streamed": each task of pass
+ * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
+ * "streamed": each task of pass
  * 2 packs its B slivers one at a time and multiplies all of A by each, so
- * the weights are read once and never written back packed; A's whole
- * slivers are read in place (contiguous rows of reals; else pass 1 packs A,
- * and so its last partial sliver). In both, on up to GEMM_OWN_COPY_THREADS
+ * the weights are read once and never written back packed; at AVX2 and
+ * AVX-512, A's whole slivers are read in place (rows of reals with unit
+ * column stride), and only a last partial one is packed (else all of A
+ * is). In both, on up to GEMM_OWN_COPY_THREADS
  * threads, each thread packs what it packs of the small operand in a copy
  * of its own instead of sharing one. The first K block
  * starts the sums from the bias (or zeros) and stores them: C is never
