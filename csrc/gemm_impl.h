@@ -16,15 +16,14 @@
  * dozen rows (a short sequence), "transposed" (float and double only):
  * C^T = B . A^T, B (the weights) read in place and only A packed; an A that
  * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
- * "streamed": each task of pass
- * 2 packs its B slivers one at a time and multiplies all of A by each, so
- * the weights are read once and never written back packed; at AVX2 and
- * AVX-512, A's whole slivers are read in place (rows of reals with unit
- * column stride), and only a last partial one is packed (else all of A
- * is). In both, on up to GEMM_OWN_COPY_THREADS
- * threads, each thread packs what it packs of the small operand in a copy
- * of its own instead of sharing one. The first K block
- * starts the sums from the bias (or zeros) and stores them: C is never
+ * "streamed": each task of pass 2 packs its B slivers one at a time and
+ * multiplies all of A by each, so the weights are read once and never
+ * written back packed; at AVX2 and AVX-512, A's whole slivers are read in
+ * place (rows of reals with unit column stride), and only a last partial
+ * one is packed (else all of A is). In both, on up to
+ * GEMM_OWN_COPY_THREADS threads, each thread packs what it packs of the
+ * small operand in a copy of its own instead of sharing one. The first K
+ * block starts the sums from the bias (or zeros) and stores them: C is never
  * cleared or re-read just to add the bias. Each
  * element of C adds up its K blocks in the same order whatever task, thread
  * or tile computes it, and the small-problem loops (gemm_direct) and the few
