@@ -9,7 +9,13 @@
  * parts (benchmarks/NOTES.md). So a freed block of at least CACHE_MIN_BYTES
  * is kept instead (up to CACHE_SLOTS blocks and CACHE_MAX_BYTES in all, the
  * oldest let go first) and given to the next request it fits with no more
- * than half of it to spare. Memory kept between calls is thus bounded by
+ * than half of it to spare: the smallest such block, and of blocks of one
+ * size the one this thread (attnc_thread_index) freed, so that a task's
+ * buffer is the one its core wrote in the call before, not the other
+ * core's (the lines then come from that core's cache: on a host whose two
+ * vCPUs sat on different core complexes, the tasks of a (2, 128, 256)
+ * module by item groups took 0.85 ms with this choice against 0.95 with
+ * the oldest block). Memory kept between calls is thus bounded by
  * CACHE_MAX_BYTES whatever the calls. A kept block is unaddressable to ASan
  * and valgrind until it is handed out again, and then uninitialised, as a
  * new block would be.
@@ -67,6 +73,7 @@ static atomic_long allocs_until_failure = -1; /* < 0: never fail */
 static struct {
     char *block;
     size_t bytes;
+    int thread; /* attnc_thread_index() of the thread that freed it */
 } kept[CACHE_SLOTS];
 static int n_kept;
 static size_t kept_bytes;
@@ -98,14 +105,17 @@ static void forget_kept(int i)
     for (n_kept--; i < n_kept; i++) kept[i] = kept[i + 1];
 }
 
-/* The smallest kept block of `bytes` to 2 * bytes, taken out; NULL if none. */
+/* The smallest kept block of `bytes` to 2 * bytes, this thread's among
+ * those of that size, taken out; NULL if none. */
 static char *take_kept(size_t bytes)
 {
     pthread_once(&fork_handlers_once, register_fork_handlers);
     lock_cache();
-    int best = -1;
+    int best = -1, me = attnc_thread_index();
     for (int i = 0; i < n_kept; i++)
-        if (kept[i].bytes >= bytes && kept[i].bytes / 2 <= bytes && (best < 0 || kept[i].bytes < kept[best].bytes))
+        if (kept[i].bytes >= bytes && kept[i].bytes / 2 <= bytes &&
+            (best < 0 || kept[i].bytes < kept[best].bytes ||
+             (kept[i].bytes == kept[best].bytes && kept[i].thread == me && kept[best].thread != me)))
             best = i;
     char *block = best < 0 ? NULL : kept[best].block;
     if (best >= 0) forget_kept(best);
@@ -166,7 +176,7 @@ void attnc_free(void *p)
             let_go[n_let_go++] = kept[0].block;
             forget_kept(0);
         }
-        kept[n_kept].block = block, kept[n_kept].bytes = bytes;
+        kept[n_kept].block = block, kept[n_kept].bytes = bytes, kept[n_kept].thread = attnc_thread_index();
         kept_bytes += bytes, n_kept++;
         unlock_cache();
     }

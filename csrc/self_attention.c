@@ -2,7 +2,8 @@
  * as one product, attention over heads (as strides into the projection
  * buffer), output projection; every step through the kernel table. Short
  * items of an inference forward on several threads instead project and
- * attend an item (or a group of its heads) per task, with the same bits. */
+ * attend an item (or a group of its heads) per task, or a thread's share of
+ * whole items all three steps per task, with the same bits. */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -71,50 +72,72 @@ static void head_view(const attnc_self_attention_args *s, const module_sizes *m,
  * x_b is multiplied in the transposed order and the whole (256, 256) x
  * in the packed one (benchmarks/NOTES.md). */
 #define ITEM_TASK_MAX_X_BYTES (32 * 1024)
+/* When the items split evenly among the threads and a thread's share of x
+ * is at most this much, each thread's one task takes whole items through
+ * all three steps (projections, attention, output projection): nothing a
+ * core writes is read by the other. On a 2-vCPU Zen 4 host whose two vCPUs
+ * are at times placed on different core complexes (a cache line's round
+ * trip between them 300-500 ns instead of 60-110), a (2, 128, 256) module
+ * took 0.99 ms there against 0.83 near (ONNX Runtime 0.88 and 0.82); with
+ * a task per thread of whole items 0.85-0.86 there and 0.83 near. A share
+ * of 1 MB, module (8, 128, 512), took 1.01-1.02x the time, of 2 MB ((4,
+ * 256, 1024)) 1.06x: single-threaded products of a longer x lose what
+ * the other core's data cost (benchmarks/NOTES.md). */
+#define ITEM_GROUP_MAX_X_BYTES (256 * 1024)
 
+/* Tasks of attend_by_items: items_per_task whole items and heads_per_task
+ * of their heads each (items_per_task 1 when an item's heads are split,
+ * heads_per_task H when whole items are), head_groups tasks per group of
+ * items. With project_out (whole items), a task also projects its rows'
+ * output, so nothing it computes is read by another core. */
 typedef struct {
     const attnc_self_attention_args *s;
     const module_sizes *m;
     char *merged;
-    idx_t H, head_qk, head_v, per_task, groups; /* heads per task, tasks per item */
+    idx_t H, head_qk, head_v, items, items_per_task, heads_per_task, head_groups;
+    int project_out;
     atomic_int status;
 } heads_job;
 
-/* Task = a group of item b's heads, from h0: merged's columns of those
- * heads in item b's rows <- attention over their projections of x_b. */
+/* Task = items [b0, b0 + nb) and their heads [h0, h0 + nh): merged's
+ * columns of those heads in those items' rows <- attention over their
+ * projections of the items' rows of x (one product), and with project_out
+ * out's rows of those items <- merged's . Wo^T + bo. */
 static void heads_task(void *ctx, idx_t task)
 {
     heads_job *job = ctx;
     const attnc_self_attention_args *s = job->s;
     const module_sizes *m = job->m;
-    idx_t b = task / job->groups, h0 = task % job->groups * job->per_task;
-    idx_t nh = attnc_min(job->per_task, job->H - h0), qk = nh * job->head_qk, v = nh * job->head_v;
-    idx_t width = 2 * qk + v;
-    char *qkv = attnc_malloc((size_t)(s->T * width) * m->elem); /* within the sizes' check */
+    idx_t b0 = task / job->head_groups * job->items_per_task, nb = attnc_min(job->items_per_task, job->items - b0);
+    idx_t h0 = task % job->head_groups * job->heads_per_task;
+    idx_t nh = attnc_min(job->heads_per_task, job->H - h0), qk = nh * job->head_qk, v = nh * job->head_v;
+    idx_t width = 2 * qk + v, rows = nb * s->T, r0 = b0 * s->T;
+    char *qkv = attnc_malloc((size_t)(rows * width) * m->elem); /* within the sizes' check */
     if (!qkv) {
         atomic_store(&job->status, ATTNC_ENOMEM);
         return;
     }
     const char *w[3] = {s->w[ATTNC_Q], s->w[ATTNC_K], s->w[ATTNC_V]};
     const char *bias[3] = {s->bias[ATTNC_Q], s->bias[ATTNC_K], s->bias[ATTNC_V]};
-    idx_t first[3] = {h0 * job->head_qk, h0 * job->head_qk, h0 * job->head_v}, rows[3] = {qk, qk, v};
+    idx_t first[3] = {h0 * job->head_qk, h0 * job->head_qk, h0 * job->head_v}, heads_rows[3] = {qk, qk, v};
     attnc_gemm_args project = {
-        .M = s->T, .K = s->C, .a = (const char *)s->x + (size_t)(b * s->T * s->C) * m->elem, .a_rs = s->C, .a_cs = 1,
+        .M = rows, .K = s->C, .a = (const char *)s->x + (size_t)(r0 * s->C) * m->elem, .a_rs = s->C, .a_cs = 1,
         .n_parts = 3, .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = width,
     };
     for (int part = 0; part < 3; part++)
         project.parts[part] = (attnc_gemm_part){w[part] + (size_t)(first[part] * s->C) * m->elem,
                                                 bias[part] ? bias[part] + (size_t)first[part] * m->elem : NULL,
-                                                rows[part]};
+                                                heads_rows[part]};
     attnc_status status = m->kernels->gemm(&project);
-    if (status == ATTNC_OK) {
+    int head_dim = s->batch.ndim - 1;
+    for (idx_t b = b0; status == ATTNC_OK && b < b0 + nb; b++) {
         idx_t item = b * job->H + h0; /* the first head's item of the module's batch */
-        int head_dim = s->batch.ndim - 1;
+        const char *item_qkv = qkv + (size_t)((b - b0) * s->T * width) * m->elem;
         attnc_attention_args a = {
             .batch = {1, {nh}}, .L = s->T, .S = s->T, .E = job->head_qk, .Ev = job->head_v,
-            .q = {qkv, {job->head_qk}, width},
-            .k = {qkv + (size_t)qk * m->elem, {job->head_qk}, width},
-            .v = {qkv + (size_t)(2 * qk) * m->elem, {job->head_v}, width},
+            .q = {item_qkv, {job->head_qk}, width},
+            .k = {item_qkv + (size_t)qk * m->elem, {job->head_qk}, width},
+            .v = {item_qkv + (size_t)(2 * qk) * m->elem, {job->head_v}, width},
             .mask = s->mask ? s->mask + attnc_item_offset(&s->batch, s->mask_batch_strides, item) : NULL,
             .mask_batch_strides = {s->mask_batch_strides[head_dim]}, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
             .scale = s->scale,
@@ -124,23 +147,37 @@ static void heads_task(void *ctx, idx_t task)
         status = m->kernels->attention(&a);
     }
     attnc_free(qkv);
+    if (status == ATTNC_OK && job->project_out) {
+        attnc_gemm_args out = {
+            .M = rows, .K = m->Dv, .a = job->merged + (size_t)(r0 * m->Dv) * m->elem, .a_rs = m->Dv, .a_cs = 1,
+            .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = m->Dv, .b_cs = 1,
+            .c = (char *)s->out + (size_t)(r0 * s->n_out) * m->elem, .c_rs = s->n_out,
+        };
+        status = m->kernels->gemm(&out);
+    }
     if (status != ATTNC_OK) atomic_store(&job->status, status);
 }
 
 /* merged <- attention over every item's heads, in as few tasks as keep
- * the threads busy: a task per item, or per group of its heads when the
- * items are fewer than the threads (heads_task). */
+ * the threads busy (heads_task): with by_groups, a task per thread of
+ * whole items, which also projects its rows' output (*projected_out set);
+ * else a task per item, or per group of its heads when the items are
+ * fewer than the threads. */
 static attnc_status attend_by_items(const attnc_self_attention_args *s, const module_sizes *m, char *merged,
-                                    double flops, idx_t threads)
+                                    double flops, idx_t threads, int by_groups, int *projected_out)
 {
     idx_t H = s->batch.shape[s->batch.ndim - 1], items = m->rows / s->T;
-    heads_job job = {s, m, merged, H, s->dim[ATTNC_Q] / H, m->Dv / H, H, 1, ATTNC_OK};
-    if (items < threads) {
-        job.groups = attnc_min(H, attnc_ceil_div(threads, items));
-        job.per_task = attnc_ceil_div(H, job.groups);
-        job.groups = attnc_ceil_div(H, job.per_task);
+    heads_job job = {s, m, merged, H, s->dim[ATTNC_Q] / H, m->Dv / H, items, 1, H, 1, 0, ATTNC_OK};
+    if (by_groups) {
+        job.items_per_task = items / threads;
+        job.project_out = s->w_out != NULL;
+    } else if (items < threads) {
+        job.head_groups = attnc_min(H, attnc_ceil_div(threads, items));
+        job.heads_per_task = attnc_ceil_div(H, job.head_groups);
+        job.head_groups = attnc_ceil_div(H, job.heads_per_task);
     }
-    attnc_parallel_for(items * job.groups, flops, heads_task, &job);
+    attnc_parallel_for(attnc_ceil_div(items, job.items_per_task) * job.head_groups, flops, heads_task, &job);
+    *projected_out = job.project_out;
     attnc_status status = atomic_load(&job.status);
     return status == ATTNC_OK && attnc_interrupted() ? ATTNC_EINTR : status;
 }
@@ -179,15 +216,20 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     double qkv_flops = 2.0 * (double)m.rows * (double)s->C * (double)m.width;
     double attention_flops = 2.0 * (double)m.rows * (double)s->T * (double)(s->dim[ATTNC_Q] + m.Dv);
     int threads = attnc_threads_for(qkv_flops + attention_flops);
-    int by_items = threads > 1 && !s->keep_qkv && !s->keep_merged && !s->lse && s->dropout_p == 0 && m.rows > 0 &&
-                   (double)s->T * (double)s->C * (double)m.elem <= ITEM_TASK_MAX_X_BYTES;
+    idx_t items = m.rows > 0 ? m.rows / s->T : 0;
+    double item_bytes = (double)s->T * (double)s->C * (double)m.elem;
+    int inference = threads > 1 && !s->keep_qkv && !s->keep_merged && !s->lse && s->dropout_p == 0 && m.rows > 0;
+    int by_groups = inference && items >= threads && items % threads == 0 &&
+                    item_bytes * (double)(items / threads) <= ITEM_GROUP_MAX_X_BYTES;
+    int by_items = by_groups || (inference && item_bytes <= ITEM_TASK_MAX_X_BYTES);
+    int projected_out = 0;
     attnc_status status = ATTNC_ENOMEM;
     char *qkv = s->keep_qkv ? s->keep_qkv : by_items ? NULL : attnc_malloc((size_t)(m.rows * m.width) * m.elem);
     char *merged = s->keep_merged ? s->keep_merged : s->w_out ? attnc_malloc((size_t)merged_size * m.elem) : s->out;
     if ((!qkv && !by_items) || !merged) goto done;
-    status = by_items ? attend_by_items(s, &m, merged, qkv_flops + attention_flops, threads)
+    status = by_items ? attend_by_items(s, &m, merged, qkv_flops + attention_flops, threads, by_groups, &projected_out)
                       : project_then_attend(s, &m, qkv, merged);
-    if (status != ATTNC_OK) goto done;
+    if (status != ATTNC_OK || projected_out) goto done;
     if (!s->w_out) {
         if (merged != s->out) memcpy(s->out, merged, (size_t)merged_size * m.elem);
         goto done;
