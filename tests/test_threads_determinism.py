@@ -108,7 +108,8 @@ def test_items_in_groups_per_thread_same_bits(items, name, restore_threads):
     """Items that split evenly among the threads, each share of x at most 256 KB (items of
     130 x 96 floats, 50 KB: too long for a task per item): a task per thread takes its items
     through the projections, the attention and the output projection (where the module has
-    one). 3 items on 2 threads, and 4 and 6 on 4, take the other paths. Same bits at every
+    one). Items that do not split evenly (3 on 2 threads, 4 on 3, 6 on 4) or are fewer than
+    the threads take the shared projection buffer. Same bits at every
     thread count, with a mask per item and the weights asked for, and the float64 oracle's
     values."""
     heads, dim, seq = 4, 96, 130
