@@ -14,7 +14,8 @@
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
- * C^T = B . A^T, B (the weights) read in place and only A packed; an A that
+ * C^T = B . A^T, B (the weights) read in place and only A packed, each
+ * task's tiles of C^T in a panel turned into C at its end; an A that
  * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
  * "streamed": each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each, so the weights are read once and never
@@ -163,6 +164,12 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
     idx_t slivers = attnc_ceil_div(count, width), per = slivers / n_blocks, extra = slivers % n_blocks;
     return attnc_min(count, (per * b + extra * b / n_blocks) * width);
 }
+
+/* Rows of C^T a transposed job's thread computes into its panel before
+ * turning them into C: whole tiles (a multiple of every GEMM_MR: 12, 6,
+ * 4) and whole blocks of vtranspose (of every VLANES: 16, 8, 4, 2), few
+ * enough that the panel stays in L1 (12 KB at 64 float columns). */
+#define GEMM_PANEL_ROWS 48
 
 /* The micro-kernel's K loop two steps a pass at AVX2: the same operations
  * in the same order (the same bits), half the loop's pointer updates and
@@ -319,6 +326,11 @@ typedef struct {
      * read in place (a_packed_from, a multiple of MR, or 0: all packed) */
     idx_t a_packed_from;
     int own_packed[GEMM_OWN_COPY_THREADS]; /* thread t's copy holds the current K block */
+    /* Transposed: a panel a thread for GEMM_PANEL_ROWS rows of C^T at a
+     * time, (GEMM_PANEL_ROWS, N rounded up to NR), panel_stride elements
+     * apart (transposed_block) */
+    real *panels;
+    idx_t panel_stride;
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
 } FN(gemm_job);
 
@@ -436,57 +448,59 @@ static void FN(pack_task)(void *ctx, idx_t t)
 /* ------------------------------------------------------------------------ */
 /* blocks of C                                                               */
 
-/* C (j + s, i + r) <- tile (r, s) for r < m, s < n, or += it after the
- * first K block: a transposed job's tile of C^T written to C. Blocks of
- * VLANES x VLANES are turned in registers (of its first m rows: the
- * micro-kernel may have computed no more), and each column of the tile is
- * stored as m elements of a row of C (at most MR: no write past the tile,
- * which the next tile's task may be writing). */
-static void FN(store_tile_transposed)(const FN(gemm_job) *job, const real *tile, idx_t i, idx_t j, idx_t m, idx_t n,
-                                      int first)
+/* C (s, i0 + r) <- panel (r, s) for r < rows, s < N, or += it after the
+ * first K block: a transposed job's row block of C^T written to C, in
+ * blocks of VLANES x VLANES turned in registers; each becomes up to
+ * VLANES elements of VLANES rows of C (never past the block's columns,
+ * which another task may be writing). */
+static void FN(store_panel_transposed)(const FN(gemm_job) *job, const real *panel, idx_t i0, idx_t rows)
 {
-    for (idx_t r0 = 0; r0 < m; r0 += VLANES)
-        for (idx_t s0 = 0; s0 < n; s0 += VLANES) {
-            vreal columns[VLANES];
-            for (idx_t l = 0; l < VLANES; l++) columns[l] = vloadu(tile + attnc_min(r0 + l, m - 1) * GEMM_NR + s0);
-            vtranspose(columns);
-            int rows = (int)attnc_min(VLANES, m - r0);
-            for (idx_t l = 0; l < attnc_min(VLANES, n - s0); l++) {
-                real *c = job->c + (j + s0 + l) * job->c_rs + i + r0;
-                if (first) {
-                    vstore_first(c, columns[l], rows);
-                    continue;
+    int first = job->p0 == 0;
+    for (idx_t r0 = 0; r0 < rows; r0 += VLANES) {
+        int n = (int)attnc_min(VLANES, rows - r0);
+        for (idx_t s0 = 0; s0 < job->N; s0 += VLANES) {
+            vreal block[VLANES];
+            _Pragma("GCC unroll 16") for (int l = 0; l < VLANES; l++)
+                block[l] = l < n ? vloadu(panel + (r0 + l) * job->panel_stride + s0) : vzero();
+            vtranspose(block);
+            idx_t columns = attnc_min(VLANES, job->N - s0);
+            real *c = job->c + s0 * job->c_rs + i0 + r0;
+            /* (unrolled, so that block stays in registers) */
+            _Pragma("GCC unroll 16") for (int l = 0; l < VLANES; l++, c += job->c_rs) {
+                if (l >= columns) break;
+                if (n == VLANES) {
+                    vstoreu(c, first ? block[l] : vloadu(c) + block[l]);
+                } else if (first) {
+                    vstore_first(c, block[l], n);
+                } else {
+                    real sums[VLANES];
+                    vstoreu(sums, block[l]);
+                    for (int r = 0; r < n; r++) c[r] += sums[r];
                 }
-                real column[VLANES];
-                vstoreu(column, columns[l]);
-                for (int r = 0; r < rows; r++) c[r] += column[r];
             }
         }
+    }
 }
 
 /* The C tile at (i, j) += its A sliver . B sliver b, or, in the first K
- * block, = bias + that; A's slivers packed at packed_a. A tile cut by the
- * bottom or right edge of C, or written transposed, is computed in a buffer
- * first. Either way each element gets the same operations in the same
- * order (a * b == b * a). */
+ * block, = bias + that; A's slivers packed at packed_a but for the whole
+ * slivers a streamed job reads in place. A tile cut by the bottom or right
+ * edge of C is computed in a buffer first, with the same operations in the
+ * same order. */
 static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
-    /* A's rows in place: transposed, but for an irregular sliver; streamed,
-     * its whole slivers (before a_packed_from) */
-    int slot = 0;
-    while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
     /* (GEMM_STREAMED_A_IN_PLACE again, though a_packed_from is 0 without
      * it: the constant keeps a_rs 1 known to the 16-byte level's full
      * tiles, whose blocked `linear` (1024, 768, 768) took 1.011x without) */
-    int in_place = job->transposed ? slot == job->n_irregular : GEMM_STREAMED_A_IN_PLACE && i < job->a_packed_from;
+    int in_place = GEMM_STREAMED_A_IN_PLACE && i < job->a_packed_from;
     /* (in place only when elem is real: see gemm) */
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
-                             : packed_a + (job->transposed ? slot * GEMM_MR : i) * job->steps;
+                             : packed_a + i * job->steps;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
-    if (!job->transposed && m == GEMM_MR && n == GEMM_NR) {
+    if (m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
             FN(gemm_tile)(GEMM_MR, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
@@ -496,28 +510,63 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
-     * all), or transposed, down its rows (a row per row) */
-    real init[GEMM_MR * GEMM_NR], tile[GEMM_MR * GEMM_NR];
-    const real *start = FN(gemm_zeros);
-    idx_t start_rs = 0;
-    if (bias && job->transposed) {
-        for (idx_t r = 0; r < GEMM_MR; r++)
-            for (idx_t s = 0; s < GEMM_NR; s++) init[r * GEMM_NR + s] = r < m ? bias[i + r] : 0;
-        start = init, start_rs = GEMM_NR;
-    } else if (bias) {
+     * all) */
+    real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
+    if (bias)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
-        start = init;
-    }
-    FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, start, start_rs, NULL, 1, BF16_PAIRS);
-    if (job->transposed) {
-        FN(store_tile_transposed)(job, tile, i, j, m, n, first);
-        return;
-    }
+    FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, bias ? init : FN(gemm_zeros), 0, NULL, 1,
+                       BF16_PAIRS);
     for (idx_t r = 0; r < m; r++)
         for (idx_t s = 0; s < n; s++) {
             real *c = job->c + (i + r) * job->c_rs + j + s;
             *c = first ? tile[r * GEMM_NR + s] : *c + tile[r * GEMM_NR + s];
         }
+}
+
+/* A transposed job's row block [i0, i1) (of B's rows, the weights): its
+ * irregular slivers packed (each is one block's), then GEMM_PANEL_ROWS of
+ * its rows at a time: each tile row of them (read in place, once) times all
+ * of B (the caller's A, packed at packed_b) into this thread's panel of
+ * C^T, started from the bias down its rows (a row per row) in the first K
+ * block, then the panel turned into C.
+ * Each (MR, NR) tile had been turned and stored on its own, its MR rows
+ * padded to a vector's lanes, by masked stores: on a Zen 4 core the panels
+ * took 0.974-0.978x the time of `linear` (32, 256, 256), (32, 768, 256)
+ * and (64, 768, 256) on 1 thread, 0.975-1.00x on 2, module (1, 32, 256)
+ * 0.97-0.98x; 0.90-0.98x at the 16-byte level, 0.95-0.97x at AVX2. One
+ * panel per task for all its rows (24 KB at 32 columns) had taken 1.05x
+ * on 2 threads (benchmarks/NOTES.md). */
+_Static_assert(GEMM_PANEL_ROWS % GEMM_MR == 0 && GEMM_PANEL_ROWS % VLANES == 0,
+               "a panel holds whole tiles and whole blocks of vtranspose");
+
+static void FN(transposed_block)(const FN(gemm_job) *job, idx_t i0, idx_t i1, const real *packed_b)
+{
+    real *panel = job->panels + attnc_thread_index() * GEMM_PANEL_ROWS * job->panel_stride;
+    for (int k = 0; k < job->n_irregular; k++) {
+        idx_t start = job->irregular[k];
+        if (start >= i0 && start < i1)
+            FN(pack_sliver)(job->packed_a + k * GEMM_MR * job->steps, &job->a, start,
+                            attnc_min(GEMM_MR, job->M - start), GEMM_MR, job->p0, job->kc);
+    }
+    const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
+    for (idx_t i = i0; i < i1; i += GEMM_MR) {
+        idx_t m = attnc_min(GEMM_MR, job->M - i), chunk = (i - i0) / GEMM_PANEL_ROWS * GEMM_PANEL_ROWS;
+        int slot = 0;
+        while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
+        int in_place = slot == job->n_irregular;
+        const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
+                                 : job->packed_a + slot * GEMM_MR * job->steps;
+        idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
+        real init[GEMM_MR * GEMM_NR];
+        for (idx_t r = 0; bias && r < GEMM_MR; r++)
+            for (idx_t s = 0; s < GEMM_NR; s++) init[r * GEMM_NR + s] = r < m ? bias[i + r] : 0;
+        for (idx_t j = 0; j < job->N; j += GEMM_NR)
+            FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, packed_b + j * job->steps,
+                               panel + (i - i0 - chunk) * job->panel_stride + j, job->panel_stride,
+                               bias ? init : FN(gemm_zeros), bias ? GEMM_NR : 0, NULL, 1, BF16_PAIRS);
+        if (i + GEMM_MR >= i1 || i + GEMM_MR - i0 - chunk == GEMM_PANEL_ROWS)
+            FN(store_panel_transposed)(job, panel, i0 + chunk, attnc_min(GEMM_PANEL_ROWS, i1 - i0 - chunk));
+    }
 }
 
 /* This thread's copy of the small operand (A streamed, B transposed),
@@ -539,8 +588,7 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
  * job has one row block, so t is its column block: the task packs each B
  * sliver of the block in turn into slot t of packed_b (it stays in L2) and
  * multiplies all of A by it. A transposed job has one column block: the
- * task packs the irregular slivers of its rows (each is one task's), then
- * multiplies each tile row of A (read in place, once) by all of B. */
+ * task is transposed_block. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
@@ -558,14 +606,7 @@ static void FN(multiply_task)(void *ctx, idx_t t)
             packed_a = own;
     }
     if (job->transposed) {
-        for (int k = 0; k < job->n_irregular; k++) {
-            idx_t start = job->irregular[k];
-            if (start >= i0 && start < i1)
-                FN(pack_sliver)(job->packed_a + k * GEMM_MR * job->steps, &job->a, start,
-                                attnc_min(GEMM_MR, job->M - start), GEMM_MR, job->p0, job->kc);
-        }
-        for (idx_t i = i0; i < i1; i += GEMM_MR)
-            for (idx_t j = 0; j < job->N; j += GEMM_NR) FN(run_tile)(job, i, j, packed_a, packed_b + j * job->steps);
+        FN(transposed_block)(job, i0, i1, packed_b);
         return;
     }
     real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
@@ -839,6 +880,17 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     job.packed_b = attnc_malloc(b_bytes);
     attnc_status status = ATTNC_ENOMEM;
     if (!job.packed_a || !job.packed_b || (stack_bias && !stacked_bias) || (!ELEM_IS_REAL && !sums)) goto done;
+    if (transposed) {
+        /* a panel a thread (C^T's edge tiles are computed there, padding
+         * rows and columns included) */
+        job.panel_stride = attnc_ceil_div(job.N, GEMM_NR) * GEMM_NR;
+        size_t panel_bytes;
+        if (!FN(packed_bytes)(threads * GEMM_PANEL_ROWS, 1, job.panel_stride, &panel_bytes)) {
+            status = ATTNC_EOVERFLOW;
+            goto done;
+        }
+        if (!(job.panels = attnc_malloc(panel_bytes))) goto done;
+    }
     for (idx_t j = 0; stack_bias && j < N; j++) stacked_bias[j] = FN(bias_at)(g, j);
 
     double packing_flops = GEMM_PACK_ELEMENT_FLOPS * (double)(a_bytes + b_bytes) / sizeof(real);
@@ -861,5 +913,6 @@ done:
     attnc_free(stacked_bias);
     attnc_free(job.packed_a);
     attnc_free(job.packed_b);
+    attnc_free(job.panels);
     return status;
 }

@@ -85,6 +85,23 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
 
 
+@pytest.mark.parametrize("m", [16, 32])
+def test_linear_transposed_panels_every_level(m, dtype, simd_mode, restore_threads):
+    """The transposed order writes each task's tiles of C^T to a panel and
+    turns it into C at the task's end, in blocks of a vector's lanes
+    squared: 301 weight rows make task blocks of 72 to 156 rows (most end
+    short of a whole vector's lanes, and the last sliver is cut at 301), and
+    K = 769 two K blocks (the second, of one step, added to C through the
+    same panels). x's 16 or 32 rows are the panels' columns; every level
+    and dtype takes the order for one of them at least (32 float rows at
+    AVX-512, where 16 would be padded to 32 columns; 16 double rows, where
+    32 would not fit the order's L2 block). Against float64, on 1 and 2
+    threads, and each row's bits as when alone."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, 769), dtype), _r(rng, (301, 769), dtype), _r(rng, (301,), dtype)
+    _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
 @pytest.mark.parametrize("m", [200, 401])
 def test_linear_streamed_x_in_place_every_level(m, dtype, simd_mode, restore_threads):
     """The streamed order reads x's whole MR-row slivers in place at AVX2
