@@ -901,9 +901,12 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         idx_t n_pack_a, n_pack_b;
         FN(pass1_packs)(&job, &n_pack_a, &n_pack_b);
         attnc_parallel_for(n_pack_a + n_pack_b, packing_flops, FN(pack_task), &job);
-        /* (own copies: on the threads they were made for) */
+        /* (own copies: on the threads they were made for; and never on more
+         * threads than the job's buffers were made for, `threads`, should
+         * another Python thread raise the count meanwhile: the transposed
+         * order's panels are one a thread) */
         for (int q = 0; q < GEMM_OWN_COPY_THREADS; q++) job.own_packed[q] = 0;
-        int on = job.own_copies ? job.own_copies : attnc_threads_for(2.0 * M * N * job.kc);
+        int on = job.own_copies ? job.own_copies : (int)attnc_min(threads, attnc_threads_for(2.0 * M * N * job.kc));
         attnc_parallel_for_on(job.n_row_blocks * job.n_col_blocks, on, FN(multiply_task), &job);
     }
     status = attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;

@@ -49,7 +49,11 @@ def _workload(seed=0):
         calls.append((name, lambda m=m, args=args: m(*args, return_weights=True)))
     q, k, v = (rng.standard_normal((3, 80, 32)) for _ in range(3))
     w = rng.standard_normal((64, 48)).astype(np.float32)
+    # the transposed order (32 rows) over two K blocks: its panels are one a thread
+    x_short = rng.standard_normal((32, 1000)).astype(np.float32)
+    w_long = rng.standard_normal((200, 1000)).astype(np.float32)
     calls += [
+        ("linear-transposed", lambda: F.linear(x_short, w_long)),
         ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)),
         ("sdpa-dropout", lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3,
                                                                 rng=np.random.default_rng(5))),
