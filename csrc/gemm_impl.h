@@ -14,8 +14,9 @@
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once. A few
  * dozen rows (a short sequence), "transposed" (float and double only):
- * C^T = B . A^T, B (the weights) read in place and only A packed, each
- * task's tiles of C^T in a panel turned into C at its end; an A that
+ * C^T = B . A^T, B (the weights) read in place and only A packed, the
+ * tiles of C^T written to a panel a thread and turned into C every
+ * GEMM_PANEL_ROWS rows; an A that
  * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
  * "streamed": each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each, so the weights are read once and never
@@ -449,10 +450,10 @@ static void FN(pack_task)(void *ctx, idx_t t)
 /* blocks of C                                                               */
 
 /* C (s, i0 + r) <- panel (r, s) for r < rows, s < N, or += it after the
- * first K block: a transposed job's row block of C^T written to C, in
- * blocks of VLANES x VLANES turned in registers; each becomes up to
- * VLANES elements of VLANES rows of C (never past the block's columns,
- * which another task may be writing). */
+ * first K block: rows [i0, i0 + rows) of a transposed job's C^T written to
+ * C, in blocks of VLANES x VLANES turned in registers; each becomes up to
+ * VLANES elements of VLANES rows of C (never past those columns: the next
+ * ones may be another task's). */
 static void FN(store_panel_transposed)(const FN(gemm_job) *job, const real *panel, idx_t i0, idx_t rows)
 {
     int first = job->p0 == 0;

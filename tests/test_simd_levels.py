@@ -87,10 +87,11 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
 
 @pytest.mark.parametrize("m", [16, 32])
 def test_linear_transposed_panels_every_level(m, dtype, simd_mode, restore_threads):
-    """The transposed order writes each task's tiles of C^T to a panel and
-    turns it into C at the task's end, in blocks of a vector's lanes
-    squared: 301 weight rows make task blocks of 72 to 156 rows (most end
-    short of a whole vector's lanes, and the last sliver is cut at 301), and
+    """The transposed order writes its tiles of C^T to a panel a thread and
+    turns it into C every 48 rows, in blocks of a vector's lanes squared:
+    301 weight rows make task blocks of 72 to 156 rows (most of whose last
+    48-row chunk ends short of a whole vector's lanes; the last sliver is
+    cut at 301), and
     K = 769 two K blocks (the second, of one step, added to C through the
     same panels). x's 16 or 32 rows are the panels' columns; every level
     and dtype takes the order for one of them at least (32 float rows at
