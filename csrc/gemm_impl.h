@@ -101,6 +101,14 @@
  * 0.99x). benchmarks/NOTES.md */
 #define GEMM_FEW_ROWS (VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
+/* The few-rows order addresses a block's weight rows from a base per four
+ * rows (row_of) when they are evenly spaced and a vector holds more than 8
+ * lanes: its sixteen row pointers spilled. On a Zen 4 core (float at
+ * AVX-512), `linear` (1, 768) -> 2304 took 0.978x the time on 1 thread and
+ * 0.965x on 2, (2, 768) -> 2304 0.94x, (4, 1024) -> 1024 0.937x; with 8
+ * lanes eight pointers fit: AVX2's floats 0.99x, AVX-512's doubles
+ * 1.03-1.045x (benchmarks/NOTES.md). */
+#define GEMM_FEW_ROWS_SPACED (VLANES > 8)
 /* Packing contiguous weights costs about as much as multiplying them by
  * this many more rows of A: 4 at AVX-512 (float and double), 2 at AVX2
  * (float and double), 1 at the 16-byte portable level's float (its double
@@ -669,11 +677,11 @@ typedef struct {
  * elements p + s turned in registers (all VLANES read), acc[m] += A (m, p
  * + s) times them, s < count in order. */
 static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const rows[VLANES],
-                                                                      const real *a, idx_t K, idx_t p, int count,
-                                                                      int M)
+                                                                      idx_t rs, const real *a, idx_t K, idx_t p,
+                                                                      int count, int M)
 {
     vreal steps[VLANES];
-    FN(load_turned)(steps, rows, p);
+    FN(load_turned)(steps, rows, rs, p);
     _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
         if (s < count)
             _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[m * K + p + s]), steps[s], acc[m]);
@@ -693,17 +701,12 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
  * order: from the bias, the multiply-adds of a K block one step after
  * another, then the K blocks' sums added. */
 static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
-                                                                     int M)
+                                                                     int M, const elem *const rows[VLANES], idx_t rs)
 {
     const attnc_gemm_args *g = job->g;
     idx_t K = g->K;
-    const elem *rows[VLANES];
     real bias[VLANES], sums[GEMM_FEW_ROWS][VLANES];
-    for (int l = 0; l < VLANES; l++) {
-        idx_t j = j0 + (l < n ? l : n - 1);
-        rows[l] = FN(operand_row)(&job->b, j);
-        bias[l] = FN(bias_at)(g, j);
-    }
+    for (int l = 0; l < VLANES; l++) bias[l] = FN(bias_at)(g, j0 + (l < n ? l : n - 1));
     const size_t vector_bytes = VLANES * sizeof(elem);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         idx_t p = p0, end = attnc_min(K, p0 + GEMM_KC);
@@ -711,10 +714,10 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
         int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
-            FN(few_rows_turned)(acc, rows, job->a, K, p, lead, M);
+            FN(few_rows_turned)(acc, rows, rs, job->a, K, p, lead, M);
             p += lead;
         }
-        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, job->a, K, p, VLANES, M);
+        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, K, p, VLANES, M);
         for (; p < end; p++) {
             real step[VLANES];
             for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);
@@ -725,10 +728,14 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
     for (int m = 0; m < M; m++) FN(store_row)((elem *)g->c + m * g->c_rs + j0, sums[m], n);
 }
 
-/* a copy of few_rows_block's loops for each M the level takes */
-#define FEW_ROWS_CASE(m)                                          \
-    case m:                                                       \
-        if (m <= GEMM_FEW_ROWS) FN(few_rows_block)(job, j, n, m); \
+/* a copy of few_rows_block's loops for each M the level takes, and for
+ * rows evenly spaced (rs) or not (0) */
+#define FEW_ROWS_CASE(m)                                                  \
+    case m:                                                               \
+        if (m <= GEMM_FEW_ROWS && rs)                                     \
+            FN(few_rows_block)(job, j, n, m, rows, rs);                   \
+        else if (m <= GEMM_FEW_ROWS)                                      \
+            FN(few_rows_block)(job, j, n, m, rows, 0);                    \
         break;
 
 static void FN(few_rows_task)(void *ctx, idx_t t)
@@ -738,6 +745,13 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
     idx_t first = t * job->blocks_per_task * VLANES, end = attnc_min(job->N, first + job->blocks_per_task * VLANES);
     for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
         int n = (int)attnc_min(VLANES, end - j);
+        /* the block's rows (a lane past n repeats the last), and their
+         * spacing when they are evenly spaced (one part's, all n lanes)
+         * and GEMM_FEW_ROWS_SPACED */
+        const elem *rows[VLANES];
+        for (int l = 0; l < VLANES; l++) rows[l] = FN(operand_row)(&job->b, j + (l < n ? l : n - 1));
+        idx_t rs = GEMM_FEW_ROWS_SPACED ? job->b.rs : 0;
+        for (int l = 0; l < VLANES; l++) rs = rows[l] == rows[0] + l * job->b.rs ? rs : 0;
         switch (job->g->M) {
             FEW_ROWS_CASE(1)
             FEW_ROWS_CASE(2)

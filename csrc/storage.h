@@ -225,24 +225,33 @@ static inline real FN(pair_at)(const elem *row, idx_t p, idx_t cs, idx_t n)
 #  endif
 #endif
 
-/* rows[s] <- element p + s of each of the VLANES rows src[l], in lane l
- * (s < VLANES): a VLANES x VLANES block of the rows turned in registers.
- * Reals at AVX2 are loaded half a vector of two rows at a time
+/* Row l of src: src[l], or with rs (not 0: rows rs elements apart, a
+ * constant 0 otherwise) src[l - l % 4] + (l % 4) * rs, so that the rows
+ * are addressed from a base per four rows and three offsets, where
+ * sixteen row pointers spilled from the registers. */
+static inline __attribute__((always_inline)) const elem *FN(row_of)(const elem *const src[VLANES], int l, idx_t rs)
+{
+    return rs ? src[l - l % 4] + (l % 4) * rs : src[l];
+}
+
+/* rows[s] <- element p + s of each of the VLANES rows src[l] (row_of, rs),
+ * in lane l (s < VLANES): a VLANES x VLANES block of the rows turned in
+ * registers. Reals at AVX2 are loaded half a vector of two rows at a time
  * (vload_halves), which does the transpose's step across blocks without a
  * shuffle; 16-bit elems are widened a whole vector at a time, and the
  * other levels load whole vectors, all turned by vtranspose. */
 static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLANES], const elem *const src[VLANES],
-                                                                  idx_t p)
+                                                                  idx_t rs, idx_t p)
 {
 #if ELEM_IS_REAL && defined(VLOAD_HALVES)
     const int half = VLANES / 2;
     for (int l = 0; l < half; l++) {
-        rows[l] = vload_halves(src[l] + p, src[l + half] + p);
-        rows[l + half] = vload_halves(src[l] + p + half, src[l + half] + p + half);
+        rows[l] = vload_halves(FN(row_of)(src, l, rs) + p, FN(row_of)(src, l + half, rs) + p);
+        rows[l + half] = vload_halves(FN(row_of)(src, l, rs) + p + half, FN(row_of)(src, l + half, rs) + p + half);
     }
     vtranspose_in_blocks(rows);
 #else
-    for (int l = 0; l < VLANES; l++) rows[l] = vload_elems(src[l] + p);
+    for (int l = 0; l < VLANES; l++) rows[l] = vload_elems(FN(row_of)(src, l, rs) + p);
     vtranspose(rows);
 #endif
 }

@@ -13,7 +13,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import SIMD_LEVELS, assert_close, assert_grad_close, ref_attend
+from toolkit import SIMD_LEVELS, assert_close, assert_grad_close, ref_attend, ref_module
 
 
 def _r(rng, shape, dtype):
@@ -147,6 +147,20 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
     np.testing.assert_array_equal(among[50:50 + m], outs[0])
     for i in range(m):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+
+
+def test_module_few_rows_parts_every_level(dtype, simd_mode):
+    """A module's Q, K and V projections are one product of three parts,
+    here in the few-rows order (one item of 2 positions: 2 rows of x; not at
+    the 16-byte level's doubles, whose order takes 1). With 40 outputs a
+    part, 16-output blocks cut a part's end (32-47) or C's (112-119): their
+    rows are read through a pointer each; the blocks within one part are
+    read from a base per four rows at AVX-512's floats
+    (GEMM_FEW_ROWS_SPACED). Against float64 (with 2 keys, Q's and K's rows
+    matter)."""
+    m = attnc.MultiHeadAttention(40, 4, dtype=dtype, rng=np.random.default_rng(4)).eval()
+    x = _r(np.random.default_rng(5), (1, 2, 40), dtype)
+    assert_close(m(x), ref_module(m, x)[0], dtype, f"{simd_mode}")
 
 
 @pytest.mark.parametrize("offset", [1, 4, 7, 15])
