@@ -751,7 +751,8 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
         const elem *rows[VLANES];
         for (int l = 0; l < VLANES; l++) rows[l] = FN(operand_row)(&job->b, j + (l < n ? l : n - 1));
         idx_t rs = GEMM_FEW_ROWS_SPACED ? job->b.rs : 0;
-        for (int l = 0; l < VLANES; l++) rs = rows[l] == rows[0] + l * job->b.rs ? rs : 0;
+        for (int l = 0; l < VLANES; l++) /* (as addresses: the rows may be of different parts) */
+            if ((uintptr_t)rows[l] - (uintptr_t)rows[0] != (uintptr_t)l * (uintptr_t)rs * sizeof(elem)) rs = 0;
         switch (job->g->M) {
             FEW_ROWS_CASE(1)
             FEW_ROWS_CASE(2)
