@@ -689,7 +689,8 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
 
 /* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
  * (M a constant at each call, so the accumulators stay in registers): B's
- * rows are read in place and turned in registers VLANES steps at a time,
+ * rows (`rows`, one a lane, addressed by row_of with rs) are read in place
+ * and turned in registers VLANES steps at a time,
  * and each step is multiplied by every row's element. The steps up to the
  * first row's next vector boundary go first (a whole turned block, of
  * which only they are used), so that the vector loads after them (of every
