@@ -118,9 +118,7 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
 {
     for (idx_t i = 0; i < nq; i++) {
         elem *dst = item->out + (i0 + i) * a->out.row_stride;
-        real *src = t->acc + i * t->Ev_padded;
-        FN(scale_row)(src, a->Ev, FN(safe_inverse)(t->run_sum[i]));
-        FN(store_row)(dst, src, a->Ev);
+        FN(store_row_scaled)(dst, t->acc + i * t->Ev_padded, a->Ev, FN(safe_inverse)(t->run_sum[i]));
     }
     if (a->lse)
         for (idx_t i = 0; i < nq; i++)

@@ -477,8 +477,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
     for (idx_t c = 0; job->e_kept && c < n_splits; c++) { /* the weights: e f_c / sum, rounded once */
         idx_t n = attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS);
         real *e = FN(split_e)(job, w, r, c);
-        FN(scale_row)(e, n, FN(split_stats)(job, w, r, c)[0] * inverse);
-        FN(store_row)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), e, n);
+        FN(store_row_scaled)(FN(weights_at)(a, b, i, c * SPLIT_KEYS), e, n, FN(split_stats)(job, w, r, c)[0] * inverse);
     }
 }
 

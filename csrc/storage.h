@@ -7,6 +7,7 @@
  *   vload_elems(p)      VLANES elems from any p, as a vreal
  *   vstore_elems(p, v)  v rounded into VLANES elems at any p
  *   load_row, store_row n of them, between elems and reals
+ *   store_row_scaled    store_row of the reals times a factor
  *   ELEM_IS_REAL        1 for float and double (all four are plain loads
  *                       and stores), 0 for the 16-bit dtypes
  * and, for bfloat16 where BF16_PAIRS (simd.h), the pairs of elements that
@@ -269,4 +270,14 @@ static inline void FN(store_row)(elem *dst, const real *src, idx_t n)
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) vstore_elems(dst + i, vloadu(src + i));
     for (; i < n; i++) dst[i] = to_elem(src[i]);
+}
+
+/* n reals times factor, rounded into elems (a scale_row then a store_row in
+ * one pass: the same bits, without writing the reals back first) */
+static inline void FN(store_row_scaled)(elem *dst, const real *src, idx_t n, real factor)
+{
+    vreal f = vset1(factor);
+    idx_t i = 0;
+    for (; i + VLANES <= n; i += VLANES) vstore_elems(dst + i, vloadu(src + i) * f);
+    for (; i < n; i++) dst[i] = to_elem(src[i] * factor);
 }
