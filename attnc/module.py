@@ -356,7 +356,7 @@ class Module:
         >>> [(name, p.shape) for name, p in attnc.Linear(3, 2).named_parameters()]
         [('weight', (2, 3)), ('bias', (2,))]
         """
-        if not remove_duplicate:
+        if not flag(remove_duplicate, "remove_duplicate"):
             for name, value, _, _ in self._every_parameter_slot(prefix):
                 yield name, value
             return
@@ -610,7 +610,7 @@ class Module:
             Its gradient buffer itself (writable; optimizers read it), or
             the sum of a tied array's buffers.
         """
-        if not remove_duplicate:
+        if not flag(remove_duplicate, "remove_duplicate"):
             for name, _, owner, attribute in self._every_parameter_slot(prefix):
                 yield name, owner._grad(attribute, name)
             return

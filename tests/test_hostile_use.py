@@ -1088,6 +1088,8 @@ def _flag_calls(flag):
         ("add_zero_attn", lambda: setattr(mha, "add_zero_attn", flag)),
         ("mode", lambda: mha.train(flag)),
         ("strict", lambda: mha.load_state_dict(mha.state_dict(), strict=flag)),
+        ("remove_duplicate", lambda: list(mha.named_parameters(remove_duplicate=flag))),
+        ("remove_duplicate", lambda: list(mha.named_grads(remove_duplicate=flag))),
         ("return_weights", lambda: attnc.SelfAttentionV1(8)(x, return_weights=flag)),
         ("return_weights", lambda: attnc.MultiHeadAttention(8, 2).eval()(x, return_weights=flag)),
         ("bias", lambda: attnc.Linear(8, 2, bias=flag)),
