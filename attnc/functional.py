@@ -409,6 +409,16 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     return tuple(grad.astype(result_dtype, copy=False).reshape(shape) for grad, shape in zip(grads, shapes))
 
 
+def _view_with_one_more_axis(array, shape, name):
+    """array.reshape(shape), shape having one axis more than array: ValueError
+    naming `name` where that is more axes than NumPy allows."""
+    try:
+        return array.reshape(shape)
+    except ValueError as error:
+        raise ValueError(f"{name}: enable_gqa views it with its heads axis split in two, {array.ndim + 1} axes: "
+                         f"{error}") from error
+
+
 class _Grouped:
     """Grouped-query attention as broadcasting: query (..., H, L, E) viewed
     as (..., Hkv, H // Hkv, L, E), key and value (..., Hkv, S, E) as
@@ -437,16 +447,17 @@ class _Grouped:
                 if array.ndim >= 3 and array.shape[-3] not in (1, heads):
                     raise ValueError(f"{name}: its heads axis (-3) has {array.shape[-3]} entries; expected 1 or "
                                      f"the query's {heads}")
-            masks.append(self.split_heads(array, 2) if array is not None and array.ndim >= 3 else array)
-        self.inputs = (self.split_heads(query, 2), self._shared(key), self._shared(value), *masks)
+            masks.append(self.split_heads(array, 2, name) if array is not None and array.ndim >= 3 else array)
+        self.inputs = (self.split_heads(query, 2, "query"), self._shared(key, "key"), self._shared(value, "value"),
+                       *masks)
 
-    def split_heads(self, array, trailing):
+    def split_heads(self, array, trailing, name):
         """(..., H, `trailing` dims) -> (..., Hkv, group, ...); a heads axis of 1 (a mask's) -> (..., 1, 1, ...)."""
         axis = array.ndim - 1 - trailing
         if axis < 0:
             return array  # too few dims to have a heads axis: the C layer names the shape error
         heads = (1, 1) if array.shape[axis] == 1 and self.heads != 1 else (self.kv_heads, self.group)
-        return array.reshape(array.shape[:axis] + heads + array.shape[axis + 1:])
+        return _view_with_one_more_axis(array, array.shape[:axis] + heads + array.shape[axis + 1:], name)
 
     def split_result(self, array, trailing, name):
         """split_heads of a result-shaped argument (grad_out, out, lse), whose heads axis is the query's;
@@ -460,12 +471,12 @@ class _Grouped:
         expected = self.result_shape and self.result_shape[:len(self.result_shape) - 2 + trailing]
         if expected and array.shape != expected:
             raise ValueError(f"{name}: expected shape {expected} (the forward's), got {array.shape}")
-        return self.split_heads(array, trailing)
+        return self.split_heads(array, trailing, name)
 
     @staticmethod
-    def _shared(array):
+    def _shared(array, name):
         """(..., Hkv, S, E) -> (..., Hkv, 1, S, E): one key/value head for its group."""
-        return array.reshape(array.shape[:-2] + (1,) + array.shape[-2:])
+        return _view_with_one_more_axis(array, array.shape[:-2] + (1,) + array.shape[-2:], name)
 
     def merge_heads(self, array, trailing):
         """(..., Hkv, group, `trailing` dims) -> (..., H, ...): out and weights (2), lse (1)."""

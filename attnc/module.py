@@ -672,7 +672,14 @@ class Module:
         dtype of the gradient it returns (x's when x is a floating array, as
         torch's x.grad, else the module's), and the parameters the forward
         used ({dotted name: array or None}) with their shapes and dtypes, and
-        the module dtype."""
+        the module dtype. A parameter that is not an ndarray (a list put in
+        the instance dict, which a forward converts) has no gradient buffer
+        to follow it: TypeError naming it (this forward keeps nothing)."""
+        for key, a in (params or {}).items():
+            if a is not None and not isinstance(a, np.ndarray):
+                raise TypeError(f"{key}: a training-mode forward needs the parameter as an ndarray (its gradient "
+                                f"buffer takes its shape and dtype), got a {type(a).__name__}; assign it again "
+                                "(assignment converts it)")
         used = {key: (a, None if a is None else (a.shape, a.dtype)) for key, a in (params or {}).items()}
         object.__setattr__(self, "_saved", (state, tuple(output_shape), _grad_dtype(x, self.dtype), used,
                                             self.dtype))

@@ -280,7 +280,7 @@ class MultiheadAttention(Module):
         need_weights, average_attn_weights = flag(need_weights, "need_weights"), flag(average_attn_weights,
                                                                                         "average_attn_weights")
         is_causal = flag(is_causal, "is_causal")
-        params = self._checked_parameters()
+        given, params = self._checked_parameters()
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
         if is_causal and attn_mask is None:
@@ -299,7 +299,7 @@ class MultiheadAttention(Module):
         if training:
             grad_dtypes = (_grad_dtype(key, self.dtype), _grad_dtype(value, self.dtype))
             state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes)
-            self._keep_for_backward(state, output.shape, query, params)
+            self._keep_for_backward(state, output.shape, query, given)
         if not need_weights:
             return output, None
         weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
@@ -308,18 +308,20 @@ class MultiheadAttention(Module):
         return output, weights if batched else weights[0]
 
     def _checked_parameters(self):
-        """The parameters by state_dict key, looked up now and checked
-        against the shapes the module's sizes give (a user may have replaced
-        any, or changed a size): ValueError naming the first that does not
-        fit."""
+        """(given, params): the parameters by state_dict key as looked up now
+        (a user may have replaced any, or changed a size), and as computed
+        with: each in the module dtype (as_parameter: the array itself when
+        it already is one), checked against the shapes the module's sizes
+        give. TypeError or ValueError naming the first that does not fit."""
+        e = positive_int(self.embed_dim, "embed_dim")
         heads = positive_int(self.num_heads, "num_heads")
-        divides(heads, self.embed_dim, "num_heads", "embed_dim")
-        if self.head_dim != self.embed_dim // heads:
-            raise ValueError(f"num_heads: {heads} heads of embed_dim={self.embed_dim} are {self.embed_dim // heads} "
+        divides(heads, e, "num_heads", "embed_dim")
+        if self.head_dim != e // heads:
+            raise ValueError(f"num_heads: {heads} heads of embed_dim={e} are {e // heads} "
                              f"wide, but head_dim is {self.head_dim}")
-        params = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
-        e, separate = self.embed_dim, not self._qkv_same_embed_dim
-        has_bias_kv = params["bias_k"] is not None or params["bias_v"] is not None
+        given = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
+        separate = not self._qkv_same_embed_dim
+        has_bias_kv = given["bias_k"] is not None or given["bias_v"] is not None
         shapes = {"in_proj_weight": None if separate else (3 * e, e),
                   "q_proj_weight": (e, e) if separate else None,
                   "k_proj_weight": (e, self.kdim) if separate else None,
@@ -327,16 +329,19 @@ class MultiheadAttention(Module):
                   "in_proj_bias": (3 * e,), "bias_k": (1, 1, e), "bias_v": (1, 1, e),
                   "out_proj.weight": (e, e), "out_proj.bias": (e,)}
         optional = {"in_proj_bias", "out_proj.bias"}
-        for name, value in params.items():
+        params = {}
+        for name, value in given.items():
             shape = shapes[name]
             if value is None and (shape is None or name in optional or (name.startswith("bias_") and not has_bias_kv)):
+                params[name] = None
                 continue
             if shape is None:
                 raise ValueError(f"{name}: expected None (the module's {'separate' if separate else 'stacked'} "
-                                 f"projection weights are used), got shape {value.shape}")
-            if value is None or value.shape != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {None if value is None else value.shape}")
-        return params
+                                 f"projection weights are used), got shape {np.shape(value)}")
+            params[name] = None if value is None else _C.as_parameter(value, name=name, dtype=self.dtype)
+            if value is None or params[name].shape != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {None if value is None else params[name].shape}")
+        return given, params
 
     def _inputs(self, query, key, value, keep):
         """(batched, (query, key, value) batch first, (N, L or S, features),

@@ -23,7 +23,8 @@ import pytest
 import attnc
 from attnc import functional as F
 from attnc.module import _initial_values, _sized_by
-from toolkit import DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, ref_attend, ref_module
+from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL_IDS, MODELS, assert_close, make_module, merge_heads, ref_attend,
+                     ref_linear, ref_module, split_heads)
 
 DIM = 4
 
@@ -155,6 +156,7 @@ MUTATIONS = {
     "fortran": (_assign(np.asfortranarray), WORKS),
     "fortran-bypass": (_bypass(np.asfortranarray), WORKS),
     "strided-bypass": (_bypass(_strided), WORKS),
+    "list-bypass": (_bypass(lambda a: a.tolist()), WORKS),
     "reversed-bypass": (_bypass(lambda a: a[::-1].copy()[::-1]), WORKS),
     "byteswapped": (_assign(lambda a: a.astype(a.dtype.newbyteorder())), WORKS),
     "byteswapped-bypass": (_bypass(lambda a: a.astype(a.dtype.newbyteorder())), WORKS),
@@ -614,6 +616,9 @@ MHA_REPLACEMENTS = [
     ("out_proj.bias", np.ones(9), "expected shape (8,)"),
     ("num_heads", 3, "3 heads do not divide embed_dim=8"),
     ("num_heads", 4, "4 heads of embed_dim=8 are 2 wide, but head_dim is 4"),
+    ("embed_dim", None, "expected an integer, got NoneType"),
+    ("embed_dim", "8", "expected an integer, got str"),
+    ("embed_dim", 8.0, "expected an integer, got float"),
 ]
 
 
@@ -623,20 +628,88 @@ MHA_REPLACEMENTS = [
 def test_nn_multihead_replaced_parameter_or_size_is_named(key, value, message, training):
     """nn.MultiheadAttention used to run with a replaced parameter of the wrong shape (the first
     24 rows of a 25-row in_proj_weight, one scalar broadcast as bias_k) and fail later with
-    NumPy's messages; now the forward names it."""
+    NumPy's messages; now the forward names it. embed_dim set to a non-integer raised Python's
+    "unsupported operand type(s) for %" (a review helper, 2026-11-28)."""
     m = attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True, rng=np.random.default_rng(2)).train(training)
     x = np.random.default_rng(3).standard_normal((5, 2, 8)).astype(np.float32)
     before = m(x, x, x)[0]
     owner, name = (m.out_proj, key.split(".")[1]) if key.startswith("out_proj.") else (m, key)
     setattr(owner, name, value)
-    with pytest.raises(ValueError, match="^" + (("num_heads" if key == "num_heads" else key) + ": " + message)
+    with pytest.raises(TypeError if key == "embed_dim" else ValueError, match="^" + (key + ": " + message)
                        .replace("(", r"\(").replace(")", r"\)")):
         m(x, x, x)
-    if key == "num_heads":
-        m.num_heads = 2
+    if key in ("num_heads", "embed_dim"):
+        setattr(m, key, {"num_heads": 2, "embed_dim": 8}[key])
     else:
         setattr(owner, name, _mha_original(key))
     np.testing.assert_array_equal(m(x, x, x)[0], before)
+
+
+@pytest.mark.parametrize("model_name, key", PARAMETERS)
+def test_a_training_forward_names_a_parameter_that_is_not_an_array(model_name, key):
+    """A list put in the instance dict works in eval mode (converted, as assignment would),
+    but a training-mode forward raised AttributeError ('list' object has no attribute
+    'shape') from keeping it for backward (a review helper, 2026-11-28); now TypeError
+    naming it, and the repaired module trains."""
+    m = make_module(model_name, DIM).train()
+    x = _x()
+    owner, leaf = _owner(m, key)
+    original = getattr(owner, leaf).copy()
+    owner.__dict__[leaf] = original.tolist()
+    with pytest.raises(TypeError, match="^" + re.escape(key) + ": a training-mode forward needs the parameter as an "
+                                        "ndarray"):
+        m(x)
+    setattr(owner, leaf, original)
+    out = m(x)
+    assert m.backward(np.ones_like(out)).shape == x.shape
+
+
+def _nn_mha_reference(params, x, heads):
+    """float64 oracle of nn.MultiheadAttention's self-attention on x (L, N, E), no masks, no
+    bias_kv: (output (L, N, E), weights averaged over the heads (N, L, L))."""
+    e = x.shape[-1]
+    w_in, b_in = (np.asarray(params[key], np.float64) for key in ("in_proj_weight", "in_proj_bias"))
+    batch_first = np.swapaxes(np.asarray(x, np.float64), 0, 1)
+    q, k, v = (split_heads(ref_linear(batch_first, w_in[i * e:(i + 1) * e], b_in[i * e:(i + 1) * e]), heads)
+               for i in range(3))
+    out, weights = ref_attend(q, k, v, 1 / np.sqrt(e // heads))
+    out = ref_linear(merge_heads(out), params["out_proj.weight"], params["out_proj.bias"])
+    return np.swapaxes(out, 0, 1), weights.mean(axis=1)
+
+
+def _float64_out_proj(m):
+    m.out_proj = attnc.Linear(8, 8, dtype=np.float64, rng=np.random.default_rng(5))
+    return {"out_proj.weight": m.out_proj.weight, "out_proj.bias": m.out_proj.bias}
+
+
+def _bypassed_in_proj_weight(make):
+    def change(m):
+        value = make(m.in_proj_weight)
+        m.__dict__["in_proj_weight"] = value
+        return {"in_proj_weight": value}
+    return change
+
+
+@pytest.mark.parametrize("change", [
+    _float64_out_proj,
+    _bypassed_in_proj_weight(lambda w: w.astype(np.float64) * (1 + 1e-3)),
+    _bypassed_in_proj_weight(lambda w: w.tolist()),
+], ids=["float64-out_proj", "float64-in_proj_weight-bypass", "list-in_proj_weight-bypass"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_nn_multihead_output_in_the_module_dtype_whatever_its_parameters(change, dtype):
+    """nn.MultiheadAttention computed with a replaced parameter as given, so a float64
+    out_proj made its output float64 (a float16 module's float32), and a list in the
+    instance dict raised AttributeError even in eval mode (a review helper, 2026-11-28);
+    now each parameter is converted to the module dtype, as in the other modules."""
+    m = attnc.nn.MultiheadAttention(8, 2, dtype=dtype, rng=np.random.default_rng(2)).eval()
+    x = np.random.default_rng(3).standard_normal((5, 2, 8)).astype(dtype)
+    params = {key: np.asarray(value) for key, value in m.state_dict().items()}
+    params.update({key: np.asarray(value) for key, value in change(m).items()})
+    out, weights = m(x, x, x)
+    assert out.dtype == weights.dtype == dtype
+    ref_out, ref_weights = _nn_mha_reference(params, x, 2)
+    assert_close(out, ref_out, dtype, "out")
+    assert_close(weights, ref_weights, dtype, "weights")
 
 
 def _mha_original(key):
@@ -917,6 +990,27 @@ def test_a_ragged_argument_is_named_on_every_path(call, name):
     with pytest.raises(ValueError) as info:
         call(np.ones((2, 2)))
     assert str(info.value).startswith(name + ":"), str(info.value)
+
+
+@pytest.mark.parametrize("name", ["query", "key", "attn_mask"])
+def test_gqa_on_as_many_axes_as_numpy_allows_names_the_argument(name):
+    """Grouped-query attention views its arguments with one more axis; on 64 axes (NumPy's
+    limit) that raised NumPy's "maximum supported dimension" naming nothing (a review
+    helper, 2026-11-28). Now the argument is named, and all of them on one axis fewer work
+    (float64 oracle)."""
+    q, k = np.ones((4, 3, 8), np.float32), np.ones((2, 5, 8), np.float32)
+    mask = np.ones((4, 3, 5), bool)
+    arrays = {"query": q, "key": k, "attn_mask": mask}
+    deep = dict(arrays)
+    deep[name] = arrays[name].reshape((1,) * (64 - arrays[name].ndim) + arrays[name].shape)
+    with pytest.raises(ValueError, match=f"^{name}: enable_gqa views it with its heads axis split in two"):
+        F.scaled_dot_product_attention(deep["query"], deep["key"], deep["key"] if name == "key" else k,
+                                       attn_mask=deep["attn_mask"], enable_gqa=True)
+    fewer = {key: a.reshape((1,) * (63 - a.ndim) + a.shape) for key, a in arrays.items()}  # all on 63 axes
+    out = F.scaled_dot_product_attention(fewer["query"], fewer["key"], fewer["key"], attn_mask=fewer["attn_mask"],
+                                         enable_gqa=True)
+    ref, _ = ref_attend(q, np.repeat(k, 2, axis=0), np.repeat(k, 2, axis=0), 1 / np.sqrt(8), mask)
+    assert_close(out.reshape(ref.shape), ref, np.float32, "out")
 
 
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
