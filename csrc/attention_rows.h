@@ -471,8 +471,10 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
         else
             for (idx_t col = 0; col < Ev; col++) total[col] = sfma(factor, part[col], total[col]);
     }
-    FN(scale_row)(total, Ev, inverse);
-    if (job->parts) FN(store_row)(out, total, Ev);
+    if (job->parts) /* total is a part's buffer: scaled as it is stored, else it is out */
+        FN(store_row_scaled)(out, total, Ev, inverse);
+    else
+        FN(scale_row)(total, Ev, inverse);
     if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
     for (idx_t c = 0; job->e_kept && c < n_splits; c++) { /* the weights: e f_c / sum, rounded once */
         idx_t n = attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS);
