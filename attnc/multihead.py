@@ -338,9 +338,11 @@ class MultiheadAttention(Module):
             if shape is None:
                 raise ValueError(f"{name}: expected None (the module's {'separate' if separate else 'stacked'} "
                                  f"projection weights are used), got shape {np.shape(value)}")
-            params[name] = None if value is None else _C.as_parameter(value, name=name, dtype=self.dtype)
-            if value is None or params[name].shape != shape:
-                raise ValueError(f"{name}: expected shape {shape}, got {None if value is None else params[name].shape}")
+            if value is None:
+                raise ValueError(f"{name}: expected shape {shape}, got None")
+            params[name] = _C.as_parameter(value, name=name, dtype=self.dtype)
+            if params[name].shape != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {params[name].shape}")
         return given, params
 
     def _inputs(self, query, key, value, keep):
