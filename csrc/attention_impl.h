@@ -25,6 +25,57 @@
 #define FLASH_MAX_HEAD 2048
 #endif
 
+/* The mask's cover of a block of scores: whether the block's mask can be
+ * passed over (keeps all), filled at once or left out (hides all). Not
+ * dtype-dependent: once. */
+#ifndef ATTNC_MASK_COVER
+#define ATTNC_MASK_COVER
+/* What an item's mask does to a block of scores (mask_cover). */
+typedef enum { MASK_KEEPS_ALL, MASK_HIDES_ALL, MASK_MIXED } attnc_mask_cover;
+
+/* any |= some of the nk bytes m[j * cs] is nonzero, all &= each is */
+static inline __attribute__((always_inline)) void mask_row_cover(const uint8_t *m, idx_t cs, idx_t nk, uint8_t *any,
+                                                                 uint8_t *all)
+{
+    for (idx_t j = 0; j < nk; j++) {
+        uint8_t kept = m[j * cs] != 0;
+        *any |= kept;
+        *all &= kept;
+    }
+}
+
+/* How the item's mask covers queries [i0, i0 + nq) x keys [j0, j0 + nk):
+ * one row when it is broadcast over the queries (mask_rs 0, a padding
+ * mask), and no more rows once the block is mixed. A block of nothing
+ * keeps all. */
+static attnc_mask_cover mask_cover(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
+                                   idx_t nk)
+{
+    uint8_t any = 0, all = 1;
+    for (idx_t i = 0; i < (a->mask_rs ? nq : 1) && !(any && !all); i++) {
+        const uint8_t *m = mask + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
+        if (a->mask_cs == 1)
+            mask_row_cover(m, 1, nk, &any, &all); /* a contiguous row: vectorised */
+        else
+            mask_row_cover(m, a->mask_cs, nk, &any, &all);
+    }
+    return all ? MASK_KEEPS_ALL : any ? MASK_MIXED : MASK_HIDES_ALL;
+}
+
+/* 1 when every query of [i0, i0 + nq) keeps at least one key of [j0, j1) */
+static int mask_keeps_a_key_each(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
+                                 idx_t j1)
+{
+    for (idx_t i = 0; i < (a->mask_rs ? nq : 1); i++) {
+        const uint8_t *m = mask + (i0 + i) * a->mask_rs;
+        idx_t j = j0;
+        while (j < j1 && !m[j * a->mask_cs]) j++;
+        if (j == j1) return 0;
+    }
+    return 1;
+}
+#endif
+
 typedef struct {
     const attnc_attention_args *args;
     idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;
@@ -73,6 +124,21 @@ static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args 
 /* Queries in the query tile starting at q0 of a run ending at i1. */
 static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q; }
 
+/* score where keep is nonzero, else -1e20, by selecting bits: no branch
+ * to mispredict on a mask that changes from one query to the next (a
+ * random mask with half its positions hidden took 2.3x an unmasked
+ * attention's time with the select a branch) */
+static inline real FN(masked_fill)(real score, uint8_t keep)
+{
+    FN(exp_uint) kept_bits, fill_bits, select = (FN(exp_uint))0 - (FN(exp_uint))(keep != 0);
+    real fill = (real)-1e20;
+    memcpy(&kept_bits, &score, sizeof kept_bits);
+    memcpy(&fill_bits, &fill, sizeof fill_bits);
+    kept_bits = (kept_bits & select) | (fill_bits & ~select);
+    memcpy(&score, &kept_bits, sizeof score);
+    return score;
+}
+
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
  * [i0, i0+nq): the product, plus the bias, then -1e20 where the mask is 0
  * (the documents' masked_fill) and, for keys outside a query's band, the
@@ -83,6 +149,7 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, c
 {
     real scale = (real)a->scale; /* pairs' scores are scaled as they are stored */
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, &scale, t->pairs);
+    attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     const attnc_band *band = &a->band;
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
@@ -90,9 +157,11 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, c
             const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
             for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
         }
-        if (item->mask) {
+        if (cover == MASK_HIDES_ALL || (cover == MASK_MIXED && !a->mask_rs && !item->mask[(j0 + j) * a->mask_cs])) {
+            for (idx_t i = 0; i < nq; i++) row[i] = (real)-1e20;
+        } else if (cover == MASK_MIXED && a->mask_rs) {
             const uint8_t *m = item->mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
-            for (idx_t i = 0; i < nq; i++) row[i] = m[i * a->mask_rs] ? row[i] : (real)-1e20;
+            for (idx_t i = 0; i < nq; i++) row[i] = FN(masked_fill)(row[i], m[i * a->mask_rs]);
         }
         if (band->on) { /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
             idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
@@ -157,56 +226,120 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K, t->pairs);
 }
 
+/* A query tile's state before its first key tile: zero sums, max -inf. */
+static void FN(start_tile)(FN(tile_buffers) *view, idx_t nq)
+{
+    idx_t acc_rows = ROUND_UP(nq, GEMM_MR_STEP); /* the rows value_product adds to */
+    for (idx_t i = 0; i < acc_rows * view->Ev_padded; i++) view->acc[i] = 0;
+    for (idx_t i = 0; i < BLOCK_Q; i++) {
+        view->run_max[i] = -(real)INFINITY;
+        view->run_sum[i] = 0;
+    }
+}
+
+/* 1 when the key tile at j0 (nk keys) may be left out of the sums of a
+ * query tile: the mask hides all of its scores (mask_cover), the tile's
+ * rows are mask_skippable, and the values are finite (values_finite: 1, 0,
+ * or -1 until this key tile's values have been read). */
+static int FN(mask_hides_tile)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
+                               idx_t q0, idx_t nq, idx_t j0, idx_t nk, int *values_finite)
+{
+    if (!mask_skippable || mask_cover(a, item->mask, q0, nq, j0, nk) != MASK_HIDES_ALL) return 0;
+    if (*values_finite < 0) *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, nk, a->Ev);
+    return *values_finite;
+}
+
+/* 1 when every row of the tile ended with a max above the mask's fill
+ * (-1e20), so that its hidden scores' weights were exactly 0. */
+static int FN(rows_above_fill)(const FN(tile_buffers) *view, idx_t nq)
+{
+    for (idx_t i = 0; i < nq; i++)
+        if (!(view->run_max[i] > (real)-1e20)) return 0;
+    return 1;
+}
+
+/* Query tile `tile` of flash_queries ([q0, q0 + nq)) again from the
+ * start, over every key tile of its range, packed as flash_queries packs
+ * them (nk up to the task's end): the sums it would have had with no key
+ * tile left out. */
+static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t b,
+                           idx_t tile, idx_t q0, idx_t nq, int skip_hidden, idx_t end)
+{
+    FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+    FN(start_tile)(&view, nq);
+    idx_t tile_begin, tile_end;
+    FN(key_range)(a, skip_hidden, q0, nq, &tile_begin, &tile_end);
+    for (idx_t j0 = tile_begin / BLOCK_K * BLOCK_K; j0 < tile_end && !attnc_interrupted(); j0 += BLOCK_K) {
+        idx_t nk = attnc_min(end - j0, BLOCK_K); /* packed as the task's loop packs it */
+        FN(pack_key_tile)(t, a, item, j0, nk);
+        FN(pack_value_tile)(t, a, item, j0, nk);
+        FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));
+    }
+}
+
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
  * see it. With a band (causal, window), a query tile skips the key tiles
  * outside it when the numbers its scores are made of are finite
  * (keys_finite, queries_finite); otherwise it visits every key, so that
- * NaN and inf reach its rows as in PyTorch's math path. Decided per query
- * tile, so a row's bits never depend on which rows share its task. */
+ * NaN and inf reach its rows as in PyTorch's math path. With a mask, a
+ * query tile whose every row keeps a key leaves out the key tiles the mask
+ * hides from all its rows (padding) when their values are finite: their
+ * weights would be exp(-1e20 - max) = 0 exactly, adding nothing (but a
+ * -0 where a sum was exactly -0), so the result is the same; if a row's max
+ * ends at or below the fill (its scores that large and negative, or NaN),
+ * that is not so, and the tile is computed again with every key tile
+ * (tile_again). Decided per query tile, so a row's bits never depend on
+ * which rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
 {
     int skip_hidden[MAX_TILES_PER_TASK]; /* tiles_per_task never exceeds it */
+    int mask_skippable[MAX_TILES_PER_TASK], mask_skipped[MAX_TILES_PER_TASK];
     int keys_finite = a->band.on && FN(keys_finite)(a, item);
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
-    for (idx_t tile = 0; tile < tiles; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q;
-        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + FN(tile_queries)(q0, i1), 0, a->S);
-        FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-        FN(pack_query_tile)(&view, a, item, q0, FN(tile_queries)(q0, i1));
-        idx_t acc_rows = ROUND_UP(FN(tile_queries)(q0, i1), GEMM_MR_STEP); /* the rows value_product adds to */
-        for (idx_t i = 0; i < acc_rows * t->Ev_padded; i++) view.acc[i] = 0;
-        for (idx_t i = 0; i < BLOCK_Q; i++) {
-            view.run_max[i] = -(real)INFINITY;
-            view.run_sum[i] = 0;
-        }
-    }
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
      * tile meets the same key tiles however the queries are split into tasks */
     idx_t begin = a->S, end = 0, tile_begin, tile_end;
     for (idx_t tile = 0; tile < tiles; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q;
-        FN(key_range)(a, skip_hidden[tile], q0, FN(tile_queries)(q0, i1), &tile_begin, &tile_end);
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
+        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + nq, 0, a->S);
+        FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+        FN(pack_query_tile)(&view, a, item, q0, nq);
+        FN(start_tile)(&view, nq);
+        FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
         begin = attnc_min(begin, tile_begin);
         end = tile_end > end ? tile_end : end;
+        mask_skippable[tile] = item->mask && mask_keeps_a_key_each(a, item->mask, q0, nq, tile_begin, tile_end);
+        mask_skipped[tile] = 0;
     }
     for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(end - j0, BLOCK_K);
-        FN(pack_key_tile)(t, a, item, j0, nk);
-        FN(pack_value_tile)(t, a, item, j0, nk);
+        int packed = 0, values_finite = -1;
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
             FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
+            idx_t tile_nk = attnc_min(tile_end - j0, nk);
+            if (FN(mask_hides_tile)(a, item, mask_skippable[tile], q0, nq, j0, tile_nk, &values_finite)) {
+                mask_skipped[tile] = 1;
+                continue;
+            }
+            if (!packed) {
+                FN(pack_key_tile)(t, a, item, j0, nk);
+                FN(pack_value_tile)(t, a, item, j0, nk);
+                packed = 1;
+            }
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-            FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));
+            FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk);
         }
     }
     for (idx_t tile = 0; tile < tiles; tile++) {
-        idx_t q0 = i0 + tile * BLOCK_Q;
+        idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-        FN(write_rows)(a, &view, item, b, q0, FN(tile_queries)(q0, i1));
+        if (mask_skipped[tile] && !FN(rows_above_fill)(&view, nq))
+            FN(tile_again)(t, a, item, b, tile, q0, nq, skip_hidden[tile], end);
+        FN(write_rows)(a, &view, item, b, q0, nq);
     }
 }
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, ref_linear, ref_forward, np_sd, ref_values,
-                     random_keep_mask, torch_forward)
+from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, ref_attend, ref_linear, ref_forward, np_sd,
+                     ref_values, random_keep_mask, torch_forward)
 
 B, S = 3, 5
 
@@ -168,6 +168,93 @@ def test_fully_masked_with_large_scores_stays_uniform():
     out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
     np.testing.assert_allclose(w[0], 1 / 3, rtol=1e-6)
     np.testing.assert_allclose(out[0], [3.0, 5.0], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# masks that hide whole blocks of keys (padding): the flash path leaves those
+# keys out of a query's sums, which must not change a result or a bit
+
+def _padded_batch(dtype, seed, L=150, S=700):
+    """q, k, v (3, 2, L or S, 16) and a padding mask (3, 1, 1, S) hiding runs of
+    hundreds of keys: at the end, at the start, in the middle."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((3, 2, n, 16)).astype(dtype) for n in (L, S, S))
+    keep = np.ones((3, 1, 1, S), bool)
+    keep[0, ..., 250:] = False
+    keep[1, ..., :450] = False
+    keep[2, ..., 100:600] = False
+    return q, k, v, keep
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padding_mask_against_float64(causal, dtype, simd_mode):
+    q, k, v, keep = _padded_batch(dtype, 20)
+    out, w, lse = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                                                                return_weights=True, return_lse=True)
+    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal)
+    assert_close(out, ref, dtype)
+    assert_close(w, ref_w, dtype)
+    # the rows that see a kept key (causal: not every row of item 1 does) weigh each hidden key 0
+    sees_a_key = (np.broadcast_to(keep, w.shape) & (np.tril(np.ones(w.shape[-2:], bool)) if causal else True)).any(-1)
+    np.testing.assert_array_equal(np.where(sees_a_key[..., None], w, 0)[~np.broadcast_to(keep, w.shape)], 0)
+    assert np.isfinite(lse).all()
+
+
+def test_padding_mask_leaves_the_bits_as_computing_every_key(dtype, simd_mode):
+    """The same rows computed with every key tile: a query tile with a row that hides
+    every key (every 8th row here) is computed over all key tiles, so its other rows are
+    the oracle for the rows of the padding mask, whose tiles leave the hidden keys out."""
+    q, k, v, keep = _padded_batch(dtype, 21)
+    L = q.shape[-2]
+    dead = np.arange(L) % 8 == 0
+    every_key = np.broadcast_to(keep, (3, 1, L, keep.shape[-1])).copy()
+    every_key[:, :, dead] = False
+    for causal in (False, True):
+        skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal)
+        computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=every_key, is_causal=causal)
+        assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+
+
+def test_padding_mask_with_scores_below_the_fill(dtype, simd_mode):
+    """Queries whose every kept score is below -1e20: the hidden keys (-1e20) win, as in
+    the documents' masked_fill, so their weights are not 0 and must not be left out."""
+    q, k, v, keep = _padded_batch(dtype, 22)
+    q[:, :, :10] = 1e11
+    q[:, :, 10:] = 0      # every score 0: exact in the oracle too (scores near 1e11 would not be)
+    k[:, :, :] = -1e11    # the first ten queries' every score is -4e22
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
+    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep)
+    assert_close(w, ref_w, dtype)
+    assert_close(out, ref, dtype)
+    hidden = ~keep[:, 0, 0]                           # (3, S)
+    mean_hidden = np.stack([v[b][:, hidden[b]].astype(np.float64).mean(axis=-2) for b in range(3)])
+    assert_close(out[:, :, :10], np.broadcast_to(mean_hidden[:, :, None], out[:, :, :10].shape), dtype)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan], ids=["inf", "nan"])
+def test_padding_mask_non_finite_hidden_value_reaches_the_rows(bad, dtype):
+    """A hidden key's weight is 0 and 0 * inf is NaN, as in PyTorch's math path: a key
+    tile is left out only when its values are finite."""
+    q, k, v, keep = _padded_batch(dtype, 23)
+    v[0, 1, 600, 3] = bad     # item 0 hides keys 250..699
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    ref, _ = ref_attend(q, k, v, 1 / 4, keep)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    assert np.isnan(out[0, 1, :, 3]).all() and not np.isnan(out[0, 0]).any()
+    finite = ~np.isnan(ref)
+    assert_close(out[finite], ref[finite], dtype)
+
+
+def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
+    """A mask that changes from query to query (half hidden, at random): the flash
+    path's per-position fill."""
+    rng = np.random.default_rng(24)
+    q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(dtype) for n in (150, 300, 300))
+    keep = rng.random((2, 1, 150, 300)) < 0.5
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
+    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep)
+    assert_close(out, ref, dtype)
+    assert_close(w, ref_w, dtype)
 
 
 # ----------------------------------------------------------------------------
