@@ -108,7 +108,7 @@ typedef struct {
     const elem *grad_out;
     const real *lse;
     elem *grad_q, *grad_k, *grad_v;
-    int skip_hidden; /* pairs outside the band are skipped (pair_seen) */
+    int skip_hidden; /* pairs outside the band or hidden by the mask are skipped (pair_seen) */
 } FN(grad_view);
 
 /* skip_hidden as grad_job's item_finite holds it (0 for none) */
@@ -223,7 +223,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
 {
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
-    FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
+    attnc_mask_cover cover = FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
     FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, NULL, 0);
     for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
     if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */
@@ -243,11 +243,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
         }
     }
     if (item->fwd.mask) /* a masked score is the constant fill: no gradient reaches Q or K through it */
-        for (idx_t j = 0; j < nk; j++) {
-            const uint8_t *keep = item->fwd.mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
-            real *ds = t->ds_t + j * BLOCK_Q;
-            for (idx_t i = 0; i < nq; i++) ds[i] = keep[i * a->mask_rs] ? ds[i] : 0;
-        }
+        for (idx_t j = 0; j < nk; j++) FN(fill_hidden)(t->ds_t + j * BLOCK_Q, a, item->fwd.mask, i0, nq, j0 + j, cover, 0);
 }
 
 /* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */
@@ -258,16 +254,31 @@ static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t 
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
+/* 1 when P = exp(s - lse) of each of the n rows is recomputed from its
+ * lse (|lse| <= EXACT_LSE_LIMIT; not NaN), so that a score of the mask's
+ * fill (-1e20) gets P = 0 exactly */
+static inline int FN(fill_weighs_nothing)(const real *lse, idx_t n)
+{
+    for (idx_t i = 0; i < n; i++)
+        if (!(lse[i] >= -(real)EXACT_LSE_LIMIT && lse[i] <= (real)EXACT_LSE_LIMIT)) return 0;
+    return 1;
+}
+
 /* 1 if the pair of the tile at i0 and the block at j0 is computed: some
- * query of the tile sees some key of the block (its band meets the
- * block), or the item's hidden pairs are not skipped. Both passes ask this
- * of every (tile, block) pair, so they visit the same pairs: the bits
- * never depend on the plan. */
+ * query of the tile sees some key of the block (its band meets the block,
+ * and the mask does not hide the whole block from the tile, padding), or
+ * the item's hidden pairs are not skipped. A hidden pair adds exact zeros
+ * to every gradient (its P is 0 and its dS masked to 0, and every number
+ * they multiply is finite), so leaving it out changes no bit (but a -0 sum
+ * that becomes +0). Both passes ask this of every (tile, block) pair, so
+ * they visit the same pairs: the bits never depend on the plan. */
 static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0)
 {
-    idx_t last_query = i0 + FN(tile_queries)(i0, a->L) - 1;
-    return !item->skip_hidden || (attnc_band_begin(&a->band, i0, a->S) < j0 + FN(block_keys)(a, j0) &&
-                                  attnc_band_end(&a->band, last_query, a->S) > j0);
+    if (!item->skip_hidden) return 1;
+    idx_t nq = FN(tile_queries)(i0, a->L), nk = FN(block_keys)(a, j0);
+    if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0) return 0;
+    return !(item->fwd.mask && FN(fill_weighs_nothing)(item->lse + i0, nq) &&
+             mask_cover(a, item->fwd.mask, i0, nq, j0, nk) == MASK_HIDES_ALL);
 }
 
 /* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
@@ -332,8 +343,8 @@ typedef struct {
     idx_t n_key_blocks, n_query_tiles, workspace_elems;
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
-    /* with a band: per item, 1 when its hidden pairs are skipped (every
-     * number its scores and dO are made of is finite), from a first pass */
+    /* with a band or a mask: per item, 1 when its hidden pairs are skipped
+     * (every number its scores and dO are made of is finite), from a first pass */
     uint8_t *item_finite;
     /* the run of items the passes go over: [first_item, first_item + run_items) */
     idx_t first_item, run_items;
@@ -546,7 +557,7 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     idx_t most_tasks; /* the passes' task counts (a run's items times these) fit */
     if (!attnc_mul_ok(n_items, job.n_key_blocks, &most_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &most_tasks))
         return ATTNC_EOVERFLOW;
-    if (a->band.on) {
+    if (a->band.on || a->mask) {
         job.item_finite = attnc_malloc((size_t)n_items);
         if (!job.item_finite) return ATTNC_ENOMEM;
         double reads = (double)a->L * (double)(2 * a->E + a->Ev + (a->bias ? a->S : 0)) +

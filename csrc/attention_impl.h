@@ -124,28 +124,43 @@ static void FN(pack_query_tile)(FN(tile_buffers) *t, const attnc_attention_args 
 /* Queries in the query tile starting at q0 of a run ending at i1. */
 static inline idx_t FN(tile_queries)(idx_t q0, idx_t i1) { return i1 - q0 < BLOCK_Q ? i1 - q0 : BLOCK_Q; }
 
-/* score where keep is nonzero, else -1e20, by selecting bits: no branch
+/* value where keep is nonzero, else fill, by selecting bits: no branch
  * to mispredict on a mask that changes from one query to the next (a
  * random mask with half its positions hidden took 2.3x an unmasked
  * attention's time with the select a branch) */
-static inline real FN(masked_fill)(real score, uint8_t keep)
+static inline real FN(masked_fill)(real value, uint8_t keep, real fill)
 {
     FN(exp_uint) kept_bits, fill_bits, select = (FN(exp_uint))0 - (FN(exp_uint))(keep != 0);
-    real fill = (real)-1e20;
-    memcpy(&kept_bits, &score, sizeof kept_bits);
+    memcpy(&kept_bits, &value, sizeof kept_bits);
     memcpy(&fill_bits, &fill, sizeof fill_bits);
     kept_bits = (kept_bits & select) | (fill_bits & ~select);
-    memcpy(&score, &kept_bits, sizeof score);
-    return score;
+    memcpy(&value, &kept_bits, sizeof value);
+    return value;
+}
+
+/* row (nq: queries [i0, i0+nq) against key j, a row of a transposed tile)
+ * <- fill where the item's mask hides the key from the query, as `cover`
+ * (the tile's mask_cover) allows: nothing, all, the whole row of a mask
+ * broadcast over the queries, or position by position */
+static inline void FN(fill_hidden)(real *row, const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq,
+                                   idx_t j, attnc_mask_cover cover, real fill)
+{
+    if (cover == MASK_KEEPS_ALL) return;
+    const uint8_t *m = mask + i0 * a->mask_rs + j * a->mask_cs;
+    if (cover == MASK_HIDES_ALL || (!a->mask_rs && !m[0]))
+        for (idx_t i = 0; i < nq; i++) row[i] = fill;
+    else if (a->mask_rs)
+        for (idx_t i = 0; i < nq; i++) row[i] = FN(masked_fill)(row[i], m[i * a->mask_rs], fill);
 }
 
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
  * [i0, i0+nq): the product, plus the bias, then -1e20 where the mask is 0
  * (the documents' masked_fill) and, for keys outside a query's band, the
  * score plus -inf as in PyTorch's math path: -inf (an exactly-zero weight)
- * for a finite score, NaN for a NaN or +inf one. */
-static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
-                           idx_t i0, idx_t nq, idx_t j0, idx_t nk)
+ * for a finite score, NaN for a NaN or +inf one. Returns the mask's cover
+ * of the tile. */
+static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
+                                       idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     real scale = (real)a->scale; /* pairs' scores are scaled as they are stored */
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, &scale, t->pairs);
@@ -157,18 +172,14 @@ static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, c
             const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
             for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
         }
-        if (cover == MASK_HIDES_ALL || (cover == MASK_MIXED && !a->mask_rs && !item->mask[(j0 + j) * a->mask_cs])) {
-            for (idx_t i = 0; i < nq; i++) row[i] = (real)-1e20;
-        } else if (cover == MASK_MIXED && a->mask_rs) {
-            const uint8_t *m = item->mask + i0 * a->mask_rs + (j0 + j) * a->mask_cs;
-            for (idx_t i = 0; i < nq; i++) row[i] = FN(masked_fill)(row[i], m[i * a->mask_rs]);
-        }
+        if (item->mask) FN(fill_hidden)(row, a, item->mask, i0, nq, j0 + j, cover, (real)-1e20);
         if (band->on) { /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
             idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
             for (idx_t i = 0; i < nq && i < first; i++) row[i] -= (real)INFINITY;
             for (idx_t i = last + 1 > 0 ? last + 1 : 0; i < nq; i++) row[i] -= (real)INFINITY;
         }
     }
+    return cover;
 }
 
 /* scores_t (nk, BLOCK_Q) *= (kept ? 1/(1-p) : 0) for item b, keys from j0 */

@@ -192,6 +192,91 @@ def test_sdpa_backward_matches_torch(case, dtype):
     assert lse.dtype == dtype
 
 
+def padded_inputs(rng, dtype, L=150, S=700):
+    """q, k, v (3, 2, L or S, 16) and a padding mask (3, 1, 1, S) hiding runs of hundreds
+    of keys (whole key blocks): at the end, at the start, in the middle."""
+    q, k, v = sdpa_inputs(rng, (3, 2), (3, 2), (3, 2), L, S, 16, 16, dtype)
+    keep = np.ones((3, 1, 1, S), bool)
+    keep[0, ..., 250:] = False
+    keep[1, ..., :450] = False
+    keep[2, ..., 100:600] = False
+    return q, k, v, keep
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_backward_padding_mask_matches_torch(causal, dtype):
+    """Key blocks a padding mask hides from a whole query tile are left out of the
+    backward (their P is exactly 0): the gradients are still the math path's."""
+    rng = np.random.default_rng(40)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=keep, is_causal=causal)
+    _, _, *want = torch_sdpa(q, k, v, g, keep, causal)
+    for got, w, name in zip(grads, want, ("grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+    hidden = ~np.broadcast_to(keep[:, :, 0, :, None], grads[1].shape)
+    if not causal:   # (causal: item 1's first queries see only hidden keys, which then weigh)
+        np.testing.assert_array_equal(grads[1][hidden], 0)
+        np.testing.assert_array_equal(grads[2][hidden], 0)
+
+
+def test_sdpa_backward_all_padding_item_matches_torch(dtype):
+    """An item whose every key is hidden attends uniformly (the fill everywhere): its
+    key blocks must not be left out, though the mask hides them all."""
+    rng = np.random.default_rng(42)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    keep[1] = False
+    g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=keep)
+    _, _, *want = torch_sdpa(q, k, v, g, keep)
+    for got, w, name in zip(grads, want, ("grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+    assert np.abs(grads[2][1]).min() > 0     # every value of the item weighs
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan], ids=["inf", "nan"])
+def test_sdpa_backward_padding_mask_non_finite_grad_out_reaches_hidden_keys(bad, dtype):
+    """dV of a hidden key is the sum of its zero weights times dO: a non-finite dO makes it
+    NaN, as in the math path, so the hidden blocks are computed then."""
+    rng = np.random.default_rng(43)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
+    g[0, 1, 7, 2] = bad
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=keep)
+    _, _, *want = torch_sdpa(q, k, v, g, keep)
+    # (grad_key with an inf dO: attnc's D = dO . O is inf where torch's sum of P dP is NaN,
+    # so some of its entries are inf where torch's are NaN: not what this test is about)
+    names = ("grad_query", "grad_value") if bad == np.inf else ("grad_query", "grad_key", "grad_value")
+    for got, w, name in zip(grads, want, ("grad_query", "grad_key", "grad_value")):
+        if name in names:
+            check(got, w, dtype, name)
+    assert np.isnan(grads[2][0, 1, 600, 2])   # a hidden key of item 0
+
+
+def test_sdpa_backward_padding_mask_leaves_the_bits_as_computing_every_pair(dtype, simd_mode):
+    """The oracle: the same gradients computed over every (query tile, key block) pair. A
+    row that hides every key (every 8th here, with dO 0 there, so that it adds exact zeros)
+    keeps its tile's pairs computed; the padding mask's tiles leave the hidden blocks out."""
+    rng = np.random.default_rng(41)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    L = q.shape[-2]
+    dead = np.arange(L) % 8 == 0
+    every_pair = np.broadcast_to(keep, (3, 1, L, keep.shape[-1])).copy()
+    every_pair[:, :, dead] = False
+    g = normal(rng, (3, 2, L, 16), dtype)
+    g[:, :, dead] = 0
+    results = []
+    for mask in (keep, every_pair):
+        out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True)
+        results.append(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=mask))
+    (sq, sk, sv), (cq, ck, cv) = results
+    assert sq[:, :, ~dead].tobytes() == cq[:, :, ~dead].tobytes()
+    assert sk.tobytes() == ck.tobytes() and sv.tobytes() == cv.tobytes()
+
+
 # ============================================================================
 # dropout: the module's gradients are torch's under the module's own mask
 
