@@ -26,10 +26,18 @@
 #endif
 
 /* The mask's cover of a block of scores: whether the block's mask can be
- * passed over (keeps all), filled at once or left out (hides all). Not
- * dtype-dependent: once. */
+ * passed over (keeps all), filled at once or left out (hides all); and why
+ * a key tile is left out. Not dtype-dependent: once. */
 #ifndef ATTNC_MASK_COVER
 #define ATTNC_MASK_COVER
+/* A bound under which no score's product or partial sum overflows. */
+#define SCORE_BOUND ((real)(sizeof(real) == sizeof(float) ? 1e37 : 1e307)) /* (in the dtype of its use) */
+
+/* Why a query tile leaves a key tile out of its sums: not at all; the mask
+ * hides all of its scores (exact when each row's max ends above the fill:
+ * flash_queries checks); or the bias is -inf at all of them (exact). */
+enum { KEY_TILE_COMPUTED, KEY_TILE_MASKED, KEY_TILE_BIASED };
+
 /* What an item's mask does to a block of scores (mask_cover). */
 typedef enum { MASK_KEEPS_ALL, MASK_HIDES_ALL, MASK_MIXED } attnc_mask_cover;
 
@@ -170,7 +178,12 @@ static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attentio
         real *row = t->scores_t + j * BLOCK_Q;
         if (item->bias) {
             const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
-            for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
+            if (!a->bias_rs) { /* broadcast over the queries: one value, held (it may alias the row) */
+                real add = to_real(bias[0]);
+                for (idx_t i = 0; i < nq; i++) row[i] += add;
+            } else {
+                for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
+            }
         }
         if (item->mask) FN(fill_hidden)(row, a, item->mask, i0, nq, j0 + j, cover, (real)-1e20);
         if (band->on) { /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
@@ -248,16 +261,44 @@ static void FN(start_tile)(FN(tile_buffers) *view, idx_t nq)
     }
 }
 
-/* 1 when the key tile at j0 (nk keys) may be left out of the sums of a
- * query tile: the mask hides all of its scores (mask_cover), the tile's
- * rows are mask_skippable, and the values are finite (values_finite: 1, 0,
- * or -1 until this key tile's values have been read). */
-static int FN(mask_hides_tile)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
-                               idx_t q0, idx_t nq, idx_t j0, idx_t nk, int *values_finite)
+/* 1 when the item's bias is -inf at every position of queries [i0, i0+nq)
+ * x keys [j0, j0+nk) (a padding mask in torch's convention, as a bias) */
+static int FN(bias_hides_block)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq, idx_t j0,
+                                idx_t nk)
 {
-    if (!mask_skippable || mask_cover(a, item->mask, q0, nq, j0, nk) != MASK_HIDES_ALL) return 0;
+    for (idx_t i = 0; i < (a->bias_rs ? nq : 1); i++)
+        for (idx_t j = 0; j < (a->bias_cs ? nk : 1); j++)
+            if (!(to_real(bias[(i0 + i) * a->bias_rs + (j0 + j) * a->bias_cs]) == -(real)INFINITY)) return 0;
+    return 1;
+}
+
+/* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk
+ * keys): KEY_TILE_MASKED when the mask hides the whole block, the tile's
+ * rows are mask_skippable (each keeps a key) and the values are finite (0
+ * * inf would be NaN); KEY_TILE_BIASED when the mask hides none of it, the
+ * bias is -inf at all of it, the values are finite and no score overflows
+ * (q_bound: the tile's max |q|, +inf when one is not finite; key_bound:
+ * the key tile's, computed on first use, -1 until then), so that every
+ * score is -inf and weighs exactly 0. values_finite: 1, 0, or -1 until the
+ * key tile's values have been read. */
+static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
+                                 real q_bound, idx_t q0, idx_t nq, idx_t j0, idx_t nk, int *values_finite,
+                                 real *key_bound)
+{
+    int biased = item->bias && q_bound < (real)INFINITY;
+    if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
+    attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
+    int reason = mask_skippable && cover == MASK_HIDES_ALL                                       ? KEY_TILE_MASKED
+                 : biased && cover == MASK_KEEPS_ALL && FN(bias_hides_block)(a, item->bias, q0, nq, j0, nk) ? KEY_TILE_BIASED
+                                                                                                  : KEY_TILE_COMPUTED;
+    if (reason == KEY_TILE_COMPUTED) return reason;
     if (*values_finite < 0) *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, nk, a->Ev);
-    return *values_finite;
+    if (!*values_finite) return KEY_TILE_COMPUTED;
+    if (reason == KEY_TILE_BIASED) {
+        if (*key_bound < 0) *key_bound = FN(rows_abs_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, nk, a->E);
+        if (!(q_bound * *key_bound * (real)a->E * (real)a->scale <= SCORE_BOUND)) return KEY_TILE_COMPUTED;
+    }
+    return reason;
 }
 
 /* 1 when every row of the tile ended with a max above the mask's fill
@@ -307,6 +348,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
 {
     int skip_hidden[MAX_TILES_PER_TASK]; /* tiles_per_task never exceeds it */
     int mask_skippable[MAX_TILES_PER_TASK], mask_skipped[MAX_TILES_PER_TASK];
+    real q_bound[MAX_TILES_PER_TASK]; /* with a bias: the tile's max |q| (key_tile_left_out) */
     int keys_finite = a->band.on && FN(keys_finite)(a, item);
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
@@ -323,17 +365,22 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         end = tile_end > end ? tile_end : end;
         mask_skippable[tile] = item->mask && mask_keeps_a_key_each(a, item->mask, q0, nq, tile_begin, tile_end);
         mask_skipped[tile] = 0;
+        q_bound[tile] = item->bias ? FN(rows_abs_bound)(item->q + q0 * a->q.row_stride, a->q.row_stride, nq, a->E)
+                                   : (real)INFINITY;
     }
     for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(end - j0, BLOCK_K);
         int packed = 0, values_finite = -1;
+        real key_bound = -1;
         for (idx_t tile = 0; tile < tiles; tile++) {
             idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
             FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             idx_t tile_nk = attnc_min(tile_end - j0, nk);
-            if (FN(mask_hides_tile)(a, item, mask_skippable[tile], q0, nq, j0, tile_nk, &values_finite)) {
-                mask_skipped[tile] = 1;
+            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], q0, nq, j0, tile_nk,
+                                                 &values_finite, &key_bound);
+            if (left_out != KEY_TILE_COMPUTED) {
+                mask_skipped[tile] |= left_out == KEY_TILE_MASKED;
                 continue;
             }
             if (!packed) {

@@ -105,6 +105,32 @@ static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
     for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
     return zero_or_nan == 0;
 }
+
+/* The largest |x| of the n rows (as rows_finite), or +inf when one is not
+ * finite: a bound on the products the rows take part in. */
+static real FN(rows_abs_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
+{
+    if (!FN(rows_finite)(x, rs, n, cols)) return (real)INFINITY;
+    real lanes[FINITE_LANES] = {0};
+    for (idx_t j = 0; j < n; j++) {
+        const elem *row = x + j * rs;
+        idx_t c = 0;
+        for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
+            for (int u = 0; u < FINITE_LANES; u++) {
+                real v = to_real(row[c + u]);
+                v = v < 0 ? -v : v;
+                lanes[u] = v > lanes[u] ? v : lanes[u];
+            }
+        for (; c < cols; c++) {
+            real v = to_real(row[c]);
+            v = v < 0 ? -v : v;
+            lanes[0] = v > lanes[0] ? v : lanes[0];
+        }
+    }
+    real bound = 0;
+    for (int u = 0; u < FINITE_LANES; u++) bound = lanes[u] > bound ? lanes[u] : bound;
+    return bound;
+}
 #undef FINITE_LANES
 
 /* The row path's sizes:

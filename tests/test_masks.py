@@ -258,6 +258,74 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
 
 
 # ----------------------------------------------------------------------------
+# padding in torch's convention, a -inf attn_bias (nn.MultiheadAttention's
+# key_padding_mask becomes one): key tiles whose every score is -inf are left out
+
+def _padding_bias(keep, dtype):
+    return np.where(keep, 0.0, -np.inf).astype(dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padding_bias_matches_torch(causal, dtype, simd_mode):
+    q, k, v, keep = _padded_batch(dtype, 25)
+    bias = _padding_bias(keep, dtype)
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=causal,
+                                                           return_weights=True)
+    tq, tk, tv = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.from_numpy(
+        bias.astype(np.float64)) + (torch.full((150, 700), -np.inf, dtype=torch.float64).triu(1) if causal else 0))
+    rows_with_a_key = ~np.isnan(want.numpy())   # torch: NaN for a row with no key (attnc: 0)
+    assert_close(out[rows_with_a_key], want.numpy()[rows_with_a_key], dtype)
+    np.testing.assert_array_equal(out[~rows_with_a_key], 0)
+    np.testing.assert_array_equal(w[np.broadcast_to(~keep, w.shape)], 0)
+
+
+@pytest.mark.parametrize("values", ["normal", "overflowing", "nan hidden value"])
+def test_padding_bias_leaves_the_bits_as_computing_every_key(values, dtype, simd_mode):
+    """The oracle: the same rows computed over every key tile. Every 8th row's hidden
+    scores get a finite bias (-1e30) instead of -inf, so no key tile is -inf for all of a
+    tile's rows and none is left out; the other rows' bits must be the same. With
+    overflowing hidden scores (inf - inf: NaN, as in PyTorch) or a NaN value (times its
+    weight 0: NaN) nothing may be left out."""
+    q, k, v, keep = _padded_batch(dtype, 26)
+    if values == "nan hidden value":
+        v[0, 0, 600, 5] = np.nan     # item 0 hides keys 250..699
+    if values == "overflowing":
+        big = 1e20 if dtype == np.float32 else 1e160
+        q[0] = np.abs(q[0]) * big    # item 0 hides keys 250..699: key 600's scores overflow to +inf
+        k[0, :, 600] = np.abs(k[0, :, 600]) * big
+    L = q.shape[-2]
+    bias = np.broadcast_to(_padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
+    every_key = bias.copy()
+    dead = np.arange(L) % 8 == 0
+    every_key[:, :, dead] = np.where(np.isinf(every_key[:, :, dead]), -1e30, 0)
+    with np.errstate(all="ignore"):
+        skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+        computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key)
+    assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+    if values != "normal":
+        assert np.isnan(skipped[0, 0, 1]).any()
+
+
+def test_nn_multihead_key_padding_mask_matches_torch(dtype):
+    """nn.MultiheadAttention's key_padding_mask over hundreds of keys (whole key tiles)."""
+    rng = np.random.default_rng(27)
+    torch.manual_seed(27)
+    tm = torch.nn.MultiheadAttention(32, 4, batch_first=True).to(torch.float64).eval()
+    am = attnc.nn.MultiheadAttention(32, 4, batch_first=True, dtype=dtype).eval()
+    am.load_state_dict({name: t.numpy() for name, t in tm.state_dict().items()})
+    x = rng.standard_normal((3, 600, 32)).astype(dtype)
+    padding = np.zeros((3, 600), bool)
+    padding[0, 200:] = True
+    padding[1, :350] = True
+    padding[2, 50:550] = True
+    out, _ = am(x, x, x, key_padding_mask=padding, need_weights=False)
+    tx = torch.from_numpy(x.astype(np.float64))
+    want, _ = tm(tx, tx, tx, key_padding_mask=torch.from_numpy(padding), need_weights=False)
+    assert_close(out, want.detach().numpy(), dtype)
+
+
+# ----------------------------------------------------------------------------
 # the document's V3 example mask in training mode: dropout on the weights
 
 
