@@ -344,7 +344,7 @@ typedef struct {
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
     /* with a band or a mask: per item, 1 when its hidden pairs are skipped
-     * (every number its scores and dO are made of is finite), from a first pass */
+     * (its scores surely finite, scores_bounded, and dO finite), from a first pass */
     uint8_t *item_finite;
     /* the run of items the passes go over: [first_item, first_item + run_items) */
     idx_t first_item, run_items;
@@ -373,7 +373,8 @@ static void FN(finite_task)(void *ctx, idx_t b)
     const attnc_attention_backward_args *g = job->args;
     const attnc_attention_args *a = &g->forward;
     FN(grad_view) item = FN(grad_item_at)(g, b, 0);
-    job->item_finite[b] = FN(keys_finite)(a, &item.fwd) && FN(queries_finite)(a, &item.fwd, 0, a->L, 0, a->S) &&
+    job->item_finite[b] = FN(scores_bounded)(a, FN(queries_bound)(a, &item.fwd, 0, a->L, 0, a->S),
+                                             FN(keys_bound)(a, item.fwd.k, item.fwd.v, a->S)) &&
                           FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
 }
 

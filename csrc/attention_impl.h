@@ -30,9 +30,6 @@
  * a key tile is left out. Not dtype-dependent: once. */
 #ifndef ATTNC_MASK_COVER
 #define ATTNC_MASK_COVER
-/* A bound under which no score's product or partial sum overflows. */
-#define SCORE_BOUND ((real)(sizeof(real) == sizeof(float) ? 1e37 : 1e307)) /* (in the dtype of its use) */
-
 /* Why a query tile leaves a key tile out of its sums: not at all; the mask
  * hides all of its scores (exact when each row's max ends above the fill:
  * flash_queries checks); or the bias is -inf at all of them (exact). */
@@ -277,8 +274,8 @@ static int FN(bias_hides_block)(const attnc_attention_args *a, const elem *bias,
  * rows are mask_skippable (each keeps a key) and the values are finite (0
  * * inf would be NaN); KEY_TILE_BIASED when the mask hides none of it, the
  * bias is -inf at all of it, the values are finite and no score overflows
- * (q_bound: the tile's max |q|, +inf when one is not finite; key_bound:
- * the key tile's, computed on first use, -1 until then), so that every
+ * (scores_bounded; q_bound: the tile's queries' rows_norm_bound, key_bound:
+ * the key tile's keys', computed on first use, -1 until then), so that every
  * score is -inf and weighs exactly 0. values_finite: 1, 0, or -1 until the
  * key tile's values have been read. */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
@@ -295,8 +292,8 @@ static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_vi
     if (*values_finite < 0) *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, nk, a->Ev);
     if (!*values_finite) return KEY_TILE_COMPUTED;
     if (reason == KEY_TILE_BIASED) {
-        if (*key_bound < 0) *key_bound = FN(rows_abs_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, nk, a->E);
-        if (!(q_bound * *key_bound * (real)a->E * (real)a->scale <= SCORE_BOUND)) return KEY_TILE_COMPUTED;
+        if (*key_bound < 0) *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, nk, a->E);
+        if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
     }
     return reason;
 }
@@ -332,8 +329,8 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
 /* Queries [i0, i1) of item b, in tiles of BLOCK_Q, by the online softmax:
  * each key/value tile is packed once and visits every query tile that can
  * see it. With a band (causal, window), a query tile skips the key tiles
- * outside it when the numbers its scores are made of are finite
- * (keys_finite, queries_finite); otherwise it visits every key, so that
+ * outside it when its scores are surely finite (scores_bounded: the
+ * numbers they are made of finite, none overflowing); otherwise it visits every key, so that
  * NaN and inf reach its rows as in PyTorch's math path. With a mask, a
  * query tile whose every row keeps a key leaves out the key tiles the mask
  * hides from all its rows (padding) when their values are finite: their
@@ -348,15 +345,15 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
 {
     int skip_hidden[MAX_TILES_PER_TASK]; /* tiles_per_task never exceeds it */
     int mask_skippable[MAX_TILES_PER_TASK], mask_skipped[MAX_TILES_PER_TASK];
-    real q_bound[MAX_TILES_PER_TASK]; /* with a bias: the tile's max |q| (key_tile_left_out) */
-    int keys_finite = a->band.on && FN(keys_finite)(a, item);
+    real q_bound[MAX_TILES_PER_TASK]; /* with a bias: the tile's rows_norm_bound (key_tile_left_out) */
+    real keys_bound = a->band.on ? FN(keys_bound)(a, item->k, item->v, a->S) : (real)INFINITY;
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
      * tile meets the same key tiles however the queries are split into tasks */
     idx_t begin = a->S, end = 0, tile_begin, tile_end;
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-        skip_hidden[tile] = keys_finite && FN(queries_finite)(a, item, q0, q0 + nq, 0, a->S);
+        skip_hidden[tile] = a->band.on && FN(scores_bounded)(a, FN(queries_bound)(a, item, q0, q0 + nq, 0, a->S), keys_bound);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, nq);
         FN(start_tile)(&view, nq);
@@ -365,7 +362,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         end = tile_end > end ? tile_end : end;
         mask_skippable[tile] = item->mask && mask_keeps_a_key_each(a, item->mask, q0, nq, tile_begin, tile_end);
         mask_skipped[tile] = 0;
-        q_bound[tile] = item->bias ? FN(rows_abs_bound)(item->q + q0 * a->q.row_stride, a->q.row_stride, nq, a->E)
+        q_bound[tile] = item->bias ? FN(rows_norm_bound)(item->q + q0 * a->q.row_stride, a->q.row_stride, nq, a->E)
                                    : (real)INFINITY;
     }
     for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {

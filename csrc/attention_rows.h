@@ -106,30 +106,24 @@ static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
     return zero_or_nan == 0;
 }
 
-/* The largest |x| of the n rows (as rows_finite), or +inf when one is not
- * finite: a bound on the products the rows take part in. */
-static real FN(rows_abs_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
+/* A bound on the 2-norm of each of the n rows (as rows_finite): the root of
+ * the sum of all their squares, summed as rows_finite sums; +inf or NaN when
+ * a number is not finite (or the sum overflows). By Cauchy-Schwarz, no
+ * partial sum of a dot product of two such rows exceeds the product of
+ * their bounds (scores_bounded). */
+static real FN(rows_norm_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
-    if (!FN(rows_finite)(x, rs, n, cols)) return (real)INFINITY;
     real lanes[FINITE_LANES] = {0};
     for (idx_t j = 0; j < n; j++) {
         const elem *row = x + j * rs;
         idx_t c = 0;
         for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) {
-                real v = to_real(row[c + u]);
-                v = v < 0 ? -v : v;
-                lanes[u] = v > lanes[u] ? v : lanes[u];
-            }
-        for (; c < cols; c++) {
-            real v = to_real(row[c]);
-            v = v < 0 ? -v : v;
-            lanes[0] = v > lanes[0] ? v : lanes[0];
-        }
+            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += to_real(row[c + u]) * to_real(row[c + u]);
+        for (; c < cols; c++) lanes[0] += to_real(row[c]) * to_real(row[c]);
     }
-    real bound = 0;
-    for (int u = 0; u < FINITE_LANES; u++) bound = lanes[u] > bound ? lanes[u] : bound;
-    return bound;
+    real squares = 0;
+    for (int u = 0; u < FINITE_LANES; u++) squares += lanes[u];
+    return sqrt(squares);
 }
 #undef FINITE_LANES
 
@@ -413,33 +407,45 @@ static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_
     return 1;
 }
 
-/* Whether the numbers the scores of queries [i0, i1) are made of are
- * finite: the item's keys and values (keys_finite), and those queries and
- * their bias over keys [j0, j1) (queries_finite). Only then may the keys
- * outside a query's band be skipped (flash_queries, the backward and the
- * rows path's split_hidden): a hidden NaN or inf
- * must still reach the row, as in PyTorch's math path, where the band adds
- * -inf to the score (a hidden NaN key or bias makes the score NaN; a
- * hidden NaN value is multiplied by its zero weight). */
-static int FN(keys_finite)(const attnc_attention_args *a, const FN(item_view) *item)
+/* Whether the scores of queries [i0, i1) against the item's keys are
+ * surely finite, so that a hidden one (band: + -inf; a -inf bias) is
+ * surely -inf and weighs exactly 0: every number they are made of finite
+ * (the keys and values, the queries and their bias over keys [j0, j1)),
+ * and no product or partial sum able to overflow (scores_bounded, from
+ * keys_bound and queries_bound: bounds on the rows' 2-norms, +inf or NaN
+ * when a number is not finite). Only then may the hidden keys be skipped
+ * (flash_queries, the backward and the rows path's split_hidden): a hidden
+ * NaN or inf must still reach the row, as in PyTorch's math path, where
+ * the band adds -inf to the score (a NaN or +inf score stays NaN; a hidden
+ * NaN value is multiplied by its zero weight). */
+#ifndef SCORE_BOUND
+#define SCORE_BOUND ((real)(sizeof(real) == sizeof(float) ? 1e37 : 1e307)) /* (in the dtype of its use) */
+#endif
+static real FN(keys_bound)(const attnc_attention_args *a, const elem *k, const elem *v, idx_t n)
 {
-    return FN(rows_finite)(item->k, a->k.row_stride, a->S, a->E) &&
-           FN(rows_finite)(item->v, a->v.row_stride, a->S, a->Ev);
+    return FN(rows_finite)(v, a->v.row_stride, n, a->Ev) ? FN(rows_norm_bound)(k, a->k.row_stride, n, a->E)
+                                                         : (real)INFINITY;
 }
 
-static int FN(queries_finite)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1, idx_t j0,
+static real FN(queries_bound)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1, idx_t j0,
                               idx_t j1)
 {
-    return FN(rows_finite)(item->q + i0 * a->q.row_stride, a->q.row_stride, i1 - i0, a->E) &&
-           FN(bias_finite)(a, item->bias, i0, i1, j0, j1);
+    return FN(bias_finite)(a, item->bias, i0, i1, j0, j1)
+               ? FN(rows_norm_bound)(item->q + i0 * a->q.row_stride, a->q.row_stride, i1 - i0, a->E)
+               : (real)INFINITY;
+}
+
+static inline int FN(scores_bounded)(const attnc_attention_args *a, real q_bound, real k_bound)
+{
+    return q_bound * k_bound * (real)a->scale <= SCORE_BOUND; /* false for inf or NaN */
 }
 
 /* 1 when computing the split would give every row of the group e = 0
  * exactly, and it is skipped: the split has no key, or no row of the group
- * sees one of its keys and every number its scores and parts are made of
- * is finite (the group's queries, their bias over the split, the keys and
- * the values). A hidden NaN or inf must still reach out, as in PyTorch's
- * math path (see flash_queries), whichever rows share the group. */
+ * sees one of its keys and its scores are surely finite (scores_bounded:
+ * the group's queries, their bias over the split, the keys and the values).
+ * A hidden NaN or inf must still reach out, as in PyTorch's math path (see
+ * flash_queries), whichever rows share the group. */
 static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *items, const idx_t *queries,
                             idx_t n_rows, idx_t s0, idx_t n, const elem *k, const elem *v)
 {
@@ -448,9 +454,12 @@ static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *
     for (idx_t r = 0; r < n_rows; r++)
         if (attnc_band_begin(&a->band, queries[r], a->S) < s0 + n && attnc_band_end(&a->band, queries[r], a->S) > s0)
             return 0;
-    for (idx_t r = 0; r < n_rows; r++)
-        if (!FN(queries_finite)(a, &items[r], queries[r], queries[r] + 1, s0, s0 + n)) return 0;
-    return FN(rows_finite)(k, a->k.row_stride, n, a->E) && FN(rows_finite)(v, a->v.row_stride, n, a->Ev);
+    real q_bound = 0;
+    for (idx_t r = 0; r < n_rows; r++) {
+        real bound = FN(queries_bound)(a, &items[r], queries[r], queries[r] + 1, s0, s0 + n);
+        q_bound = bound > q_bound ? bound : q_bound;
+    }
+    return FN(scores_bounded)(a, q_bound, FN(keys_bound)(a, k, v, n));
 }
 
 /* Row (b, i)'s e over the split from its scores: bias, mask, band, then

@@ -139,6 +139,34 @@ def test_hidden_non_finite_bias_and_grad_out_reach_rows_at_every_length(case, L,
     assert np.isfinite(out[0]).all() and np.isfinite(np.asarray(grads[1])[0]).all()  # the other item
 
 
+@pytest.mark.parametrize("L,S", [(40, 40), (300, 300), (4, 3000)], ids=["one-tile", "tiles", "rows-splits"])
+def test_hidden_overflowing_scores_reach_rows_at_every_length(L, S, dtype, simd_mode):
+    """Finite queries and keys whose scores overflow to +inf at a key the causal band
+    hides: +inf + -inf is NaN in PyTorch's math path, so every row of the item is NaN
+    (those that see the key too: inf - inf in the softmax), whether or not the band lets
+    the kernels skip whole key tiles or splits (L = 4 over 3000 keys: the rows path's
+    splits of 1024). Skipping used to check only that the numbers were finite: the rows
+    that do not see the key stayed finite."""
+    rng = np.random.default_rng(12)
+    E = 16
+    big = 1e20 if dtype == np.float32 else 1e160    # squared: beyond the dtype's range
+    q, k, v = (rng.standard_normal((2, n, E)).astype(dtype) for n in (L, S, S))
+    grad_out = rng.standard_normal((2, L, E)).astype(dtype)
+    q[1] = np.abs(q[1]) * big
+    k[1, S - 1] = np.abs(k[1, S - 1]) * big    # every query's score against the last key: +inf
+    with np.errstate(all="ignore"):
+        out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+        grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, is_causal=True)
+    # (the lse of a row that sees the +inf score: torch's logsumexp says +inf, attnc NaN; not this test's)
+    assert np.isnan(out[1]).all() and np.isnan(lse[1, :S - 1]).all() and np.isnan(grads[0][1]).all()
+    assert np.isfinite(out[0]).all() and all(np.isfinite(g[0]).all() for g in grads)
+    if dtype == np.float64:   # the oracle overflows as the kernels do
+        expected = _torch_math_with_grads(q, k, v, np.zeros((2, L, S)), grad_out, is_causal=True)
+        for what, actual, oracle in zip(["out", "grad_q", "grad_k", "grad_v"], [out, *grads],
+                                        [expected[0], *expected[3:]]):
+            assert_close(actual, oracle, dtype, what)
+
+
 def test_documents_masked_rows_stay_uniform():
     """The documents' -1e20 fill is finite: a fully masked row attends uniformly."""
     rng = np.random.default_rng(1)
