@@ -168,7 +168,7 @@ static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *it
         FN(load_row)(scores + a->S, item->q + i * a->q.row_stride, a->E);
         q = scores + a->S;
     }
-    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, (real)a->scale, scores);
+    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, (real)a->scale, scores, NULL);
     FN(finish_row_scores)(a, item, i, 0, a->S, scores);
     *max = FN(row_max)(scores, a->S);
     *sum = FN(exp_shift_sum)(scores, a->S, FN(safe_shift)(*max));

@@ -25,62 +25,6 @@
 #define FLASH_MAX_HEAD 2048
 #endif
 
-/* The mask's cover of a block of scores: whether the block's mask can be
- * passed over (keeps all), filled at once or left out (hides all); and why
- * a key tile is left out. Not dtype-dependent: once. */
-#ifndef ATTNC_MASK_COVER
-#define ATTNC_MASK_COVER
-/* Why a query tile leaves a key tile out of its sums: not at all; the mask
- * hides all of its scores (exact when each row's max ends above the fill:
- * flash_queries checks); or the bias is -inf at all of them (exact). */
-enum { KEY_TILE_COMPUTED, KEY_TILE_MASKED, KEY_TILE_BIASED };
-
-/* What an item's mask does to a block of scores (mask_cover). */
-typedef enum { MASK_KEEPS_ALL, MASK_HIDES_ALL, MASK_MIXED } attnc_mask_cover;
-
-/* any |= some of the nk bytes m[j * cs] is nonzero, all &= each is */
-static inline __attribute__((always_inline)) void mask_row_cover(const uint8_t *m, idx_t cs, idx_t nk, uint8_t *any,
-                                                                 uint8_t *all)
-{
-    for (idx_t j = 0; j < nk; j++) {
-        uint8_t kept = m[j * cs] != 0;
-        *any |= kept;
-        *all &= kept;
-    }
-}
-
-/* How the item's mask covers queries [i0, i0 + nq) x keys [j0, j0 + nk):
- * one row when it is broadcast over the queries (mask_rs 0, a padding
- * mask), and no more rows once the block is mixed. A block of nothing
- * keeps all. */
-static attnc_mask_cover mask_cover(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
-                                   idx_t nk)
-{
-    uint8_t any = 0, all = 1;
-    for (idx_t i = 0; i < (a->mask_rs ? nq : 1) && !(any && !all); i++) {
-        const uint8_t *m = mask + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
-        if (a->mask_cs == 1)
-            mask_row_cover(m, 1, nk, &any, &all); /* a contiguous row: vectorised */
-        else
-            mask_row_cover(m, a->mask_cs, nk, &any, &all);
-    }
-    return all ? MASK_KEEPS_ALL : any ? MASK_MIXED : MASK_HIDES_ALL;
-}
-
-/* 1 when every query of [i0, i0 + nq) keeps at least one key of [j0, j1) */
-static int mask_keeps_a_key_each(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
-                                 idx_t j1)
-{
-    for (idx_t i = 0; i < (a->mask_rs ? nq : 1); i++) {
-        const uint8_t *m = mask + (i0 + i) * a->mask_rs;
-        idx_t j = j0;
-        while (j < j1 && !m[j * a->mask_cs]) j++;
-        if (j == j1) return 0;
-    }
-    return 1;
-}
-#endif
-
 typedef struct {
     const attnc_attention_args *args;
     idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;

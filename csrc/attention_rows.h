@@ -25,6 +25,62 @@
  * check (first), and the row scores (group_scores, finish_row_scores:
  * the backward's row_stats recomputes a row with them). */
 
+/* The mask's cover of a block of scores: whether the block's mask can be
+ * passed over (keeps all), filled at once or left out (hides all); and why
+ * a key tile is left out. Not dtype-dependent: once. */
+#ifndef ATTNC_MASK_COVER
+#define ATTNC_MASK_COVER
+/* Why a query tile leaves a key tile out of its sums: not at all; the mask
+ * hides all of its scores (exact when each row's max ends above the fill:
+ * flash_queries checks); or the bias is -inf at all of them (exact). */
+enum { KEY_TILE_COMPUTED, KEY_TILE_MASKED, KEY_TILE_BIASED };
+
+/* What an item's mask does to a block of scores (mask_cover). */
+typedef enum { MASK_KEEPS_ALL, MASK_HIDES_ALL, MASK_MIXED } attnc_mask_cover;
+
+/* any |= some of the nk bytes m[j * cs] is nonzero, all &= each is */
+static inline __attribute__((always_inline)) void mask_row_cover(const uint8_t *m, idx_t cs, idx_t nk, uint8_t *any,
+                                                                 uint8_t *all)
+{
+    for (idx_t j = 0; j < nk; j++) {
+        uint8_t kept = m[j * cs] != 0;
+        *any |= kept;
+        *all &= kept;
+    }
+}
+
+/* How the item's mask covers queries [i0, i0 + nq) x keys [j0, j0 + nk):
+ * one row when it is broadcast over the queries (mask_rs 0, a padding
+ * mask), and no more rows once the block is mixed. A block of nothing
+ * keeps all. */
+static attnc_mask_cover mask_cover(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
+                                   idx_t nk)
+{
+    uint8_t any = 0, all = 1;
+    for (idx_t i = 0; i < (a->mask_rs ? nq : 1) && !(any && !all); i++) {
+        const uint8_t *m = mask + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
+        if (a->mask_cs == 1)
+            mask_row_cover(m, 1, nk, &any, &all); /* a contiguous row: vectorised */
+        else
+            mask_row_cover(m, a->mask_cs, nk, &any, &all);
+    }
+    return all ? MASK_KEEPS_ALL : any ? MASK_MIXED : MASK_HIDES_ALL;
+}
+
+/* 1 when every query of [i0, i0 + nq) keeps at least one key of [j0, j1) */
+static int mask_keeps_a_key_each(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
+                                 idx_t j1)
+{
+    for (idx_t i = 0; i < (a->mask_rs ? nq : 1); i++) {
+        const uint8_t *m = mask + (i0 + i) * a->mask_rs;
+        idx_t j = j0;
+        while (j < j1 && !m[j * a->mask_cs]) j++;
+        if (j == j1) return 0;
+    }
+    return 1;
+}
+#endif
+
 /* Where item b's matrices start. */
 typedef struct {
     const elem *q, *k, *v;
@@ -235,16 +291,27 @@ static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int
 
 /* scores (n_rows, n) <- scale * the query rows q . the n keys of k (rows
  * ks apart): a chunk of keys at a time, ROW_BLOCK rows at a time, the
- * rows left over one at a time against wider blocks of keys. */
+ * rows left over one at a time against wider blocks of keys. A chunk
+ * whose flag in hidden (NULL: none) is set is not read: its scores are 0,
+ * for a mask to fill. */
 static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, idx_t ks, idx_t n, idx_t E,
-                             real scale, real *scores)
+                             real scale, real *scores, const uint8_t *hidden)
 {
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
         idx_t j1 = attnc_min(j0 + ROWS_CHUNK, n), r = 0;
+        if (hidden && hidden[j0 / ROWS_CHUNK]) {
+            for (r = 0; r < n_rows; r++)
+                for (idx_t j = j0; j < j1; j++) scores[r * n + j] = 0;
+            continue;
+        }
+        /* the first rows ask for the next chunk's keys, unless it is hidden */
+        idx_t prefetch_end = hidden && j1 < n && hidden[j1 / ROWS_CHUNK] ? 0 : n;
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
-            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n, r == 0 ? n : 0);
+            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n,
+                           r == 0 ? prefetch_end : 0);
         for (; r < n_rows; r++)
-            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n, r == 0 ? n : 0);
+            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n,
+                           r == 0 ? prefetch_end : 0);
     }
 }
 
@@ -418,8 +485,10 @@ static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_
  * NaN or inf must still reach the row, as in PyTorch's math path, where
  * the band adds -inf to the score (a NaN or +inf score stays NaN; a hidden
  * NaN value is multiplied by its zero weight). */
+/* A bound under which no score's product or partial sum overflows (in the
+ * dtype of its use). */
 #ifndef SCORE_BOUND
-#define SCORE_BOUND ((real)(sizeof(real) == sizeof(float) ? 1e37 : 1e307)) /* (in the dtype of its use) */
+#define SCORE_BOUND ((real)(sizeof(real) == sizeof(float) ? 1e37 : 1e307))
 #endif
 static real FN(keys_bound)(const attnc_attention_args *a, const elem *k, const elem *v, idx_t n)
 {
@@ -560,7 +629,18 @@ static void FN(split_task)(void *ctx, idx_t t)
             FN(load_row)(widened, items[r].q + query_of[r] * a->q.row_stride, a->E);
             q[r] = widened;
         }
-        FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores);
+        /* the chunks of keys the mask hides from every row: their scores are the fill whatever the keys */
+        _Static_assert(SPLIT_KEYS % ROWS_CHUNK == 0, "a flag for every chunk of a split");
+        uint8_t hidden[SPLIT_KEYS / ROWS_CHUNK], any_hidden = 0;
+        for (idx_t j0 = 0; j0 < n && a->mask; j0 += ROWS_CHUNK) {
+            uint8_t all_rows = 1;
+            for (idx_t r = 0; r < n_rows && all_rows; r++)
+                all_rows = mask_cover(a, items[r].mask, query_of[r], 1, s0 + j0, attnc_min(ROWS_CHUNK, n - j0)) ==
+                           MASK_HIDES_ALL;
+            hidden[j0 / ROWS_CHUNK] = all_rows;
+            any_hidden |= all_rows;
+        }
+        FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores, any_hidden ? hidden : NULL);
         for (idx_t r = 0; r < n_rows; r++)
             FN(split_softmax)(a, &items[r], item_of[r], query_of[r], s0, n, scores + r * n, FN(split_stats)(job, w, r, c),
                               job->e_kept ? FN(split_e)(job, w, r, c) : NULL);

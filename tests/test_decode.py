@@ -197,3 +197,47 @@ def test_hidden_nan_query_or_bias_does_not_depend_on_the_group():
     for h in range(4):
         alone = attend(q[:, h:h + 1], k, v, window=(0, 0), attn_bias=bias[h:h + 1])
         np.testing.assert_array_equal(alone[0, 0], out[0, h])
+
+
+# ----------------------------------------------------------------------------
+# a left-padded batch of decoding steps: the chunks of keys a mask hides from
+# every row of a group are not read (their scores are the fill whatever the keys)
+
+def _masked_oracle(q, k, v, keep):
+    """float64 out of the documents' masked_fill(-1e20) attention (no band)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    with np.errstate(invalid="ignore"):
+        s = np.where(keep, q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]), -1e20)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("L", [1, 3])
+def test_left_padding_against_float64(L, dtype, simd_mode):
+    """Keys hidden by the mask are never needed: a NaN or inf key among them changes
+    nothing (its score is the fill), across splits and chunks."""
+    rng = np.random.default_rng(30)
+    S = 2500
+    q, k, v = (normal(rng, (4, 2, n, 24), dtype) for n in (L, S, S))
+    keep = np.ones((4, 1, 1, S), bool)
+    for b, pad in enumerate((0, 31, 700, 1500)):
+        keep[b, ..., :pad] = False
+    k[2, :, 100] = np.nan
+    k[3, :, 1200] = np.inf
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert_close(out, _masked_oracle(q, k, v, keep), dtype)
+
+
+def test_left_padding_bits_as_reading_every_key(dtype, simd_mode):
+    """The oracle: the same row with a second query row in its group that keeps every key,
+    so that no chunk is hidden from the whole group and every key is read."""
+    rng = np.random.default_rng(31)
+    S = 2000
+    q, k, v = (normal(rng, (2, 3, n, 24), dtype) for n in (2, S, S))
+    keep = np.ones((2, 1, 2, S), bool)
+    keep[:, :, 0, :900] = False
+    skipped = F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=keep[:, :, :1])
+    read = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert skipped.tobytes() == np.ascontiguousarray(read[:, :, :1]).tobytes()
+    alone = F.scaled_dot_product_attention(q[:, :, 1:], k, v, attn_mask=keep[:, :, 1:])   # reads every key
+    assert alone.tobytes() == np.ascontiguousarray(read[:, :, 1:]).tobytes()
