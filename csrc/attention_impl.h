@@ -213,18 +213,19 @@ static int FN(bias_hides_block)(const attnc_attention_args *a, const elem *bias,
     return 1;
 }
 
-/* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk
- * keys): KEY_TILE_MASKED when the mask hides the whole block, the tile's
+/* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk of
+ * its key_tile_keys keys within the tile's band): KEY_TILE_MASKED when the mask hides the whole block, the tile's
  * rows are mask_skippable (each keeps a key) and the values are finite (0
  * * inf would be NaN); KEY_TILE_BIASED when the mask hides none of it, the
  * bias is -inf at all of it, the values are finite and no score overflows
  * (scores_bounded; q_bound: the tile's queries' rows_norm_bound, key_bound:
  * the key tile's keys', computed on first use, -1 until then), so that every
  * score is -inf and weighs exactly 0. values_finite: 1, 0, or -1 until the
- * key tile's values have been read. */
+ * key tile's values have been read (all key_tile_keys of them, as for
+ * key_bound: the query tiles share them). */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
-                                 real q_bound, idx_t q0, idx_t nq, idx_t j0, idx_t nk, int *values_finite,
-                                 real *key_bound)
+                                 real q_bound, idx_t q0, idx_t nq, idx_t j0, idx_t nk, idx_t key_tile_keys,
+                                 int *values_finite, real *key_bound)
 {
     int biased = item->bias && q_bound < (real)INFINITY;
     if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
@@ -233,10 +234,12 @@ static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_vi
                  : biased && cover == MASK_KEEPS_ALL && FN(bias_hides_block)(a, item->bias, q0, nq, j0, nk) ? KEY_TILE_BIASED
                                                                                                   : KEY_TILE_COMPUTED;
     if (reason == KEY_TILE_COMPUTED) return reason;
-    if (*values_finite < 0) *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, nk, a->Ev);
+    if (*values_finite < 0)
+        *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, key_tile_keys, a->Ev);
     if (!*values_finite) return KEY_TILE_COMPUTED;
     if (reason == KEY_TILE_BIASED) {
-        if (*key_bound < 0) *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, nk, a->E);
+        if (*key_bound < 0)
+            *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, key_tile_keys, a->E);
         if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
     }
     return reason;
@@ -274,16 +277,19 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
  * each key/value tile is packed once and visits every query tile that can
  * see it. With a band (causal, window), a query tile skips the key tiles
  * outside it when its scores are surely finite (scores_bounded: the
- * numbers they are made of finite, none overflowing); otherwise it visits every key, so that
- * NaN and inf reach its rows as in PyTorch's math path. With a mask, a
+ * numbers they are made of finite, none overflowing); otherwise it visits
+ * every key, so that NaN and inf reach its rows as in PyTorch's math path. With a mask, a
  * query tile whose every row keeps a key leaves out the key tiles the mask
  * hides from all its rows (padding) when their values are finite: their
  * weights would be exp(-1e20 - max) = 0 exactly, adding nothing (but a
  * -0 where a sum was exactly -0), so the result is the same; if a row's max
  * ends at or below the fill (its scores that large and negative, or NaN),
  * that is not so, and the tile is computed again with every key tile
- * (tile_again). Decided per query tile, so a row's bits never depend on
- * which rows share its task. */
+ * (tile_again). With a bias, a query tile leaves out the key tiles whose
+ * bias is -inf at all of its positions (torch-style padding) when their
+ * scores are surely -inf (key_tile_left_out): exactly 0 weights, whatever
+ * the max. Decided per query tile, so a row's bits never depend on which
+ * rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
 {
@@ -297,7 +303,8 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     idx_t begin = a->S, end = 0, tile_begin, tile_end;
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-        skip_hidden[tile] = a->band.on && FN(scores_bounded)(a, FN(queries_bound)(a, item, q0, q0 + nq, 0, a->S), keys_bound);
+        skip_hidden[tile] =
+            a->band.on && FN(scores_bounded)(a, FN(queries_bound)(a, item, q0, q0 + nq, 0, a->S), keys_bound);
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, nq);
         FN(start_tile)(&view, nq);
@@ -318,7 +325,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             idx_t tile_nk = attnc_min(tile_end - j0, nk);
-            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], q0, nq, j0, tile_nk,
+            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], q0, nq, j0, tile_nk, nk,
                                                  &values_finite, &key_bound);
             if (left_out != KEY_TILE_COMPUTED) {
                 mask_skipped[tile] |= left_out == KEY_TILE_MASKED;
