@@ -108,11 +108,11 @@ typedef struct {
     const elem *grad_out;
     const real *lse;
     elem *grad_q, *grad_k, *grad_v;
-    int skip_hidden; /* pairs outside the band or hidden by the mask are skipped (pair_seen) */
+    int skips; /* which hidden pairs are skipped (pair_seen): SKIP_ flags */
 } FN(grad_view);
 
-/* skip_hidden as grad_job's item_finite holds it (0 for none) */
-static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, int skip_hidden)
+/* skips as grad_job's item_skips holds them (0 for none) */
+static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, int skips)
 {
     const attnc_batch *batch = &g->forward.batch;
     FN(grad_view) view = {
@@ -122,7 +122,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
         (elem *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
         (elem *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
         (elem *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
-        skip_hidden,
+        skips,
     };
     return view;
 }
@@ -264,21 +264,46 @@ static inline int FN(fill_weighs_nothing)(const real *lse, idx_t n)
     return 1;
 }
 
+/* 1 when no row of the n has a NaN lse (which would make even a -inf
+ * score's P NaN) */
+static inline int FN(lse_not_nan)(const real *lse, idx_t n)
+{
+    for (idx_t i = 0; i < n; i++)
+        if (lse[i] != lse[i]) return 0;
+    return 1;
+}
+
+/* Which hidden pairs an item's backward skips (item_skips): those outside
+ * the band or hidden by the mask (its scores surely finite and dO finite),
+ * those whose bias is -inf (its scores but for the bias surely finite, dO
+ * and O finite, so that dS = 0 * (dP - D) is 0; and the tile's lse not
+ * NaN). */
+#ifndef ATTNC_GRAD_SKIPS
+#define ATTNC_GRAD_SKIPS
+enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
+#endif
+
 /* 1 if the pair of the tile at i0 and the block at j0 is computed: some
  * query of the tile sees some key of the block (its band meets the block,
- * and the mask does not hide the whole block from the tile, padding), or
- * the item's hidden pairs are not skipped. A hidden pair adds exact zeros
- * to every gradient (its P is 0 and its dS masked to 0, and every number
- * they multiply is finite), so leaving it out changes no bit (but a -0 sum
- * that becomes +0). Both passes ask this of every (tile, block) pair, so
- * they visit the same pairs: the bits never depend on the plan. */
+ * the mask does not hide the whole block from the tile, and the bias is
+ * not -inf all over it: padding), or the item's hidden pairs are not
+ * skipped. A hidden pair adds exact zeros to every gradient (its P is 0,
+ * its dS 0, and every number they multiply is finite), so leaving it out
+ * changes no bit (but a -0 sum that becomes +0). Both passes ask this of
+ * every (tile, block) pair, so they visit the same pairs: the bits never
+ * depend on the plan. */
 static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0)
 {
-    if (!item->skip_hidden) return 1;
+    if (!item->skips) return 1;
     idx_t nq = FN(tile_queries)(i0, a->L), nk = FN(block_keys)(a, j0);
-    if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0) return 0;
-    return !(item->fwd.mask && FN(fill_weighs_nothing)(item->lse + i0, nq) &&
-             mask_cover(a, item->fwd.mask, i0, nq, j0, nk) == MASK_HIDES_ALL);
+    attnc_mask_cover cover = item->fwd.mask ? mask_cover(a, item->fwd.mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
+    if (item->skips & SKIP_BAND_AND_MASK) {
+        if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0)
+            return 0;
+        if (cover == MASK_HIDES_ALL && FN(fill_weighs_nothing)(item->lse + i0, nq)) return 0;
+    }
+    return !((item->skips & SKIP_BIAS) && cover == MASK_KEEPS_ALL && FN(lse_not_nan)(item->lse + i0, nq) &&
+             FN(bias_hides_block)(a, item->fwd.bias, i0, nq, j0, nk));
 }
 
 /* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
@@ -343,9 +368,9 @@ typedef struct {
     idx_t n_key_blocks, n_query_tiles, workspace_elems;
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
-    /* with a band or a mask: per item, 1 when its hidden pairs are skipped
-     * (its scores surely finite, scores_bounded, and dO finite), from a first pass */
-    uint8_t *item_finite;
+    /* with a band, a mask or a bias: per item, which hidden pairs are
+     * skipped (SKIP_ flags), from a first pass */
+    uint8_t *item_skips;
     /* the run of items the passes go over: [first_item, first_item + run_items) */
     idx_t first_item, run_items;
     /* per gradient (q, k, v) shared by several items: the run's items' own,
@@ -357,25 +382,30 @@ typedef struct {
 /* Item b of the run, its shared gradients in the run's scratch. */
 static FN(grad_view) FN(job_item)(const FN(grad_job) *job, idx_t b)
 {
-    FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_finite && job->item_finite[b]);
+    FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_skips ? job->item_skips[b] : 0);
     elem **grads[3] = {&item.grad_q, &item.grad_k, &item.grad_v};
     for (int x = 0; x < 3; x++)
         if (job->scratch[x]) *grads[x] = job->scratch[x] + (b - job->first_item) * job->scratch_item[x];
     return item;
 }
 
-/* The item's entry of item_finite: as the forward's skip_hidden, and dO,
- * whose NaN or inf reaches the hidden scores' gradients (0 * NaN) in
- * PyTorch's math path. */
-static void FN(finite_task)(void *ctx, idx_t b)
+/* The item's entry of item_skips: the band and the mask as the forward's
+ * skip_hidden, and dO, whose NaN or inf reaches the hidden scores'
+ * gradients (0 * NaN) in PyTorch's math path; the bias's -inf as the
+ * forward's KEY_TILE_BIASED, and O too (D = dO . O). */
+static void FN(skips_task)(void *ctx, idx_t b)
 {
     FN(grad_job) *job = ctx;
     const attnc_attention_backward_args *g = job->args;
     const attnc_attention_args *a = &g->forward;
     FN(grad_view) item = FN(grad_item_at)(g, b, 0);
-    job->item_finite[b] = FN(scores_bounded)(a, FN(queries_bound)(a, &item.fwd, 0, a->L, 0, a->S),
-                                             FN(keys_bound)(a, item.fwd.k, item.fwd.v, a->S)) &&
-                          FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
+    real keys_bound = FN(keys_bound)(a, item.fwd.k, item.fwd.v, a->S);
+    int grad_finite = FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
+    int band_and_mask = (a->band.on || a->mask) && grad_finite &&
+                        FN(scores_bounded)(a, FN(queries_bound)(a, &item.fwd, 0, a->L, 0, a->S), keys_bound);
+    int bias = a->bias && grad_finite && FN(rows_finite)(item.fwd.out, a->out.row_stride, a->L, a->Ev) &&
+               FN(scores_bounded)(a, FN(rows_norm_bound)(item.fwd.q, a->q.row_stride, a->L, a->E), keys_bound);
+    job->item_skips[b] = (uint8_t)((band_and_mask ? SKIP_BAND_AND_MASK : 0) | (bias ? SKIP_BIAS : 0));
 }
 
 #ifndef ATTNC_GRAD_PASSES
@@ -558,15 +588,15 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     idx_t most_tasks; /* the passes' task counts (a run's items times these) fit */
     if (!attnc_mul_ok(n_items, job.n_key_blocks, &most_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &most_tasks))
         return ATTNC_EOVERFLOW;
-    if (a->band.on || a->mask) {
-        job.item_finite = attnc_malloc((size_t)n_items);
-        if (!job.item_finite) return ATTNC_ENOMEM;
-        double reads = (double)a->L * (double)(2 * a->E + a->Ev + (a->bias ? a->S : 0)) +
+    if (a->band.on || a->mask || a->bias) {
+        job.item_skips = attnc_malloc((size_t)n_items);
+        if (!job.item_skips) return ATTNC_ENOMEM;
+        double reads = (double)a->L * (double)(2 * a->E + 2 * a->Ev + (a->bias ? a->S : 0)) +
                        (double)a->S * (double)(a->E + a->Ev);
-        attnc_parallel_for(n_items, (double)n_items * reads, FN(finite_task), &job);
+        attnc_parallel_for(n_items, (double)n_items * reads, FN(skips_task), &job);
     }
     attnc_status status = FN(run_items)(&job, n_items);
-    attnc_free(job.item_finite);
+    attnc_free(job.item_skips);
     if (status != ATTNC_OK || atomic_load(&job.failed)) return ATTNC_ENOMEM;
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }

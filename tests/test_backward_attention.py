@@ -277,6 +277,61 @@ def test_sdpa_backward_padding_mask_leaves_the_bits_as_computing_every_pair(dtyp
     assert sk.tobytes() == ck.tobytes() and sv.tobytes() == cv.tobytes()
 
 
+def padding_bias(keep, dtype):
+    return np.where(keep, 0.0, -np.inf).astype(dtype)
+
+
+def test_sdpa_backward_padding_bias_matches_torch(dtype):
+    """Padding as a -inf bias (torch's convention): pairs whose bias is -inf all over are
+    left out of the backward; the gradients are still the math path's."""
+    rng = np.random.default_rng(44)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    bias = padding_bias(keep, dtype)
+    g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+    Q, K, V = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
+    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias.astype(np.float64))
+    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g.astype(np.float64)))
+    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+
+
+@pytest.mark.parametrize("values", ["normal", "nan value", "nan grad_out", "inf out", "nan lse"])
+def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, simd_mode):
+    """The oracle: every 8th row's hidden keys get -1e30 instead of -inf (a weight of 0
+    just the same), so that no block is -inf all over and every pair is computed; every
+    gradient must have the same bits. A NaN value, dO or inf output reaching the hidden
+    pairs' gradients (0 * NaN), or a NaN lse given for a row (every P of the row NaN),
+    must keep them computed."""
+    rng = np.random.default_rng(45)
+    q, k, v, keep = padded_inputs(rng, dtype)
+    L = q.shape[-2]
+    bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
+    every_pair = bias.copy()
+    dead = np.arange(L) % 8 == 0
+    every_pair[:, :, dead] = np.where(np.isinf(every_pair[:, :, dead]), -1e30, 0)
+    g = normal(rng, (3, 2, L, 16), dtype)
+    if values == "nan value":
+        v[0, 1, 600, 2] = np.nan      # item 0 hides keys 250..699
+    if values == "nan grad_out":
+        g[0, 1, 7, 2] = np.nan
+    results = []
+    for b in (bias, every_pair):
+        with np.errstate(all="ignore"):
+            out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=b, return_lse=True)
+        if values == "inf out":
+            out[0, 1, 7, 2] = np.inf
+        if values == "nan lse":
+            lse[0, 1, 7] = np.nan
+        with np.errstate(all="ignore"):
+            results.append(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=b))
+    for skipped, computed in zip(*results):
+        assert skipped.tobytes() == computed.tobytes()
+    if values != "normal":
+        assert np.isnan(results[0][1][0, 1]).any()   # grad_key of item 0's head 1
+
+
 # ============================================================================
 # dropout: the module's gradients are torch's under the module's own mask
 
