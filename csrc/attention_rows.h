@@ -143,43 +143,45 @@ static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t 
     return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
 }
 
-/* 1 if the n rows (cols elements each, rows rs apart) of x are all finite:
- * x * 0 is 0 for a finite x and NaN for NaN or +-inf. Summed in
- * FINITE_LANES independent lanes, which the compiler vectorises. */
+/* The sum over the n rows (cols elements each, rows rs apart) of x of
+ * x * x (squares) or x * 0, in FINITE_LANES independent lanes, which the
+ * compiler vectorises. x * 0 is 0 for a finite x and NaN for NaN or +-inf. */
 #define FINITE_LANES 16
-static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
+static inline __attribute__((always_inline)) real FN(rows_lane_sum)(const elem *x, idx_t rs, idx_t n, idx_t cols,
+                                                                    int squares)
 {
     real lanes[FINITE_LANES] = {0};
     for (idx_t j = 0; j < n; j++) {
         const elem *row = x + j * rs;
         idx_t c = 0;
         for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += to_real(row[c + u]) * 0;
-        for (; c < cols; c++) lanes[0] += to_real(row[c]) * 0;
+            for (int u = 0; u < FINITE_LANES; u++) {
+                real v = to_real(row[c + u]);
+                lanes[u] += v * (squares ? v : 0);
+            }
+        for (; c < cols; c++) {
+            real v = to_real(row[c]);
+            lanes[0] += v * (squares ? v : 0);
+        }
     }
-    real zero_or_nan = 0;
-    for (int u = 0; u < FINITE_LANES; u++) zero_or_nan += lanes[u];
-    return zero_or_nan == 0;
+    real sum = 0;
+    for (int u = 0; u < FINITE_LANES; u++) sum += lanes[u];
+    return sum;
 }
 
-/* A bound on the 2-norm of each of the n rows (as rows_finite): the root of
- * the sum of all their squares, summed as rows_finite sums; +inf or NaN when
- * a number is not finite (or the sum overflows). By Cauchy-Schwarz, no
- * partial sum of a dot product of two such rows exceeds the product of
- * their bounds (scores_bounded). */
+/* 1 if the n rows of x are all finite */
+static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
+{
+    return FN(rows_lane_sum)(x, rs, n, cols, 0) == 0;
+}
+
+/* A bound on the 2-norm of each of the n rows: the root of the sum of all
+ * their squares; +inf or NaN when a number is not finite (or the sum
+ * overflows). By Cauchy-Schwarz, no partial sum of a dot product of two
+ * such rows exceeds the product of their bounds (scores_bounded). */
 static real FN(rows_norm_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
-    real lanes[FINITE_LANES] = {0};
-    for (idx_t j = 0; j < n; j++) {
-        const elem *row = x + j * rs;
-        idx_t c = 0;
-        for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += to_real(row[c + u]) * to_real(row[c + u]);
-        for (; c < cols; c++) lanes[0] += to_real(row[c]) * to_real(row[c]);
-    }
-    real squares = 0;
-    for (int u = 0; u < FINITE_LANES; u++) squares += lanes[u];
-    return sqrt(squares);
+    return sqrt(FN(rows_lane_sum)(x, rs, n, cols, 1));
 }
 #undef FINITE_LANES
 

@@ -12,8 +12,8 @@ import torch
 
 import attnc
 from attnc import functional as F
-from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads,
-                     random_keep_mask, ref_attend, ref_forward, scores_shape)
+from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads, padded_batch,
+                     padding_bias, random_keep_mask, ref_attend, ref_forward, scores_shape)
 from toolkit import assert_grad_close as check
 
 DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
@@ -192,23 +192,12 @@ def test_sdpa_backward_matches_torch(case, dtype):
     assert lse.dtype == dtype
 
 
-def padded_inputs(rng, dtype, L=150, S=700):
-    """q, k, v (3, 2, L or S, 16) and a padding mask (3, 1, 1, S) hiding runs of hundreds
-    of keys (whole key blocks): at the end, at the start, in the middle."""
-    q, k, v = sdpa_inputs(rng, (3, 2), (3, 2), (3, 2), L, S, 16, 16, dtype)
-    keep = np.ones((3, 1, 1, S), bool)
-    keep[0, ..., 250:] = False
-    keep[1, ..., :450] = False
-    keep[2, ..., 100:600] = False
-    return q, k, v, keep
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sdpa_backward_padding_mask_matches_torch(causal, dtype):
     """Key blocks a padding mask hides from a whole query tile are left out of the
     backward (their P is exactly 0): the gradients are still the math path's."""
     rng = np.random.default_rng(40)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal, return_lse=True)
     grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=keep, is_causal=causal)
@@ -225,7 +214,7 @@ def test_sdpa_backward_all_padding_item_matches_torch(dtype):
     """An item whose every key is hidden attends uniformly (the fill everywhere): its
     key blocks must not be left out, though the mask hides them all."""
     rng = np.random.default_rng(42)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     keep[1] = False
     g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_lse=True)
@@ -241,7 +230,7 @@ def test_sdpa_backward_padding_mask_non_finite_grad_out_reaches_hidden_keys(bad,
     """dV of a hidden key is the sum of its zero weights times dO: a non-finite dO makes it
     NaN, as in the math path, so the hidden blocks are computed then."""
     rng = np.random.default_rng(43)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
     g[0, 1, 7, 2] = bad
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_lse=True)
@@ -261,7 +250,7 @@ def test_sdpa_backward_padding_mask_leaves_the_bits_as_computing_every_pair(dtyp
     row that hides every key (every 8th here, with dO 0 there, so that it adds exact zeros)
     keeps its tile's pairs computed; the padding mask's tiles leave the hidden blocks out."""
     rng = np.random.default_rng(41)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     L = q.shape[-2]
     dead = np.arange(L) % 8 == 0
     every_pair = np.broadcast_to(keep, (3, 1, L, keep.shape[-1])).copy()
@@ -277,15 +266,11 @@ def test_sdpa_backward_padding_mask_leaves_the_bits_as_computing_every_pair(dtyp
     assert sk.tobytes() == ck.tobytes() and sv.tobytes() == cv.tobytes()
 
 
-def padding_bias(keep, dtype):
-    return np.where(keep, 0.0, -np.inf).astype(dtype)
-
-
 def test_sdpa_backward_padding_bias_matches_torch(dtype):
     """Padding as a -inf bias (torch's convention): pairs whose bias is -inf all over are
     left out of the backward; the gradients are still the math path's."""
     rng = np.random.default_rng(44)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     bias = padding_bias(keep, dtype)
     g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
@@ -305,7 +290,7 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
     pairs' gradients (0 * NaN), or a NaN lse given for a row (every P of the row NaN),
     must keep them computed."""
     rng = np.random.default_rng(45)
-    q, k, v, keep = padded_inputs(rng, dtype)
+    q, k, v, keep = padded_batch(rng, dtype)
     L = q.shape[-2]
     bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
     every_pair = bias.copy()

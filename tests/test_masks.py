@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, ref_attend, ref_linear, ref_forward, np_sd,
-                     ref_values, random_keep_mask, torch_forward)
+from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, padded_batch, padding_bias, ref_attend,
+                     ref_linear, ref_forward, np_sd, ref_values, random_keep_mask, torch_forward)
 
 B, S = 3, 5
 
@@ -174,21 +174,9 @@ def test_fully_masked_with_large_scores_stays_uniform():
 # masks that hide whole blocks of keys (padding): the flash path leaves those
 # keys out of a query's sums, which must not change a result or a bit
 
-def _padded_batch(dtype, seed, L=150, S=700):
-    """q, k, v (3, 2, L or S, 16) and a padding mask (3, 1, 1, S) hiding runs of
-    hundreds of keys: at the end, at the start, in the middle."""
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((3, 2, n, 16)).astype(dtype) for n in (L, S, S))
-    keep = np.ones((3, 1, 1, S), bool)
-    keep[0, ..., 250:] = False
-    keep[1, ..., :450] = False
-    keep[2, ..., 100:600] = False
-    return q, k, v, keep
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_padding_mask_against_float64(causal, dtype, simd_mode):
-    q, k, v, keep = _padded_batch(dtype, 20)
+    q, k, v, keep = padded_batch(np.random.default_rng(20), dtype)
     out, w, lse = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
                                                                 return_weights=True, return_lse=True)
     ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal)
@@ -204,7 +192,7 @@ def test_padding_mask_leaves_the_bits_as_computing_every_key(dtype, simd_mode):
     """The same rows computed with every key tile: a query tile with a row that hides
     every key (every 8th row here) is computed over all key tiles, so its other rows are
     the oracle for the rows of the padding mask, whose tiles leave the hidden keys out."""
-    q, k, v, keep = _padded_batch(dtype, 21)
+    q, k, v, keep = padded_batch(np.random.default_rng(21), dtype)
     L = q.shape[-2]
     dead = np.arange(L) % 8 == 0
     every_key = np.broadcast_to(keep, (3, 1, L, keep.shape[-1])).copy()
@@ -218,7 +206,7 @@ def test_padding_mask_leaves_the_bits_as_computing_every_key(dtype, simd_mode):
 def test_padding_mask_with_scores_below_the_fill(dtype, simd_mode):
     """Queries whose every kept score is below -1e20: the hidden keys (-1e20) win, as in
     the documents' masked_fill, so their weights are not 0 and must not be left out."""
-    q, k, v, keep = _padded_batch(dtype, 22)
+    q, k, v, keep = padded_batch(np.random.default_rng(22), dtype)
     q[:, :, :10] = 1e11
     q[:, :, 10:] = 0      # every score 0: exact in the oracle too (scores near 1e11 would not be)
     k[:, :, :] = -1e11    # the first ten queries' every score is -4e22
@@ -235,7 +223,7 @@ def test_padding_mask_with_scores_below_the_fill(dtype, simd_mode):
 def test_padding_mask_non_finite_hidden_value_reaches_the_rows(bad, dtype):
     """A hidden key's weight is 0 and 0 * inf is NaN, as in PyTorch's math path: a key
     tile is left out only when its values are finite."""
-    q, k, v, keep = _padded_batch(dtype, 23)
+    q, k, v, keep = padded_batch(np.random.default_rng(23), dtype)
     v[0, 1, 600, 3] = bad     # item 0 hides keys 250..699
     out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
     ref, _ = ref_attend(q, k, v, 1 / 4, keep)
@@ -261,14 +249,10 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
 # padding in torch's convention, a -inf attn_bias (nn.MultiheadAttention's
 # key_padding_mask becomes one): key tiles whose every score is -inf are left out
 
-def _padding_bias(keep, dtype):
-    return np.where(keep, 0.0, -np.inf).astype(dtype)
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_padding_bias_matches_torch(causal, dtype, simd_mode):
-    q, k, v, keep = _padded_batch(dtype, 25)
-    bias = _padding_bias(keep, dtype)
+    q, k, v, keep = padded_batch(np.random.default_rng(25), dtype)
+    bias = padding_bias(keep, dtype)
     out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=causal,
                                                            return_weights=True)
     tq, tk, tv = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
@@ -287,7 +271,7 @@ def test_padding_bias_leaves_the_bits_as_computing_every_key(values, dtype, simd
     tile's rows and none is left out; the other rows' bits must be the same. With
     overflowing hidden scores (inf - inf: NaN, as in PyTorch) or a NaN value (times its
     weight 0: NaN) nothing may be left out."""
-    q, k, v, keep = _padded_batch(dtype, 26)
+    q, k, v, keep = padded_batch(np.random.default_rng(26), dtype)
     if values == "nan hidden value":
         v[0, 0, 600, 5] = np.nan     # item 0 hides keys 250..699
     if values == "overflowing":
@@ -295,7 +279,7 @@ def test_padding_bias_leaves_the_bits_as_computing_every_key(values, dtype, simd
         q[0] = np.abs(q[0]) * big    # item 0 hides keys 250..699: key 600's scores overflow to +inf
         k[0, :, 600] = np.abs(k[0, :, 600]) * big
     L = q.shape[-2]
-    bias = np.broadcast_to(_padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
+    bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
     every_key = bias.copy()
     dead = np.arange(L) % 8 == 0
     every_key[:, :, dead] = np.where(np.isinf(every_key[:, :, dead]), -1e30, 0)

@@ -208,6 +208,23 @@ def ref_attend(q, k, v, scale, mask=None, causal=False):
         return out, np.broadcast_to(w, out.shape[:-2] + w.shape[-2:])
 
 
+def padded_batch(rng, dtype, L=150, S=700):
+    """q, k, v (3, 2, L or S, 16) and a padding mask (3, 1, 1, S) (True keeps a key) hiding
+    runs of hundreds of keys, whole key tiles of the flash path: at the end (item 0: keys
+    250..699), at the start (item 1: keys 0..449), in the middle (item 2: keys 100..599)."""
+    q, k, v = (rng.standard_normal((3, 2, n, 16)).astype(dtype) for n in (L, S, S))
+    keep = np.ones((3, 1, 1, S), bool)
+    keep[0, ..., 250:] = False
+    keep[1, ..., :450] = False
+    keep[2, ..., 100:600] = False
+    return q, k, v, keep
+
+
+def padding_bias(keep, dtype):
+    """The same padding in torch's convention: a bias of 0 where kept, -inf where hidden."""
+    return np.where(keep, 0.0, -np.inf).astype(dtype)
+
+
 def split_heads(t, heads):
     """(..., seq, heads * hd) -> (..., heads, seq, hd): reshape(..., seq, heads, head_dim)."""
     t = t.reshape(t.shape[:-1] + (heads, t.shape[-1] // heads))
