@@ -102,6 +102,43 @@ static inline void FN(fill_hidden)(real *row, const attnc_attention_args *a, con
         for (idx_t i = 0; i < nq; i++) row[i] = FN(masked_fill)(row[i], m[i * a->mask_rs], fill);
 }
 
+/* scores_t (nk, BLOCK_Q) += the item's bias at queries [i0, i0+nq) x keys
+ * [j0, j0+nk). A bias of rows of keys (a bias per query, contiguous
+ * along the keys: an (L, S) mask of torch's kind) is read VLANES x VLANES
+ * at a time and turned in registers (load_turned), the group of queries
+ * past nq reading the last query's row again and storing nothing; added
+ * one by one, with a load per score from a row S elements away, it took
+ * 42 % of a (2, 12, 512, 64) attention's samples (benchmarks/NOTES.md). */
+static void FN(add_bias)(real *scores_t, const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq,
+                         idx_t j0, idx_t nk)
+{
+    const elem *first = bias + i0 * a->bias_rs + j0 * a->bias_cs;
+    idx_t j = 0;
+    if (a->bias_rs && a->bias_cs == 1)
+        for (; j + VLANES <= nk; j += VLANES)
+            for (idx_t g = 0; g < nq; g += VLANES) {
+                int lanes = (int)attnc_min(VLANES, nq - g);
+                const elem *rows[VLANES];
+                vreal block[VLANES];
+                for (int l = 0; l < VLANES; l++) rows[l] = first + (g + (l < lanes ? l : lanes - 1)) * a->bias_rs;
+                FN(load_turned)(block, rows, 0, j);
+                for (int l = 0; l < VLANES; l++) {
+                    real *row = scores_t + (j + l) * BLOCK_Q + g;
+                    vstore_first(row, vloadu(row) + block[l], lanes);
+                }
+            }
+    for (; j < nk; j++) {
+        real *row = scores_t + j * BLOCK_Q;
+        const elem *b = first + j * a->bias_cs;
+        if (!a->bias_rs) { /* broadcast over the queries: one value, held (it may alias the row) */
+            real add = to_real(b[0]);
+            for (idx_t i = 0; i < nq; i++) row[i] += add;
+        } else {
+            for (idx_t i = 0; i < nq; i++) row[i] += to_real(b[i * a->bias_rs]);
+        }
+    }
+}
+
 /* scores_t (nk, BLOCK_Q) of the packed keys [j0, j0+nk) against queries
  * [i0, i0+nq): the product, plus the bias, then -1e20 where the mask is 0
  * (the documents' masked_fill) and, for keys outside a query's band, the
@@ -115,17 +152,9 @@ static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attentio
     FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, &scale, t->pairs);
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     const attnc_band *band = &a->band;
+    if (item->bias) FN(add_bias)(t->scores_t, a, item->bias, i0, nq, j0, nk);
     for (idx_t j = 0; j < nk; j++) {
         real *row = t->scores_t + j * BLOCK_Q;
-        if (item->bias) {
-            const elem *bias = item->bias + i0 * a->bias_rs + (j0 + j) * a->bias_cs;
-            if (!a->bias_rs) { /* broadcast over the queries: one value, held (it may alias the row) */
-                real add = to_real(bias[0]);
-                for (idx_t i = 0; i < nq; i++) row[i] += add;
-            } else {
-                for (idx_t i = 0; i < nq; i++) row[i] += to_real(bias[i * a->bias_rs]);
-            }
-        }
         if (item->mask) FN(fill_hidden)(row, a, item->mask, i0, nq, j0 + j, cover, (real)-1e20);
         if (band->on) { /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
             idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
@@ -202,45 +231,87 @@ static void FN(start_tile)(FN(tile_buffers) *view, idx_t nq)
     }
 }
 
+/* How many of the last `most` keys of a bias row (n keys, stride cs) are
+ * -inf, counted back from its end until one is not. Contiguous, the whole
+ * stretch is first compared at once, as bits (-inf's are its only ones), in
+ * vectors: checking a key tile hidden whole took 14 % of an attention's
+ * samples one key at a time. */
+static idx_t FN(row_hidden_tail)(const elem *row, idx_t cs, idx_t n, idx_t most)
+{
+    const real hidden = -(real)INFINITY;
+    if (most == 0 || !(to_real(row[(n - 1) * cs]) == hidden)) return 0;
+    if (cs == 1 && most >= VLANES) {
+        vlanes_mask differ = (vlanes_mask)vzero(), minus_inf = (vlanes_mask)vset1(hidden);
+        idx_t j = n - most;
+        int all = 1;
+        for (; j + VLANES <= n; j += VLANES) differ |= (vlanes_mask)vload_elems(row + j) ^ minus_inf;
+        for (; j < n; j++) all &= to_real(row[j]) == hidden;
+        for (int l = 0; l < VLANES; l++) all &= differ[l] == 0;
+        if (all) return most;
+    }
+    idx_t tail = 1;
+    while (tail < most && to_real(row[(n - 1 - tail) * cs]) == hidden) tail++;
+    return tail;
+}
+
+/* Of the keys [j0, j0+nk) of queries [i0, i0+nq), how many at the end the
+ * item's bias is -inf for, at every query (a padding or causal mask in
+ * torch's convention, as a bias): nk when it hides the whole block. Rows
+ * from the last (a causal mask's shortest tail first), each read only as
+ * far as the shortest tail so far. */
+static idx_t FN(bias_hidden_tail)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq, idx_t j0,
+                                  idx_t nk)
+{
+    idx_t keys = a->bias_cs ? nk : 1, tail = keys; /* a bias broadcast over the keys: one value a row */
+    for (idx_t r = a->bias_rs ? nq : 1; r-- > 0 && tail > 0;)
+        tail = FN(row_hidden_tail)(bias + (i0 + r) * a->bias_rs + j0 * a->bias_cs, a->bias_cs, keys, tail);
+    return a->bias_cs ? tail : tail * nk;
+}
+
 /* 1 when the item's bias is -inf at every position of queries [i0, i0+nq)
- * x keys [j0, j0+nk) (a padding mask in torch's convention, as a bias) */
+ * x keys [j0, j0+nk) */
 static int FN(bias_hides_block)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq, idx_t j0,
                                 idx_t nk)
 {
-    for (idx_t i = 0; i < (a->bias_rs ? nq : 1); i++)
-        for (idx_t j = 0; j < (a->bias_cs ? nk : 1); j++)
-            if (!(to_real(bias[(i0 + i) * a->bias_rs + (j0 + j) * a->bias_cs]) == -(real)INFINITY)) return 0;
-    return 1;
+    return FN(bias_hidden_tail)(a, bias, i0, nq, j0, nk) == nk;
 }
 
 /* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk of
- * its key_tile_keys keys within the tile's band): KEY_TILE_MASKED when the mask hides the whole block, the tile's
+ * its key_tile_keys keys within the tile's band), and how many of its first
+ * keys it computes (*kept, when it does not): KEY_TILE_MASKED when the mask hides the whole block, the tile's
  * rows are mask_skippable (each keeps a key) and the values are finite (0
  * * inf would be NaN); KEY_TILE_BIASED when the mask hides none of it, the
  * bias is -inf at all of it, the values are finite and no score overflows
  * (scores_bounded; q_bound: the tile's queries' rows_norm_bound, key_bound:
  * the key tile's keys', computed on first use, -1 until then), so that every
- * score is -inf and weighs exactly 0. values_finite: 1, 0, or -1 until the
+ * score is -inf and weighs exactly 0; under the same conditions, keys at
+ * the block's end that the bias hides from every query of the tile are not
+ * computed either (*kept < nk: a causal mask as a bias). values_finite: 1, 0, or -1 until the
  * key tile's values have been read (all key_tile_keys of them, as for
  * key_bound: the query tiles share them). */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
                                  real q_bound, idx_t q0, idx_t nq, idx_t j0, idx_t nk, idx_t key_tile_keys,
-                                 int *values_finite, real *key_bound)
+                                 int *values_finite, real *key_bound, idx_t *kept)
 {
+    *kept = nk;
     int biased = item->bias && q_bound < (real)INFINITY;
     if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
-    int reason = mask_skippable && cover == MASK_HIDES_ALL                                       ? KEY_TILE_MASKED
-                 : biased && cover == MASK_KEEPS_ALL && FN(bias_hides_block)(a, item->bias, q0, nq, j0, nk) ? KEY_TILE_BIASED
-                                                                                                  : KEY_TILE_COMPUTED;
-    if (reason == KEY_TILE_COMPUTED) return reason;
+    idx_t hidden_tail = 0;
+    if (!(mask_skippable && cover == MASK_HIDES_ALL) && biased && cover == MASK_KEEPS_ALL)
+        hidden_tail = FN(bias_hidden_tail)(a, item->bias, q0, nq, j0, nk);
+    int reason = mask_skippable && cover == MASK_HIDES_ALL ? KEY_TILE_MASKED
+                 : hidden_tail == nk                       ? KEY_TILE_BIASED
+                                                           : KEY_TILE_COMPUTED;
+    if (reason == KEY_TILE_COMPUTED && hidden_tail == 0) return reason;
     if (*values_finite < 0)
         *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, key_tile_keys, a->Ev);
     if (!*values_finite) return KEY_TILE_COMPUTED;
-    if (reason == KEY_TILE_BIASED) {
+    if (reason != KEY_TILE_MASKED) {
         if (*key_bound < 0)
             *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, key_tile_keys, a->E);
         if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
+        *kept = nk - hidden_tail;
     }
     return reason;
 }
@@ -286,9 +357,10 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
  * ends at or below the fill (its scores that large and negative, or NaN),
  * that is not so, and the tile is computed again with every key tile
  * (tile_again). With a bias, a query tile leaves out the key tiles whose
- * bias is -inf at all of its positions (torch-style padding) when their
- * scores are surely -inf (key_tile_left_out): exactly 0 weights, whatever
- * the max. Decided per query tile, so a row's bits never depend on which
+ * bias is -inf at all of its positions (torch-style padding), and the keys
+ * at a key tile's end whose bias is -inf for all its queries (a causal
+ * mask as a bias), when their scores are surely -inf (key_tile_left_out):
+ * exactly 0 weights, whatever the max. Decided per query tile, so a row's bits never depend on which
  * rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
@@ -326,7 +398,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             idx_t tile_nk = attnc_min(tile_end - j0, nk);
             int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], q0, nq, j0, tile_nk, nk,
-                                                 &values_finite, &key_bound);
+                                                 &values_finite, &key_bound, &tile_nk);
             if (left_out != KEY_TILE_COMPUTED) {
                 mask_skipped[tile] |= left_out == KEY_TILE_MASKED;
                 continue;

@@ -265,30 +265,62 @@ def test_padding_bias_matches_torch(causal, dtype, simd_mode):
 
 
 @pytest.mark.parametrize("values", ["normal", "overflowing", "nan hidden value"])
-def test_padding_bias_leaves_the_bits_as_computing_every_key(values, dtype, simd_mode):
+@pytest.mark.parametrize("hidden_key", [600, 300], ids=["in a hidden key tile", "in a key tile's hidden end"])
+def test_padding_bias_leaves_the_bits_as_computing_every_key(values, hidden_key, dtype, simd_mode):
     """The oracle: the same rows computed over every key tile. Every 8th row's hidden
     scores get a finite bias (-1e30) instead of -inf, so no key tile is -inf for all of a
-    tile's rows and none is left out; the other rows' bits must be the same. With
-    overflowing hidden scores (inf - inf: NaN, as in PyTorch) or a NaN value (times its
-    weight 0: NaN) nothing may be left out."""
+    tile's rows and none is left out or cut short; the other rows' bits must be the same.
+    With overflowing hidden scores (inf - inf: NaN, as in PyTorch) or a NaN value (times
+    its weight 0: NaN) nothing may be left out: at key 600 (item 0 keeps keys 0..249, so
+    the key tile holding 600 is hidden whole) or 300 (in the hidden end of the key tile
+    that holds 249)."""
     q, k, v, keep = padded_batch(np.random.default_rng(26), dtype)
     if values == "nan hidden value":
-        v[0, 0, 600, 5] = np.nan     # item 0 hides keys 250..699
+        v[0, 0, hidden_key, 5] = np.nan
+    scale = None
     if values == "overflowing":
-        big = 1e20 if dtype == np.float32 else 1e160
-        q[0] = np.abs(q[0]) * big    # item 0 hides keys 250..699: key 600's scores overflow to +inf
-        k[0, :, 600] = np.abs(k[0, :, 600]) * big
+        # the hidden key's scores overflow to +inf through the scale, the rows' norms finite
+        big, scale = (1e17, 1e4) if dtype == np.float32 else (1e150, 1e10)
+        q[0] = np.abs(q[0]) * big
+        k[0, :, hidden_key] = np.abs(k[0, :, hidden_key]) * big
     L = q.shape[-2]
     bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
     every_key = bias.copy()
     dead = np.arange(L) % 8 == 0
     every_key[:, :, dead] = np.where(np.isinf(every_key[:, :, dead]), -1e30, 0)
     with np.errstate(all="ignore"):
-        skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
-        computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key)
+        skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, scale=scale)
+        computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, scale=scale)
     assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
     if values != "normal":
         assert np.isnan(skipped[0, 0, 1]).any()
+
+
+@pytest.mark.parametrize("layout", ["(L, S)", "(B, 1, L, S)", "(B, H, L, S)"])
+def test_causal_mask_as_a_bias_matches_torch_and_is_causal(layout, dtype, simd_mode):
+    """A causal mask given as a -inf bias per query (torch's float attn_mask, as models
+    pass it with their padding): each query tile computes only the key tiles and the keys
+    of the diagonal tile it sees. Oracles: torch's math over every key, and attnc's own
+    band (is_causal), whose bits a bias of 0 and -inf must give; with padding, the rows'
+    torch values."""
+    rng = np.random.default_rng(41)
+    L, S = 300, 450
+    q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(dtype) for n in (L, S, S))
+    causal = np.where(np.tril(np.ones((L, S), bool), S - L), 0.0, -np.inf)
+    shape = {"(L, S)": (L, S), "(B, 1, L, S)": (2, 1, L, S), "(B, H, L, S)": (2, 3, L, S)}[layout]
+    bias = np.ascontiguousarray(np.broadcast_to(causal, shape)).astype(dtype)
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+    band = attnc.functional.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right")
+    assert out.tobytes() == band.tobytes()
+    if len(shape) == 4:
+        bias[0, ..., :100] = -np.inf     # item 0 padded on the left as well
+        bias[1, ..., 400:] = -np.inf     # item 1 on the right
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+    tq, tk, tv, tb = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v, bias))
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb).numpy()
+    rows_with_a_key = ~np.isnan(want)   # torch: NaN for a row with no key (attnc: 0)
+    assert_close(out[rows_with_a_key], want[rows_with_a_key], dtype)
+    np.testing.assert_array_equal(out[~rows_with_a_key], 0)
 
 
 def test_nn_multihead_key_padding_mask_matches_torch(dtype):
