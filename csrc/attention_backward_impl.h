@@ -274,10 +274,10 @@ static inline int FN(lse_not_nan)(const real *lse, idx_t n)
 }
 
 /* Which hidden pairs an item's backward skips (item_skips): those outside
- * the band or hidden by the mask (its scores surely finite and dO finite),
- * those whose bias is -inf (its scores but for the bias surely finite, dO
- * and O finite, so that dS = 0 * (dP - D) is 0; and the tile's lse not
- * NaN). */
+ * the band or hidden by the mask (its scores surely finite), those whose
+ * bias is -inf (its scores but for the bias surely finite, and the tile's
+ * lse not NaN); either only when dP and D are surely finite, so that dS = 0
+ * * (dP - D) is 0 (skips_task). */
 #ifndef ATTNC_GRAD_SKIPS
 #define ATTNC_GRAD_SKIPS
 enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
@@ -390,9 +390,11 @@ static FN(grad_view) FN(job_item)(const FN(grad_job) *job, idx_t b)
 }
 
 /* The item's entry of item_skips: the band and the mask as the forward's
- * skip_hidden, and dO, whose NaN or inf reaches the hidden scores'
- * gradients (0 * NaN) in PyTorch's math path; the bias's -inf as the
- * forward's KEY_TILE_BIASED, and O too (D = dO . O). */
+ * skip_hidden, the bias's -inf as the forward's KEY_TILE_BIASED; both only
+ * when dP = dO . V and D = dO . O are bounded (Cauchy-Schwarz, as the
+ * scores), so that a hidden pair's dS, 0 * (dP - D), is 0: a NaN or inf in
+ * dO or O, or finite ones whose products overflow, reach the hidden pairs'
+ * gradients (0 * inf) in PyTorch's math path. */
 static void FN(skips_task)(void *ctx, idx_t b)
 {
     FN(grad_job) *job = ctx;
@@ -400,10 +402,13 @@ static void FN(skips_task)(void *ctx, idx_t b)
     const attnc_attention_args *a = &g->forward;
     FN(grad_view) item = FN(grad_item_at)(g, b, 0);
     real keys_bound = FN(keys_bound)(a, item.fwd.k, item.fwd.v, a->S);
-    int grad_finite = FN(rows_finite)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
-    int band_and_mask = (a->band.on || a->mask) && grad_finite &&
+    real grad_bound = FN(rows_norm_bound)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
+    int products_bounded =
+        grad_bound * FN(rows_norm_bound)(item.fwd.v, a->v.row_stride, a->S, a->Ev) <= SCORE_BOUND &&
+        grad_bound * FN(rows_norm_bound)(item.fwd.out, a->out.row_stride, a->L, a->Ev) <= SCORE_BOUND;
+    int band_and_mask = (a->band.on || a->mask) && products_bounded &&
                         FN(scores_bounded)(a, FN(queries_bound)(a, &item.fwd, 0, a->L, 0, a->S), keys_bound);
-    int bias = a->bias && grad_finite && FN(rows_finite)(item.fwd.out, a->out.row_stride, a->L, a->Ev) &&
+    int bias = a->bias && products_bounded &&
                FN(scores_bounded)(a, FN(rows_norm_bound)(item.fwd.q, a->q.row_stride, a->L, a->E), keys_bound);
     job->item_skips[b] = (uint8_t)((band_and_mask ? SKIP_BAND_AND_MASK : 0) | (bias ? SKIP_BIAS : 0));
 }

@@ -282,13 +282,42 @@ def test_sdpa_backward_padding_bias_matches_torch(dtype):
         check(got, w, dtype, name)
 
 
-@pytest.mark.parametrize("values", ["normal", "nan value", "nan grad_out", "inf out", "nan lse"])
+@pytest.mark.parametrize("overflow", ["dO . V", "dO . O"])
+def test_sdpa_backward_band_keeps_pairs_whose_products_overflow(overflow, dtype, simd_mode):
+    """Pairs outside the causal band are left out only when dP = dO . V and D = dO . O are
+    surely finite: a finite value (or output) and dO whose product overflows give 0 * inf,
+    NaN, at the hidden pairs in PyTorch's math path. The oracle: the band given as a bias
+    (0 and a finite -max/2), which weighs the same and is never left out; the gradients
+    must have the same bits, and grad_query NaN in rows that cannot see the huge key, as
+    in PyTorch."""
+    rng = np.random.default_rng(47)
+    L = 400
+    q, k, v = (normal(rng, (1, 2, L, 16), dtype) for _ in range(3))
+    g = np.full((1, 2, L, 16), 2, dtype)
+    huge = np.finfo(dtype).max / 2
+    if overflow == "dO . V":
+        v[0, 1, 200] = huge          # hidden from queries 0..199
+    band = np.triu(np.full((L, L), -huge), 1).astype(dtype)
+    results = []
+    for kw in (dict(is_causal=True), dict(attn_bias=band)):
+        with np.errstate(all="ignore"):
+            out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+            if overflow == "dO . O":
+                out[0, 1, 7] = huge
+            results.append(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **kw))
+    for skipped, computed in zip(*results):
+        assert skipped.tobytes() == computed.tobytes()
+    assert np.isnan(results[0][0][0, 1, :200] if overflow == "dO . V" else results[0][1][0, 1]).any()
+
+
+@pytest.mark.parametrize("values", ["normal", "nan value", "nan grad_out", "inf out", "nan lse",
+                                    "dO . V overflows", "dO . O overflows"])
 def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, simd_mode):
     """The oracle: every 8th row's hidden keys get -1e30 instead of -inf (a weight of 0
     just the same), so that no block is -inf all over and every pair is computed; every
     gradient must have the same bits. A NaN value, dO or inf output reaching the hidden
-    pairs' gradients (0 * NaN), or a NaN lse given for a row (every P of the row NaN),
-    must keep them computed."""
+    pairs' gradients (0 * NaN), finite ones whose dP = dO . V or D = dO . O overflows (0 *
+    inf), or a NaN lse given for a row (every P of the row NaN), must keep them computed."""
     rng = np.random.default_rng(45)
     q, k, v, keep = padded_batch(rng, dtype)
     L = q.shape[-2]
@@ -301,6 +330,10 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
         v[0, 1, 600, 2] = np.nan      # item 0 hides keys 250..699
     if values == "nan grad_out":
         g[0, 1, 7, 2] = np.nan
+    huge = np.finfo(dtype).max / 2
+    if values == "dO . V overflows":
+        v[0, 1, 600] = huge          # a hidden key's value: finite, its dP = dO . V is not
+        g[0, 1] = 2
     results = []
     for b in (bias, every_pair):
         with np.errstate(all="ignore"):
@@ -309,6 +342,9 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
             out[0, 1, 7, 2] = np.inf
         if values == "nan lse":
             lse[0, 1, 7] = np.nan
+        if values == "dO . O overflows":
+            out[0, 1, 7] = huge      # finite, and so is dO; their D = dO . O is not
+            g[0, 1, 7] = 2
         with np.errstate(all="ignore"):
             results.append(F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=b))
     for skipped, computed in zip(*results):
