@@ -157,18 +157,15 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
 #define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
 
 /* *max and *sum of exp(s - safe_shift(max)) of query i's row, from its
- * scores recomputed into `scores` (S, then E for the query widened) by the
+ * scores recomputed into `scores` (S, then E for the query scaled) by the
  * row path's kernels, in one piece (the forward's row path merges splits
  * of the keys: the two differ in rounding only). */
 static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores, real *max,
                           real *sum)
 {
-    const real *q = (const real *)(item->q + i * a->q.row_stride);
-    if (!ELEM_IS_REAL) {
-        FN(load_row)(scores + a->S, item->q + i * a->q.row_stride, a->E);
-        q = scores + a->S;
-    }
-    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, (real)a->scale, scores, NULL);
+    const real *q = scores + a->S;
+    FN(scaled_query)(scores + a->S, a, item->q + i * a->q.row_stride);
+    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, scores, NULL);
     FN(finish_row_scores)(a, item, i, 0, a->S, scores);
     *max = FN(row_max)(scores, a->S);
     *sum = FN(exp_shift_sum)(scores, a->S, FN(safe_shift)(*max));

@@ -237,13 +237,13 @@ static inline __attribute__((always_inline)) void FN(lane_sums)(vreal *acc, int 
     }
 }
 
-/* scores[r * ld + j] <- scale * q[r] . k[j] for n_rows rows x n_keys keys
- * (ks apart): lane u of a dot adds up elements u, u + VLANES, ... by fused
+/* scores[r * ld + j] <- q[r] . k[j] for n_rows rows (scaled queries:
+ * scaled_query) x n_keys keys (ks apart): lane u of a dot adds up elements u, u + VLANES, ... by fused
  * multiply-adds, the lanes are summed (lane_sums), then the tail of E.
  * Always inlined with constant sizes: one specialised block per caller. */
 static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, int n_keys, const real *const *q,
-                                                                  const elem *k, idx_t ks, idx_t E, real scale,
-                                                                  real *scores, idx_t ld)
+                                                                  const elem *k, idx_t ks, idx_t E, real *scores,
+                                                                  idx_t ld)
 {
     vreal acc[ROW_BLOCK * KEY_BLOCK];
     for (int d = 0; d < n_rows * n_keys; d++) acc[d] = vzero();
@@ -262,7 +262,7 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
         for (int j = 0; j < n_keys; j++) {
             real dot = dots[r * n_keys + j];
             for (idx_t t = e; t < E; t++) dot = sfma(q[r][t], to_real(k[j * ks + t]), dot);
-            scores[r * ld + j] = dot * scale;
+            scores[r * ld + j] = dot;
         }
 }
 
@@ -276,28 +276,38 @@ static inline void FN(prefetch_row)(const elem *x, idx_t cols)
     for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c, 0, 2);
 }
 
+/* dst (E reals) <- a->scale * the query row q: the rows' scores are
+ * (scale q) . k as the flash path's (its packed queries are scaled), so a
+ * score whose unscaled dot would overflow is finite on both paths, as in
+ * PyTorch (a (q . k) * scale was inf there: NaN rows) */
+static void FN(scaled_query)(real *dst, const attnc_attention_args *a, const elem *q)
+{
+    FN(load_row)(dst, q, a->E);
+    FN(scale_row)(dst, a->E, (real)a->scale);
+}
+
 /* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
 static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int n_keys, const real *const *q,
                                                                  const elem *k, idx_t ks, idx_t j0, idx_t j1,
-                                                                 idx_t E, real scale, real *scores, idx_t ld,
+                                                                 idx_t E, real *scores, idx_t ld,
                                                                  idx_t prefetch_end)
 {
     idx_t j = j0;
     for (; j + n_keys <= j1; j += n_keys) {
         for (int t = 0; t < n_keys; t++)
             if (j + t + ROWS_CHUNK < prefetch_end) FN(prefetch_row)(k + (j + t + ROWS_CHUNK) * ks, E);
-        FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scale, scores + j, ld);
+        FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scores + j, ld);
     }
-    for (; j < j1; j++) FN(score_block)(n_rows, 1, q, k + j * ks, ks, E, scale, scores + j, ld);
+    for (; j < j1; j++) FN(score_block)(n_rows, 1, q, k + j * ks, ks, E, scores + j, ld);
 }
 
-/* scores (n_rows, n) <- scale * the query rows q . the n keys of k (rows
+/* scores (n_rows, n) <- the scaled query rows q . the n keys of k (rows
  * ks apart): a chunk of keys at a time, ROW_BLOCK rows at a time, the
  * rows left over one at a time against wider blocks of keys. A chunk
  * whose flag in hidden (NULL: none) is set is not read: its scores are 0,
  * for a mask to fill. */
 static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, idx_t ks, idx_t n, idx_t E,
-                             real scale, real *scores, const uint8_t *hidden)
+                             real *scores, const uint8_t *hidden)
 {
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
         idx_t j1 = attnc_min(j0 + ROWS_CHUNK, n), r = 0;
@@ -309,10 +319,10 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, 
         /* the first rows ask for the next chunk's keys, unless it is hidden */
         idx_t prefetch_end = hidden && j1 < n && hidden[j1 / ROWS_CHUNK] ? 0 : n;
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
-            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n,
+            FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scores + r * n, n,
                            r == 0 ? prefetch_end : 0);
         for (; r < n_rows; r++)
-            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scale, scores + r * n, n,
+            FN(score_rows)(1, ROW_BLOCK * KEY_BLOCK, q + r, k, ks, j0, j1, E, scores + r * n, n,
                            r == 0 ? prefetch_end : 0);
     }
 }
@@ -605,7 +615,6 @@ static void FN(split_task)(void *ctx, idx_t t)
     for (idx_t r = 0; r < n_rows; r++) {
         FN(row_of_group)(job, g, r, &item_of[r], &query_of[r]);
         items[r] = FN(item_at)(a, item_of[r]);
-        q[r] = (const real *)(items[r].q + query_of[r] * a->q.row_stride); /* reals; widened below for elems */
         part[r] = FN(split_part)(job, w, r, c, items[r].out + query_of[r] * a->out.row_stride);
     }
     /* the K and V of the group's rows: those of the first item of its K/V */
@@ -620,16 +629,16 @@ static void FN(split_task)(void *ctx, idx_t t)
             if (job->e_kept) memset(FN(split_e)(job, w, r, c), 0, (size_t)n * sizeof(real));
         }
     } else {
-        /* the scores (n_rows, n), then, for elems, the queries widened once (n_rows, E) */
-        real *scores = attnc_malloc((size_t)(n_rows * (n + (ELEM_IS_REAL ? 0 : a->E))) * sizeof(real));
+        /* the scores (n_rows, n), then the queries scaled (n_rows, E) */
+        real *scores = attnc_malloc((size_t)(n_rows * (n + a->E)) * sizeof(real));
         if (!scores) {
             atomic_store(&job->failed, 1);
             return;
         }
-        for (idx_t r = 0; r < n_rows && !ELEM_IS_REAL; r++) {
-            real *widened = scores + n_rows * n + r * a->E;
-            FN(load_row)(widened, items[r].q + query_of[r] * a->q.row_stride, a->E);
-            q[r] = widened;
+        for (idx_t r = 0; r < n_rows; r++) {
+            real *scaled = scores + n_rows * n + r * a->E;
+            FN(scaled_query)(scaled, a, items[r].q + query_of[r] * a->q.row_stride);
+            q[r] = scaled;
         }
         /* the chunks of keys the mask hides from every row: their scores are the fill whatever the keys */
         _Static_assert(SPLIT_KEYS % ROWS_CHUNK == 0, "a flag for every chunk of a split");
@@ -642,7 +651,7 @@ static void FN(split_task)(void *ctx, idx_t t)
             hidden[j0 / ROWS_CHUNK] = all_rows;
             any_hidden |= all_rows;
         }
-        FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, (real)a->scale, scores, any_hidden ? hidden : NULL);
+        FN(group_scores)(q, n_rows, k, a->k.row_stride, n, a->E, scores, any_hidden ? hidden : NULL);
         for (idx_t r = 0; r < n_rows; r++)
             FN(split_softmax)(a, &items[r], item_of[r], query_of[r], s0, n, scores + r * n, FN(split_stats)(job, w, r, c),
                               job->e_kept ? FN(split_e)(job, w, r, c) : NULL);

@@ -167,6 +167,38 @@ def test_hidden_overflowing_scores_reach_rows_at_every_length(L, S, dtype, simd_
             assert_close(actual, oracle, dtype, what)
 
 
+@pytest.mark.parametrize("L", [1, 16, 17], ids=["rows-one", "rows-sixteen", "tiles"])
+def test_a_score_finite_only_once_scaled_is_finite_on_every_path(L, dtype, simd_mode):
+    """scale * q . k is finite where q . k alone overflows: the rows path (up to 16 queries,
+    and the backward's exact row statistics) computed (q . k) * scale, inf, and gave NaN
+    rows where the flash path (which scales the queries first) and PyTorch give a finite
+    answer. Oracle: torch's math path in float64 (which scales q and k by sqrt(scale)
+    each, so the float64 case's scores are finite there too), and the lse of the scores
+    (scale q) . k in float64."""
+    big_q, big_k = (1e18, 1e21) if dtype == np.float32 else (1e152, 5e156)
+    E = 16                                  # scale 1/4: the scores 2.5e38 (1.25e308) and 2.5e17 (2.5e151)
+    q = np.zeros((L, E), dtype)
+    q[:, 0] = big_q
+    k = np.zeros((2, E), dtype)
+    k[0, 0], k[1, 0] = big_k, 1.0
+    v = np.array([[1.0, -1.0], [2.0, 3.0]], dtype)
+    grad_out = np.ones((L, 2), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse)
+    tq, tk, tv = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH):
+        tout = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    tout.backward(torch.from_numpy(grad_out.astype(np.float64)))
+    scores = (q.astype(np.float64) / 4) @ k.astype(np.float64).T
+    top = scores.max(-1)
+    want_lse = top + np.log(np.exp(scores - top[:, None]).sum(-1))
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    for what, actual, oracle in zip(["out", "lse", "grad_q", "grad_k", "grad_v"], [out, lse, *grads],
+                                    [tout.detach().numpy(), want_lse, tq.grad.numpy(), tk.grad.numpy(),
+                                     tv.grad.numpy()]):
+        assert_close(actual, oracle, dtype, what)
+
+
 def test_documents_masked_rows_stay_uniform():
     """The documents' -1e20 fill is finite: a fully masked row attends uniformly."""
     rng = np.random.default_rng(1)
