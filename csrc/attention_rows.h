@@ -143,26 +143,31 @@ static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t 
     return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
 }
 
-/* The sum over the n rows (cols elements each, rows rs apart) of x of
- * x * x (squares) or x * 0, in FINITE_LANES independent lanes, which the
- * compiler vectorises. x * 0 is 0 for a finite x and NaN for NaN or +-inf. */
+/* The sum over the n rows (cols elements each, rows rs apart) of x of a
+ * term per element, in FINITE_LANES independent lanes, which the compiler
+ * vectorises: x * x (LANE_SQUARES), x * 0 (LANE_FINITE: 0 for a finite x,
+ * NaN for NaN or +-inf), or the same of x with a negative x taken as 0
+ * (LANE_BELOW_INF: NaN for NaN or +inf only). */
 #define FINITE_LANES 16
+#ifndef ATTNC_LANE_TERMS
+#define ATTNC_LANE_TERMS
+enum { LANE_FINITE, LANE_SQUARES, LANE_BELOW_INF };
+#endif
+static inline __attribute__((always_inline)) real FN(lane_term)(real v, int term)
+{
+    return term == LANE_SQUARES ? v * v : (term == LANE_BELOW_INF && v < 0 ? 0 : v) * 0;
+}
+
 static inline __attribute__((always_inline)) real FN(rows_lane_sum)(const elem *x, idx_t rs, idx_t n, idx_t cols,
-                                                                    int squares)
+                                                                    int term)
 {
     real lanes[FINITE_LANES] = {0};
     for (idx_t j = 0; j < n; j++) {
         const elem *row = x + j * rs;
         idx_t c = 0;
         for (; c + FINITE_LANES <= cols; c += FINITE_LANES)
-            for (int u = 0; u < FINITE_LANES; u++) {
-                real v = to_real(row[c + u]);
-                lanes[u] += v * (squares ? v : 0);
-            }
-        for (; c < cols; c++) {
-            real v = to_real(row[c]);
-            lanes[0] += v * (squares ? v : 0);
-        }
+            for (int u = 0; u < FINITE_LANES; u++) lanes[u] += FN(lane_term)(to_real(row[c + u]), term);
+        for (; c < cols; c++) lanes[0] += FN(lane_term)(to_real(row[c]), term);
     }
     real sum = 0;
     for (int u = 0; u < FINITE_LANES; u++) sum += lanes[u];
@@ -172,7 +177,7 @@ static inline __attribute__((always_inline)) real FN(rows_lane_sum)(const elem *
 /* 1 if the n rows of x are all finite */
 static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
-    return FN(rows_lane_sum)(x, rs, n, cols, 0) == 0;
+    return FN(rows_lane_sum)(x, rs, n, cols, LANE_FINITE) == 0;
 }
 
 /* A bound on the 2-norm of each of the n rows: the root of the sum of all
@@ -181,7 +186,7 @@ static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
  * such rows exceeds the product of their bounds (scores_bounded). */
 static real FN(rows_norm_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
-    return sqrt(FN(rows_lane_sum)(x, rs, n, cols, 1));
+    return sqrt(FN(rows_lane_sum)(x, rs, n, cols, LANE_SQUARES));
 }
 #undef FINITE_LANES
 
@@ -473,24 +478,27 @@ static real *FN(split_e)(const FN(rows_job) *job, idx_t w, idx_t r, idx_t c)
     return job->e_kept + ((w * job->group_rows + r) * job->n_splits + c) * SPLIT_KEYS;
 }
 
-/* 1 if rows [i0, i1) of the item's bias over keys [j0, j1) are finite, or
- * it has none; a broadcast row or column is read once. */
-static int FN(bias_finite)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t i1, idx_t j0, idx_t j1)
+/* 1 if rows [i0, i1) of the item's bias over keys [j0, j1) have no NaN
+ * and no +inf, or it has none; a broadcast row or column is read once. A
+ * -inf (torch's padding) may be there: a score under it is -inf, and so
+ * is that plus the band's -inf. */
+static int FN(bias_below_inf)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t i1, idx_t j0,
+                              idx_t j1)
 {
     if (!bias || i0 >= i1 || j0 >= j1) return 1;
     idx_t rows = a->bias_rs ? i1 - i0 : 1, keys = a->bias_cs ? j1 - j0 : 1;
     bias += i0 * a->bias_rs + j0 * a->bias_cs;
-    if (a->bias_cs == 1) return FN(rows_finite)(bias, a->bias_rs, rows, keys);
+    if (a->bias_cs == 1) return FN(rows_lane_sum)(bias, a->bias_rs, rows, keys, LANE_BELOW_INF) == 0;
     for (idx_t i = 0; i < rows; i++)
-        if (!FN(rows_finite)(bias + i * a->bias_rs, a->bias_cs, keys, 1)) return 0;
+        if (FN(rows_lane_sum)(bias + i * a->bias_rs, a->bias_cs, keys, 1, LANE_BELOW_INF) != 0) return 0;
     return 1;
 }
 
 /* Whether the scores of queries [i0, i1) against the item's keys are
- * surely finite, so that a hidden one (band: + -inf; a -inf bias) is
+ * surely finite or -inf, so that a hidden one (band: + -inf; a -inf bias) is
  * surely -inf and weighs exactly 0: every number they are made of finite
- * (the keys and values, the queries and their bias over keys [j0, j1)),
- * and no product or partial sum able to overflow (scores_bounded, from
+ * (the keys and values, the queries; their bias over keys [j0, j1) finite
+ * or -inf: bias_below_inf), and no product or partial sum able to overflow (scores_bounded, from
  * keys_bound and queries_bound: bounds on the rows' 2-norms, +inf or NaN
  * when a number is not finite). Only then may the hidden keys be skipped
  * (flash_queries, the backward and the rows path's split_hidden): a hidden
@@ -511,7 +519,7 @@ static real FN(keys_bound)(const attnc_attention_args *a, const elem *k, const e
 static real FN(queries_bound)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i0, idx_t i1, idx_t j0,
                               idx_t j1)
 {
-    return FN(bias_finite)(a, item->bias, i0, i1, j0, j1)
+    return FN(bias_below_inf)(a, item->bias, i0, i1, j0, j1)
                ? FN(rows_norm_bound)(item->q + i0 * a->q.row_stride, a->q.row_stride, i1 - i0, a->E)
                : (real)INFINITY;
 }

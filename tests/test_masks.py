@@ -296,6 +296,35 @@ def test_padding_bias_leaves_the_bits_as_computing_every_key(values, hidden_key,
         assert np.isnan(skipped[0, 0, 1]).any()
 
 
+@pytest.mark.parametrize("values", ["normal", "overflowing"])
+def test_causal_band_with_padding_bias_leaves_the_bits_as_computing_every_key(values, dtype, simd_mode):
+    """is_causal with a -inf padding bias: the band's hidden keys are left out too (-inf
+    plus the band's -inf is -inf). The oracle: the same rows computed over every key.
+    Every 8th row gets a +inf bias at the last key, which the band hides from it (that
+    row's scores become NaN, as in PyTorch's math path), so that no query tile may leave
+    the band's keys out; the other rows' bits must be the same. With a hidden key's
+    scores overflowing, nothing may be left out."""
+    q, k, v, keep = padded_batch(np.random.default_rng(28), dtype, L=300, S=300)
+    scale = None
+    if values == "overflowing":
+        big, scale = (1e17, 1e4) if dtype == np.float32 else (1e150, 1e10)
+        q[0] = np.abs(q[0]) * big
+        k[0, :, 200] = np.abs(k[0, :, 200]) * big     # kept by item 0; hidden from queries 0..199
+    bias = np.ascontiguousarray(np.broadcast_to(padding_bias(keep, dtype), (3, 1, 300, 300)))
+    every_key = bias.copy()
+    dead = np.arange(300) % 8 == 0
+    every_key[:, :, dead, -1] = np.inf
+    with np.errstate(all="ignore"):
+        skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=True,
+                                                                scale=scale)
+        computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, is_causal=True,
+                                                                 scale=scale)
+    assert np.isnan(computed[..., dead[:-1].nonzero()[0], :]).all()
+    assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+    if values == "overflowing":
+        assert np.isnan(skipped[0, :, :200]).all()
+
+
 @pytest.mark.parametrize("layout", ["(L, S)", "(B, 1, L, S)", "(B, H, L, S)"])
 def test_causal_mask_as_a_bias_matches_torch_and_is_causal(layout, dtype, simd_mode):
     """A causal mask given as a -inf bias per query (torch's float attn_mask, as models
