@@ -298,7 +298,7 @@ static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_vi
     if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
     idx_t hidden_tail = 0;
-    if (!(mask_skippable && cover == MASK_HIDES_ALL) && biased && cover == MASK_KEEPS_ALL)
+    if (biased && cover == MASK_KEEPS_ALL)
         hidden_tail = FN(bias_hidden_tail)(a, item->bias, q0, nq, j0, nk);
     int reason = mask_skippable && cover == MASK_HIDES_ALL ? KEY_TILE_MASKED
                  : hidden_tail == nk                       ? KEY_TILE_BIASED
