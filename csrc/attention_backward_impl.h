@@ -102,17 +102,25 @@ static FN(grad_buffers) FN(query_slot)(const FN(grad_buffers) *t, idx_t tile)
     return v;
 }
 
+/* Which hidden pairs of an item are skipped (pair_seen), from a first pass
+ * (skips_task): flags, SKIP_ ones; with SKIP_BIAS, score_bound bounds the
+ * item's scaled q . k (bias_floor's). */
+typedef struct {
+    int flags;
+    real score_bound;
+} FN(pair_skips);
+
 /* Where item b's backward operands start (the forward's view, and these). */
 typedef struct {
     FN(item_view) fwd; /* q, k, v, mask; out = O */
     const elem *grad_out;
     const real *lse;
     elem *grad_q, *grad_k, *grad_v;
-    int skips; /* which hidden pairs are skipped (pair_seen): SKIP_ flags */
+    FN(pair_skips) skips;
 } FN(grad_view);
 
-/* skips as grad_job's item_skips holds them (0 for none) */
-static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, int skips)
+/* skips as grad_job's item_skips holds them (flags 0 for none) */
+static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, FN(pair_skips) skips)
 {
     const attnc_batch *batch = &g->forward.batch;
     FN(grad_view) view = {
@@ -272,9 +280,10 @@ static inline int FN(lse_not_nan)(const real *lse, idx_t n)
 
 /* Which hidden pairs an item's backward skips (item_skips): those outside
  * the band or hidden by the mask (its scores surely finite), those whose
- * bias is -inf (its scores but for the bias surely finite, and the tile's
- * lse not NaN); either only when dP and D are surely finite, so that dS = 0
- * * (dP - D) is 0 (skips_task). */
+ * bias hides them (-inf, or at or below the bias_floor of the tile's rows'
+ * lse: its scores but for the bias surely finite, and the tile's lse not
+ * NaN); either only when dP and D are surely finite, so that dS = 0 * (dP -
+ * D) is 0 (skips_task). */
 #ifndef ATTNC_GRAD_SKIPS
 #define ATTNC_GRAD_SKIPS
 enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
@@ -282,25 +291,29 @@ enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
 
 /* 1 if the pair of the tile at i0 and the block at j0 is computed: some
  * query of the tile sees some key of the block (its band meets the block,
- * the mask does not hide the whole block from the tile, and the bias is
- * not -inf all over it: padding), or the item's hidden pairs are not
- * skipped. A hidden pair adds exact zeros to every gradient (its P is 0,
- * its dS 0, and every number they multiply is finite), so leaving it out
- * changes no bit (but a -0 sum that becomes +0). Both passes ask this of
- * every (tile, block) pair, so they visit the same pairs: the bits never
- * depend on the plan. */
+ * the mask does not hide the whole block from the tile, and the bias does
+ * not hide it all: -inf, or a finite mask's value far enough below the
+ * rows' lse, as the forward's bias_floor of their running maxima: P =
+ * exp(s - shift) with a shift of lse, or of the row's max where that is
+ * within log(S) of lse, well inside the floor's margin), or the item's
+ * hidden pairs are not skipped. A hidden pair adds exact zeros to every
+ * gradient (its P is 0, its dS 0, and every number they multiply is
+ * finite), so leaving it out changes no bit (but a -0 sum that becomes +0).
+ * Both passes ask this of every (tile, block) pair, so they visit the same
+ * pairs: the bits never depend on the plan. */
 static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0)
 {
-    if (!item->skips) return 1;
+    if (!item->skips.flags) return 1;
     idx_t nq = FN(tile_queries)(i0, a->L), nk = FN(block_keys)(a, j0);
     attnc_mask_cover cover = item->fwd.mask ? mask_cover(a, item->fwd.mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
-    if (item->skips & SKIP_BAND_AND_MASK) {
+    if (item->skips.flags & SKIP_BAND_AND_MASK) {
         if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0)
             return 0;
         if (cover == MASK_HIDES_ALL && FN(fill_weighs_nothing)(item->lse + i0, nq)) return 0;
     }
-    return !((item->skips & SKIP_BIAS) && cover == MASK_KEEPS_ALL && FN(lse_not_nan)(item->lse + i0, nq) &&
-             FN(bias_hides_block)(a, item->fwd.bias, i0, nq, j0, nk));
+    if (!((item->skips.flags & SKIP_BIAS) && cover == MASK_KEEPS_ALL && FN(lse_not_nan)(item->lse + i0, nq))) return 1;
+    real floor = FN(bias_floor)(FN(least_max)(item->lse + i0, nq), item->skips.score_bound);
+    return FN(bias_hidden_tail)(a, item->fwd.bias, i0, nq, j0, nk, floor) < nk;
 }
 
 /* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
@@ -366,8 +379,8 @@ typedef struct {
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
     /* with a band, a mask or a bias: per item, which hidden pairs are
-     * skipped (SKIP_ flags), from a first pass */
-    uint8_t *item_skips;
+     * skipped, from a first pass */
+    FN(pair_skips) *item_skips;
     /* the run of items the passes go over: [first_item, first_item + run_items) */
     idx_t first_item, run_items;
     /* per gradient (q, k, v) shared by several items: the run's items' own,
@@ -379,7 +392,7 @@ typedef struct {
 /* Item b of the run, its shared gradients in the run's scratch. */
 static FN(grad_view) FN(job_item)(const FN(grad_job) *job, idx_t b)
 {
-    FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_skips ? job->item_skips[b] : 0);
+    FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_skips ? job->item_skips[b] : (FN(pair_skips)){0, 0});
     elem **grads[3] = {&item.grad_q, &item.grad_k, &item.grad_v};
     for (int x = 0; x < 3; x++)
         if (job->scratch[x]) *grads[x] = job->scratch[x] + (b - job->first_item) * job->scratch_item[x];
@@ -397,7 +410,7 @@ static void FN(skips_task)(void *ctx, idx_t b)
     FN(grad_job) *job = ctx;
     const attnc_attention_backward_args *g = job->args;
     const attnc_attention_args *a = &g->forward;
-    FN(grad_view) item = FN(grad_item_at)(g, b, 0);
+    FN(grad_view) item = FN(grad_item_at)(g, b, (FN(pair_skips)){0, 0});
     real keys_bound = FN(keys_bound)(a, item.fwd.k, item.fwd.v, a->S);
     real grad_bound = FN(rows_norm_bound)(item.grad_out, g->grad_out.row_stride, a->L, a->Ev);
     int products_bounded =
@@ -405,9 +418,10 @@ static void FN(skips_task)(void *ctx, idx_t b)
         grad_bound * FN(rows_norm_bound)(item.fwd.out, a->out.row_stride, a->L, a->Ev) <= SCORE_BOUND;
     int band_and_mask = (a->band.on || a->mask) && products_bounded &&
                         FN(scores_bounded)(a, FN(queries_bound)(a, &item.fwd, 0, a->L, 0, a->S), keys_bound);
-    int bias = a->bias && products_bounded &&
-               FN(scores_bounded)(a, FN(rows_norm_bound)(item.fwd.q, a->q.row_stride, a->L, a->E), keys_bound);
-    job->item_skips[b] = (uint8_t)((band_and_mask ? SKIP_BAND_AND_MASK : 0) | (bias ? SKIP_BIAS : 0));
+    real q_bound = a->bias ? FN(rows_norm_bound)(item.fwd.q, a->q.row_stride, a->L, a->E) : (real)INFINITY;
+    int bias = a->bias && products_bounded && FN(scores_bounded)(a, q_bound, keys_bound);
+    job->item_skips[b] = (FN(pair_skips)){(band_and_mask ? SKIP_BAND_AND_MASK : 0) | (bias ? SKIP_BIAS : 0),
+                                          bias ? q_bound * keys_bound * (real)a->scale : 0};
 }
 
 #ifndef ATTNC_GRAD_PASSES
@@ -591,7 +605,8 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     if (!attnc_mul_ok(n_items, job.n_key_blocks, &most_tasks) || !attnc_mul_ok(n_items, job.n_query_tiles, &most_tasks))
         return ATTNC_EOVERFLOW;
     if (a->band.on || a->mask || a->bias) {
-        job.item_skips = attnc_malloc((size_t)n_items);
+        if ((size_t)n_items > SIZE_MAX / sizeof *job.item_skips) return ATTNC_EOVERFLOW;
+        job.item_skips = attnc_malloc((size_t)n_items * sizeof *job.item_skips);
         if (!job.item_skips) return ATTNC_ENOMEM;
         double reads = (double)a->L * (double)(2 * a->E + 2 * a->Ev + (a->bias ? a->S : 0)) +
                        (double)a->S * (double)(a->E + a->Ev);

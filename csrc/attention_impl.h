@@ -231,89 +231,111 @@ static void FN(start_tile)(FN(tile_buffers) *view, idx_t nq)
     }
 }
 
-/* How many of the last `most` keys of a bias row (n keys, stride cs) are
- * -inf, counted back from its end until one is not. Contiguous, the whole
- * stretch is first compared at once, as bits (-inf's are its only ones), in
- * vectors: checking a key tile hidden whole took 14 % of an attention's
- * samples one key at a time. */
-static idx_t FN(row_hidden_tail)(const elem *row, idx_t cs, idx_t n, idx_t most)
+/* How many of the last `most` keys of a bias row (n keys, stride cs) are at
+ * or below `floor`, counted back from its end until one is not (NaN never
+ * is). Contiguous, the whole stretch is first compared at once, in vectors:
+ * checking a key tile hidden whole took 14 % of an attention's samples one
+ * key at a time. */
+static idx_t FN(row_hidden_tail)(const elem *row, idx_t cs, idx_t n, idx_t most, real floor)
 {
-    const real hidden = -(real)INFINITY;
-    if (most == 0 || !(to_real(row[(n - 1) * cs]) == hidden)) return 0;
+    if (most == 0 || !(to_real(row[(n - 1) * cs]) <= floor)) return 0;
     if (cs == 1 && most >= VLANES) {
-        vlanes_mask differ = (vlanes_mask)vzero(), minus_inf = (vlanes_mask)vset1(hidden);
+        vreal floors = vset1(floor);
+        vlanes_mask below = floors == floors; /* every lane set */
         idx_t j = n - most;
         int all = 1;
-        for (; j + VLANES <= n; j += VLANES) differ |= (vlanes_mask)vload_elems(row + j) ^ minus_inf;
-        for (; j < n; j++) all &= to_real(row[j]) == hidden;
-        for (int l = 0; l < VLANES; l++) all &= differ[l] == 0;
+        for (; j + VLANES <= n; j += VLANES) below &= vload_elems(row + j) <= floors;
+        for (; j < n; j++) all &= to_real(row[j]) <= floor;
+        for (int l = 0; l < VLANES; l++) all &= below[l] != 0;
         if (all) return most;
     }
     idx_t tail = 1;
-    while (tail < most && to_real(row[(n - 1 - tail) * cs]) == hidden) tail++;
+    while (tail < most && to_real(row[(n - 1 - tail) * cs]) <= floor) tail++;
     return tail;
 }
 
 /* Of the keys [j0, j0+nk) of queries [i0, i0+nq), how many at the end the
- * item's bias is -inf for, at every query (a padding or causal mask in
- * torch's convention, as a bias): nk when it hides the whole block. Rows
- * from the last (a causal mask's shortest tail first), each read only as
- * far as the shortest tail so far. */
+ * item's bias is at or below `floor` for, at every query (-inf: a padding or
+ * causal mask in torch's convention, as a bias): nk when it hides the whole
+ * block. Rows from the last (a causal mask's shortest tail first), each read
+ * only as far as the shortest tail so far. */
 static idx_t FN(bias_hidden_tail)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq, idx_t j0,
-                                  idx_t nk)
+                                  idx_t nk, real floor)
 {
     idx_t keys = a->bias_cs ? nk : 1, tail = keys; /* a bias broadcast over the keys: one value a row */
     for (idx_t r = a->bias_rs ? nq : 1; r-- > 0 && tail > 0;)
-        tail = FN(row_hidden_tail)(bias + (i0 + r) * a->bias_rs + j0 * a->bias_cs, a->bias_cs, keys, tail);
+        tail = FN(row_hidden_tail)(bias + (i0 + r) * a->bias_rs + j0 * a->bias_cs, a->bias_cs, keys, tail, floor);
     return a->bias_cs ? tail : tail * nk;
 }
 
-/* 1 when the item's bias is -inf at every position of queries [i0, i0+nq)
- * x keys [j0, j0+nk) */
-static int FN(bias_hides_block)(const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq, idx_t j0,
-                                idx_t nk)
+/* The smallest of the n rows' maxima (the forward's running maxima, the
+ * backward's lse); NaN if one is NaN */
+static real FN(least_max)(const real *maxima, idx_t n)
 {
-    return FN(bias_hidden_tail)(a, bias, i0, nq, j0, nk) == nk;
+    real least = (real)INFINITY;
+    for (idx_t i = 0; i < n; i++) least = maxima[i] < least || maxima[i] != maxima[i] ? maxima[i] : least;
+    return least;
+}
+
+/* The bias at or below which a key weighs exactly 0 in rows whose maximum
+ * score is at least `least` (least_max), when no key's scaled q . k exceeds
+ * score_bound in size (a Cauchy-Schwarz bound, doubled below for the
+ * products' rounding): the key's score, at most floor + 2 score_bound, is
+ * then below the row's maximum by at least 8 |exp_zero_at_or_below| plus a
+ * quarter of the least maximum's size (margins far above every rounding on
+ * the way, of scores and maxima up to 1e38 too), so that its exp(score -
+ * max) is clamped to exactly 0, however the max grows later; and a key tile
+ * of such keys leaves the max as it was.
+ * -inf (only -inf biases hide keys) while a row has seen no key (its max
+ * -inf) or has a NaN one. torch.finfo(dtype).min, -1e9 or -1e4 masks (Hugging
+ * Face's, BERT's) hide their keys this way once a row has seen a kept key. */
+static real FN(bias_floor)(real least, real score_bound)
+{
+    real floor = least - 8 * score_bound + 8 * FN(exp_zero_at_or_below)() - (least < 0 ? -least : least) / 4;
+    return floor > -(real)INFINITY ? floor : -(real)INFINITY; /* NaN: a NaN max, every max +inf, or no score_bound */
 }
 
 /* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk of
  * its key_tile_keys keys within the tile's band), and how many of its first
- * keys it computes (*kept, when it does not): KEY_TILE_MASKED when the mask hides the whole block, the tile's
- * rows are mask_skippable (each keeps a key) and the values are finite (0
- * * inf would be NaN); KEY_TILE_BIASED when the mask hides none of it, the
- * bias is -inf at all of it, the values are finite and no score overflows
- * (scores_bounded; q_bound: the tile's queries' rows_norm_bound, key_bound:
- * the key tile's keys', computed on first use, -1 until then), so that every
- * score is -inf and weighs exactly 0; under the same conditions, keys at
- * the block's end that the bias hides from every query of the tile are not
- * computed either (*kept < nk: a causal mask as a bias). values_finite: 1, 0, or -1 until the
- * key tile's values have been read (all key_tile_keys of them, as for
- * key_bound: the query tiles share them). */
+ * keys it computes (*kept, when it does not): KEY_TILE_MASKED when the mask
+ * hides the whole block, the tile's rows are mask_skippable (each keeps a
+ * key) and the values are finite (0 * inf would be NaN); KEY_TILE_BIASED when
+ * the mask hides none of it and the bias hides all of it: -inf everywhere
+ * (every score -inf, weighing exactly 0), or at or below the bias_floor of
+ * the tile's rows' running maxima (run_max), with the values finite and no
+ * score overflowing (scores_bounded; q_bound: the tile's queries'
+ * rows_norm_bound, key_bound: the key tile's keys', computed on first use, -1
+ * until then); under the same conditions, keys at the block's end that the
+ * bias hides from every query of the tile are not computed either (*kept <
+ * nk: a causal mask as a bias). values_finite: 1, 0, or -1 until the key
+ * tile's values have been read (all key_tile_keys of them, as for key_bound:
+ * the query tiles share them). */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
-                                 real q_bound, idx_t q0, idx_t nq, idx_t j0, idx_t nk, idx_t key_tile_keys,
-                                 int *values_finite, real *key_bound, idx_t *kept)
+                                 real q_bound, const real *run_max, idx_t q0, idx_t nq, idx_t j0, idx_t nk,
+                                 idx_t key_tile_keys, int *values_finite, real *key_bound, idx_t *kept)
 {
     *kept = nk;
     int biased = item->bias && q_bound < (real)INFINITY;
     if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
-    idx_t hidden_tail = 0;
-    if (biased && cover == MASK_KEEPS_ALL)
-        hidden_tail = FN(bias_hidden_tail)(a, item->bias, q0, nq, j0, nk);
-    int reason = mask_skippable && cover == MASK_HIDES_ALL ? KEY_TILE_MASKED
-                 : hidden_tail == nk                       ? KEY_TILE_BIASED
-                                                           : KEY_TILE_COMPUTED;
-    if (reason == KEY_TILE_COMPUTED && hidden_tail == 0) return reason;
+    int masked = mask_skippable && cover == MASK_HIDES_ALL;
+    real least = biased && cover == MASK_KEEPS_ALL ? FN(least_max)(run_max, nq) : -(real)INFINITY;
+    /* the last query's last key above the floor with no score bound yet: no key at the end is hidden */
+    int bias_may_hide = biased && cover == MASK_KEEPS_ALL &&
+                        FN(row_hidden_tail)(item->bias + (q0 + nq - 1) * a->bias_rs + j0 * a->bias_cs, a->bias_cs,
+                                            nk, 1, FN(bias_floor)(least, 0));
+    if (!masked && !bias_may_hide) return KEY_TILE_COMPUTED;
     if (*values_finite < 0)
         *values_finite = FN(rows_finite)(item->v + j0 * a->v.row_stride, a->v.row_stride, key_tile_keys, a->Ev);
     if (!*values_finite) return KEY_TILE_COMPUTED;
-    if (reason != KEY_TILE_MASKED) {
-        if (*key_bound < 0)
-            *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, key_tile_keys, a->E);
-        if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
-        *kept = nk - hidden_tail;
-    }
-    return reason;
+    if (masked) return KEY_TILE_MASKED;
+    if (*key_bound < 0)
+        *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, key_tile_keys, a->E);
+    if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
+    real floor = FN(bias_floor)(least, q_bound * *key_bound * (real)a->scale);
+    idx_t hidden_tail = FN(bias_hidden_tail)(a, item->bias, q0, nq, j0, nk, floor);
+    *kept = nk - hidden_tail;
+    return hidden_tail == nk ? KEY_TILE_BIASED : KEY_TILE_COMPUTED;
 }
 
 /* 1 when every row of the tile ended with a max above the mask's fill
@@ -357,10 +379,11 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
  * ends at or below the fill (its scores that large and negative, or NaN),
  * that is not so, and the tile is computed again with every key tile
  * (tile_again). With a bias, a query tile leaves out the key tiles whose
- * bias is -inf at all of its positions (torch-style padding), and the keys
- * at a key tile's end whose bias is -inf for all its queries (a causal
- * mask as a bias), when their scores are surely -inf (key_tile_left_out):
- * exactly 0 weights, whatever the max. Decided per query tile, so a row's bits never depend on which
+ * bias hides all of its positions (torch-style padding), and the keys at a
+ * key tile's end whose bias hides them from all its queries (a causal mask
+ * as a bias), when their weights are surely exactly 0 (key_tile_left_out):
+ * -inf, whatever the max, or a finite value far below every row's max so
+ * far (bias_floor). Decided per query tile, so a row's bits never depend on which
  * rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
@@ -397,8 +420,9 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             idx_t tile_nk = attnc_min(tile_end - j0, nk);
-            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], q0, nq, j0, tile_nk, nk,
-                                                 &values_finite, &key_bound, &tile_nk);
+            FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
+            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], view.run_max, q0, nq, j0,
+                                                 tile_nk, nk, &values_finite, &key_bound, &tile_nk);
             if (left_out != KEY_TILE_COMPUTED) {
                 mask_skipped[tile] |= left_out == KEY_TILE_MASKED;
                 continue;
@@ -408,7 +432,6 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
                 FN(pack_value_tile)(t, a, item, j0, nk);
                 packed = 1;
             }
-            FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
             FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk);
         }
     }

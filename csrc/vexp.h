@@ -110,6 +110,9 @@ static inline vreal FN(vexp_lanes)(vreal x, int for_bf16)
     return FN(polynomial_exp)(r, for_bf16) * (vreal)bits; /* NaN in, NaN out through r */
 }
 
+/* The argument at and below which exp gives exactly 0 (the clamp's 2^n == 0) */
+static inline real FN(exp_zero_at_or_below)(void) { return EXP_LO; }
+
 /* exp of one real: the lanes' function, so that it has the same bits */
 static inline real FN(vexp)(real x) { return FN(vexp_lanes)(vset1(x), 0)[0]; }
 

@@ -287,9 +287,9 @@ def test_sdpa_backward_band_keeps_pairs_whose_products_overflow(overflow, dtype,
     """Pairs outside the causal band are left out only when dP = dO . V and D = dO . O are
     surely finite: a finite value (or output) and dO whose product overflows give 0 * inf,
     NaN, at the hidden pairs in PyTorch's math path. The oracle: the band given as a bias
-    (0 and a finite -max/2), which weighs the same and is never left out; the gradients
-    must have the same bits, and grad_query NaN in rows that cannot see the huge key, as
-    in PyTorch."""
+    (0 and a finite -max/2), which weighs the same and, the products overflowing, is not
+    left out either; the gradients must have the same bits, and grad_query NaN in rows
+    that cannot see the huge key, as in PyTorch."""
     rng = np.random.default_rng(47)
     L = 400
     q, k, v = (normal(rng, (1, 2, L, 16), dtype) for _ in range(3))
@@ -313,8 +313,10 @@ def test_sdpa_backward_band_keeps_pairs_whose_products_overflow(overflow, dtype,
 @pytest.mark.parametrize("values", ["normal", "nan value", "nan grad_out", "inf out", "nan lse",
                                     "dO . V overflows", "dO . O overflows"])
 def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, simd_mode):
-    """The oracle: every 8th row's hidden keys get -1e30 instead of -inf (a weight of 0
-    just the same), so that no block is -inf all over and every pair is computed; every
+    """The oracle: every 8th row's hidden keys get -2000 instead of -inf (a weight of
+    exactly 0 just the same, in float64 too: exp(-2000) is below its range), far above
+    the floor under which a finite bias's pairs are left out (bias_floor: here below
+    -5000), so that no block is hidden all over and every pair is computed; every
     gradient must have the same bits. A NaN value, dO or inf output reaching the hidden
     pairs' gradients (0 * NaN), finite ones whose dP = dO . V or D = dO . O overflows (0 *
     inf), or a NaN lse given for a row (every P of the row NaN), must keep them computed."""
@@ -324,7 +326,7 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
     bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
     every_pair = bias.copy()
     dead = np.arange(L) % 8 == 0
-    every_pair[:, :, dead] = np.where(np.isinf(every_pair[:, :, dead]), -1e30, 0)
+    every_pair[:, :, dead] = np.where(np.isinf(every_pair[:, :, dead]), -2000, 0)
     g = normal(rng, (3, 2, L, 16), dtype)
     if values == "nan value":
         v[0, 1, 600, 2] = np.nan      # item 0 hides keys 250..699
@@ -351,6 +353,55 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
         assert skipped.tobytes() == computed.tobytes()
     if values != "normal":
         assert np.isnan(results[0][1][0, 1]).any()   # grad_key of item 0's head 1
+
+
+@pytest.mark.parametrize("fill", ["finfo.min", "-1e9"])
+def test_sdpa_backward_finite_mask_bias_bits_as_minus_inf(fill, dtype, simd_mode):
+    """A causal and padding mask of finite values far below the scores (Hugging Face's
+    torch.finfo(dtype).min): every hidden key weighs exactly 0, as under -inf, so the
+    forward and the gradients must have the bits of the -inf mask (every row keeps key 0),
+    whose pairs are left out when hidden all over (tested against every pair computed
+    above), while the finite mask's are left out below a floor of the rows' lse."""
+    rng = np.random.default_rng(52)
+    q, k, v, keep = padded_batch(rng, dtype, L=300, S=500)
+    keep[1:] = True
+    keep = keep & np.tril(np.ones((300, 500), bool), 200)
+    g = normal(rng, (3, 2, 300, 16), dtype)
+    low = np.finfo(dtype).min if fill == "finfo.min" else -1e9
+    results = []
+    for hidden in (low, -np.inf):
+        bias = np.where(keep, 0.0, hidden).astype(dtype)
+        out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+        grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+        results.append((out, *grads))
+    for finite, minus_inf in zip(*results):
+        assert finite.tobytes() == minus_inf.tobytes()
+
+
+@pytest.mark.parametrize("variant", ["hidden keys score high", "rows' lse far apart"])
+def test_sdpa_backward_finite_mask_bias_that_weighs_is_computed(variant, simd_mode):
+    """Finite masks whose hidden keys still weigh: item 0's hidden keys' q . k (up to 2e4)
+    outweighs a fill of -1e4; odd rows' kept keys biased by 1e5 beside even rows' 0, with a
+    fill of -3 (the floor must be far below the lowest lse of a tile, not the highest).
+    Oracle: torch's autograd in float64."""
+    rng = np.random.default_rng(53)
+    q, k, v, keep = padded_batch(rng, np.float64, L=300, S=500)
+    keep = keep & np.tril(np.ones((300, 500), bool), 200)
+    kept, fill = 0.0, -1e4
+    if variant == "hidden keys score high":
+        q[0] = np.abs(q[0])
+        k[0, :, 250:] = np.abs(k[0, :, 250:]) * 3000
+    else:
+        kept, fill = np.where(np.arange(300)[:, None] % 2, 1e5, 0.0), -3.0
+    bias = np.where(keep, kept, fill)
+    g = normal(rng, (3, 2, 300, 16))
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+    Q, K, V = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias)
+    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g))
+    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
+        check(got, w, np.float64, name)
 
 
 # ============================================================================

@@ -267,9 +267,9 @@ def test_padding_bias_matches_torch(causal, dtype, simd_mode):
 @pytest.mark.parametrize("values", ["normal", "overflowing", "nan hidden value"])
 @pytest.mark.parametrize("hidden_key", [600, 300], ids=["in a hidden key tile", "in a key tile's hidden end"])
 def test_padding_bias_leaves_the_bits_as_computing_every_key(values, hidden_key, dtype, simd_mode):
-    """The oracle: the same rows computed over every key tile. Every 8th row's hidden
-    scores get a finite bias (-1e30) instead of -inf, so no key tile is -inf for all of a
-    tile's rows and none is left out or cut short; the other rows' bits must be the same.
+    """The oracle: the same rows computed over every key tile. Every 8th row keeps every
+    key (a bias of 0), so no key tile is hidden from all of a tile's rows and none is
+    left out or cut short; the other rows' bits must be the same.
     With overflowing hidden scores (inf - inf: NaN, as in PyTorch) or a NaN value (times
     its weight 0: NaN) nothing may be left out: at key 600 (item 0 keeps keys 0..249, so
     the key tile holding 600 is hidden whole) or 300 (in the hidden end of the key tile
@@ -287,7 +287,7 @@ def test_padding_bias_leaves_the_bits_as_computing_every_key(values, hidden_key,
     bias = np.broadcast_to(padding_bias(keep, dtype), (3, 1, L, keep.shape[-1]))
     every_key = bias.copy()
     dead = np.arange(L) % 8 == 0
-    every_key[:, :, dead] = np.where(np.isinf(every_key[:, :, dead]), -1e30, 0)
+    every_key[:, :, dead] = 0
     with np.errstate(all="ignore"):
         skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, scale=scale)
         computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, scale=scale)
@@ -350,6 +350,74 @@ def test_causal_mask_as_a_bias_matches_torch_and_is_causal(layout, dtype, simd_m
     rows_with_a_key = ~np.isnan(want)   # torch: NaN for a row with no key (attnc: 0)
     assert_close(out[rows_with_a_key], want[rows_with_a_key], dtype)
     np.testing.assert_array_equal(out[~rows_with_a_key], 0)
+
+
+# finite masks as biases: torch.finfo(dtype).min (Hugging Face's), -1e4 (BERT's), which
+# weigh exactly 0 once a row's max is far enough above them (attention_impl.h's bias_floor)
+
+FINITE_FILLS = {"finfo.min": None, "-1e4": -1e4, "-1e3": -1e3, "-30": -30.0}
+
+
+def _finite_mask_case(variant, dtype):
+    """q, k, v (3, 2, 300, 16) with keys (500) hidden by padding and a causal band
+    (bottom-right): keep (3, 1, 300, 500). Variants whose hidden keys must still be
+    computed: every query 0 (all scores 0, so a fill of -30 weighs e^-30, not 0); hidden
+    keys whose q . k outweighs a fill of -1e3; kept scores far below zero (about -1e3 to
+    -1e4, so that a fill of -1e4 is not far below them); a tile's rows' maxima far apart
+    (odd rows' kept keys biased by 1e4: the fill must be far below the lowest max). Also
+    returns the bias of the kept keys."""
+    rng = np.random.default_rng(51)
+    q, k, v, keep = padded_batch(rng, dtype, L=300, S=500)
+    keep = keep & np.tril(np.ones((300, 500), bool), 200)
+    if variant == "queries 0":
+        q[:] = 0
+    elif variant == "hidden keys score high":   # item 0's q . k / 4 about 1e3 at its hidden keys 250..499
+        q[0] = np.abs(q[0])
+        k[0, :, 250:] = np.abs(k[0, :, 250:]) * 600
+    elif variant == "kept scores far below 0":
+        q[:] = -np.abs(q) * 30
+        k[:] = np.abs(k) * 30
+    kept = np.where(np.arange(300)[:, None] % 2, 1e4, 0.0) if variant == "rows' maxima far apart" else 0.0
+    return q, k, v, keep, kept
+
+
+@pytest.mark.parametrize("variant", ["normal", "queries 0", "hidden keys score high", "kept scores far below 0",
+                                     "rows' maxima far apart"])
+@pytest.mark.parametrize("fill", list(FINITE_FILLS))
+def test_finite_mask_bias_leaves_the_bits_as_computing_every_key(fill, variant, dtype, simd_mode):
+    """The oracle: the same rows computed over every key, every 8th row's bias 1e30 at
+    every key (far above any floor its tile's maxima could make, so that the tile leaves
+    no key out); the other rows' bits must be the same whichever keys their tiles leave
+    out."""
+    q, k, v, keep, kept = _finite_mask_case(variant, dtype)
+    low = np.finfo(dtype).min if FINITE_FILLS[fill] is None else FINITE_FILLS[fill]
+    bias = np.where(keep, kept, low).astype(dtype)
+    every_key = bias.copy()
+    dead = np.arange(300) % 8 == 0
+    every_key[:, :, dead] = 1e30
+    skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+    computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key)
+    assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+
+
+@pytest.mark.parametrize("dtype, variant", [(np.float64, "normal"), (np.float64, "hidden keys score high"),
+                                            (np.float64, "kept scores far below 0"),
+                                            (np.float64, "rows' maxima far apart"), (np.float32, "normal")])
+@pytest.mark.parametrize("fill", list(FINITE_FILLS))
+def test_finite_mask_bias_matches_torch(fill, variant, dtype):
+    """torch's float64 math over every key, on the rows that keep a key. In float32, the
+    variants' scores of +-1e3 and more keep only a few digits, whose rounding alone moves
+    the weights by 1e-4 and more; and a row that keeps no key has scores fill + q . k,
+    which round to the fill itself (equal weights) in float32 and not in float64."""
+    q, k, v, keep, kept = _finite_mask_case(variant, dtype)
+    low = np.finfo(dtype).min if FINITE_FILLS[fill] is None else FINITE_FILLS[fill]
+    bias = np.where(keep, kept, low).astype(dtype)
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+    tq, tk, tv, tb = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v, bias))
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb).numpy()
+    sees_a_key = np.broadcast_to(keep.any(-1), out.shape[:-1])
+    assert sees_a_key.mean() > 0.7
+    assert_close(out[sees_a_key], want[sees_a_key], dtype)
 
 
 def test_nn_multihead_key_padding_mask_matches_torch(dtype):
