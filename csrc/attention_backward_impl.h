@@ -421,7 +421,7 @@ static void FN(skips_task)(void *ctx, idx_t b)
     real q_bound = a->bias ? FN(rows_norm_bound)(item.fwd.q, a->q.row_stride, a->L, a->E) : (real)INFINITY;
     int bias = a->bias && products_bounded && FN(scores_bounded)(a, q_bound, keys_bound);
     job->item_skips[b] = (FN(pair_skips)){(band_and_mask ? SKIP_BAND_AND_MASK : 0) | (bias ? SKIP_BIAS : 0),
-                                          bias ? q_bound * keys_bound * (real)a->scale : 0};
+                                          bias ? FN(score_bound)(a, q_bound, keys_bound) : 0};
 }
 
 #ifndef ATTNC_GRAD_PASSES

@@ -332,7 +332,7 @@ static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_vi
     if (*key_bound < 0)
         *key_bound = FN(rows_norm_bound)(item->k + j0 * a->k.row_stride, a->k.row_stride, key_tile_keys, a->E);
     if (!FN(scores_bounded)(a, q_bound, *key_bound)) return KEY_TILE_COMPUTED;
-    real floor = FN(bias_floor)(least, q_bound * *key_bound * (real)a->scale);
+    real floor = FN(bias_floor)(least, FN(score_bound)(a, q_bound, *key_bound));
     idx_t hidden_tail = FN(bias_hidden_tail)(a, item->bias, q0, nq, j0, nk, floor);
     *kept = nk - hidden_tail;
     return hidden_tail == nk ? KEY_TILE_BIASED : KEY_TILE_COMPUTED;

@@ -524,9 +524,16 @@ static real FN(queries_bound)(const attnc_attention_args *a, const FN(item_view)
                : (real)INFINITY;
 }
 
+/* A bound on |scale * q . k| for rows of q and k within these 2-norm bounds
+ * (Cauchy-Schwarz); the scale may be negative. */
+static inline real FN(score_bound)(const attnc_attention_args *a, real q_bound, real k_bound)
+{
+    return q_bound * k_bound * (real)fabs(a->scale);
+}
+
 static inline int FN(scores_bounded)(const attnc_attention_args *a, real q_bound, real k_bound)
 {
-    return q_bound * k_bound * (real)a->scale <= SCORE_BOUND; /* false for inf or NaN */
+    return FN(score_bound)(a, q_bound, k_bound) <= SCORE_BOUND; /* false for inf or NaN */
 }
 
 /* 1 when computing the split would give every row of the group e = 0

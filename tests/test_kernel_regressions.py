@@ -504,3 +504,34 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
     assert "outer whole" in out
     delay = float(out.split("delay")[1].split()[0])
     assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after the handler raised it"
+
+
+@pytest.mark.parametrize("case", ["band, a hidden score +inf", "bias of -1000"])
+def test_a_negative_scale_gives_the_bits_of_the_positive_one_with_keys_negated(case, dtype, simd_mode):
+    """scale * q . k with a negative scale: the shortcuts' bound on the scores was scale
+    times the rows' norms, negative, so it passed every check: the causal band's hidden
+    keys were left out where a score overflows to +inf (+inf - inf: NaN in PyTorch's math
+    path, as with a positive scale), and a bias of -1000 hid keys whose scores were not
+    far below. Oracle: the same scores from -scale and -k, whose products are the same
+    numbers exactly: out, lse and the gradients (grad_key negated, its zeros +0) must have
+    the same bits."""
+    rng = np.random.default_rng(54)
+    q, k, v, g = (rng.standard_normal((1, 2, 300, 16)).astype(dtype) for _ in range(4))
+    kw, scale = {}, -0.5
+    if case == "band, a hidden score +inf":
+        huge = 1e19 if dtype == np.float32 else 1e154
+        q[0, 0] = np.abs(q[0, 0]) * huge
+        k[0, 0, 250] = -np.abs(k[0, 0, 250]) * huge * 10    # hidden from queries 0..249
+        kw, scale = dict(is_causal=True), -1.0
+    else:
+        kw = dict(attn_bias=np.where(np.arange(300) < 150, 0.0, -1000.0).astype(dtype))
+    results = []
+    for keys, s in ((k, scale), (-k, -scale)):
+        with np.errstate(all="ignore"):
+            out, lse = F.scaled_dot_product_attention(q, keys, v, scale=s, return_lse=True, **kw)
+            grads = F.scaled_dot_product_attention_backward(g, q, keys, v, out, lse, scale=s, **kw)
+        results.append((out, lse, grads[0], grads[1] + 0 if s < 0 else 0 - grads[1], grads[2]))  # zeros as +0
+    for negative, positive in zip(*results):
+        assert negative.tobytes() == positive.tobytes()
+    if case == "band, a hidden score +inf":
+        assert np.isnan(results[0][0][0, 0, :250]).any(-1).all()
