@@ -259,10 +259,11 @@ static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t 
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
-/* 1 when P = exp(s - lse) of each of the n rows is recomputed from its
- * lse (|lse| <= EXACT_LSE_LIMIT; not NaN), so that a score of the mask's
- * fill (-1e20) gets P = 0 exactly */
-static inline int FN(fill_weighs_nothing)(const real *lse, idx_t n)
+/* 1 when P = exp(s - lse) of each of the n rows is recomputed from the
+ * lse given (|lse| <= EXACT_LSE_LIMIT; not NaN), so that a score far below
+ * it (the mask's fill, -1e20; a bias under the bias_floor of the lse) gets
+ * P = 0 exactly, whatever lse the caller passed */
+static inline int FN(weights_from_lse)(const real *lse, idx_t n)
 {
     for (idx_t i = 0; i < n; i++)
         if (!(lse[i] >= -(real)EXACT_LSE_LIMIT && lse[i] <= (real)EXACT_LSE_LIMIT)) return 0;
@@ -293,9 +294,8 @@ enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
  * query of the tile sees some key of the block (its band meets the block,
  * the mask does not hide the whole block from the tile, and the bias does
  * not hide it all: -inf, or a finite mask's value far enough below the
- * rows' lse, as the forward's bias_floor of their running maxima: P =
- * exp(s - shift) with a shift of lse, or of the row's max where that is
- * within log(S) of lse, well inside the floor's margin), or the item's
+ * rows' lse, as the forward's bias_floor of their running maxima, where P =
+ * exp(s - lse) with the lse given: weights_from_lse), or the item's
  * hidden pairs are not skipped. A hidden pair adds exact zeros to every
  * gradient (its P is 0, its dS 0, and every number they multiply is
  * finite), so leaving it out changes no bit (but a -0 sum that becomes +0).
@@ -309,10 +309,12 @@ static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_vie
     if (item->skips.flags & SKIP_BAND_AND_MASK) {
         if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0)
             return 0;
-        if (cover == MASK_HIDES_ALL && FN(fill_weighs_nothing)(item->lse + i0, nq)) return 0;
+        if (cover == MASK_HIDES_ALL && FN(weights_from_lse)(item->lse + i0, nq)) return 0;
     }
     if (!((item->skips.flags & SKIP_BIAS) && cover == MASK_KEEPS_ALL && FN(lse_not_nan)(item->lse + i0, nq))) return 1;
-    real floor = FN(bias_floor)(FN(least_max)(item->lse + i0, nq), item->skips.score_bound);
+    /* a finite floor only where P is computed from the lse given (not from a row's own max) */
+    real least = FN(weights_from_lse)(item->lse + i0, nq) ? FN(least_max)(item->lse + i0, nq) : -(real)INFINITY;
+    real floor = FN(bias_floor)(least, item->skips.score_bound);
     return FN(bias_hidden_tail)(a, item->fwd.bias, i0, nq, j0, nk, floor) < nk;
 }
 

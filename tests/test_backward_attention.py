@@ -404,6 +404,29 @@ def test_sdpa_backward_finite_mask_bias_that_weighs_is_computed(variant, simd_mo
         check(got, w, np.float64, name)
 
 
+@pytest.mark.parametrize("lse_given", ["lse + 1e5", "one row's lse 1e30"])
+def test_sdpa_backward_finite_mask_bias_with_an_lse_beyond_the_exact_limit(lse_given, dtype):
+    """An lse far from the forward's: attnc recomputes the rows' max and sum for |lse|
+    beyond a limit, so the gradients are still the math path's; a finite mask's pairs
+    must not be left out by a floor made from that lse (a review found every pair left
+    out: gradients 0). Oracle: torch's autograd in float64."""
+    rng = np.random.default_rng(55)
+    q, k, v, keep = padded_batch(rng, dtype, L=64, S=256)
+    bias = np.where(keep, 0.0, np.finfo(dtype).min).astype(dtype)
+    g = normal(rng, (3, 2, 64, 16), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
+    if lse_given == "lse + 1e5":   # beyond the limit of both dtypes (128, 65536)
+        lse = lse + 1e5
+    else:
+        lse[:, :, 0] = 1e30
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
+    Q, K, V = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
+    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias.astype(np.float64))
+    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g.astype(np.float64)))
+    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+
+
 # ============================================================================
 # dropout: the module's gradients are torch's under the module's own mask
 
