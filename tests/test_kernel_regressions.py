@@ -506,23 +506,27 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
     assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after the handler raised it"
 
 
-@pytest.mark.parametrize("case", ["band, a hidden score +inf", "bias of -1000"])
+@pytest.mark.parametrize("case", ["band, a hidden score +inf", "rows path, a window's hidden score +inf",
+                                  "bias of -1000"])
 def test_a_negative_scale_gives_the_bits_of_the_positive_one_with_keys_negated(case, dtype, simd_mode):
     """scale * q . k with a negative scale: the shortcuts' bound on the scores was scale
     times the rows' norms, negative, so it passed every check: the causal band's hidden
-    keys were left out where a score overflows to +inf (+inf - inf: NaN in PyTorch's math
-    path, as with a positive scale), and a bias of -1000 hid keys whose scores were not
-    far below. Oracle: the same scores from -scale and -k, whose products are the same
-    numbers exactly: out, lse and the gradients (grad_key negated, its zeros +0) must have
-    the same bits."""
+    keys (and the decoding rows path's key splits outside a window) were left out where a
+    score overflows to +inf (+inf - inf: NaN in PyTorch's math path, as with a positive
+    scale), and a bias of -1000 hid keys whose scores were not far below. Oracle: the same
+    scores from -scale and -k, whose products are the same numbers exactly: out, lse and
+    the gradients (grad_key negated, its zeros +0) must have the same bits."""
     rng = np.random.default_rng(54)
-    q, k, v, g = (rng.standard_normal((1, 2, 300, 16)).astype(dtype) for _ in range(4))
+    L, S = (4, 2048) if case.startswith("rows path") else (300, 300)
+    q, g = (rng.standard_normal((1, 2, L, 16)).astype(dtype) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, S, 16)).astype(dtype) for _ in range(2))
     kw, scale = {}, -0.5
-    if case == "band, a hidden score +inf":
+    if case != "bias of -1000":
         huge = 1e19 if dtype == np.float32 else 1e154
         q[0, 0] = np.abs(q[0, 0]) * huge
-        k[0, 0, 250] = -np.abs(k[0, 0, 250]) * huge * 10    # hidden from queries 0..249
-        kw, scale = dict(is_causal=True), -1.0
+        k[0, 0, 250] = -np.abs(k[0, 0, 250]) * huge * 10    # hidden from queries 0..249 (all 4 rows)
+        scale = -1.0
+        kw = dict(is_causal=True) if L == S else dict(window=(100, 0), causal_alignment="bottom_right")
     else:
         kw = dict(attn_bias=np.where(np.arange(300) < 150, 0.0, -1000.0).astype(dtype))
     results = []
@@ -533,5 +537,5 @@ def test_a_negative_scale_gives_the_bits_of_the_positive_one_with_keys_negated(c
         results.append((out, lse, grads[0], grads[1] + 0 if s < 0 else 0 - grads[1], grads[2]))  # zeros as +0
     for negative, positive in zip(*results):
         assert negative.tobytes() == positive.tobytes()
-    if case == "band, a hidden score +inf":
+    if case != "bias of -1000":
         assert np.isnan(results[0][0][0, 0, :250]).any(-1).all()
