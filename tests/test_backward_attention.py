@@ -124,6 +124,16 @@ def test_module_gradients_match_torch(model, dtype):
 # the functional backward
 
 
+def check_biased_grads(grads, q, k, v, bias, g, dtype):
+    """attnc's (grad_q, grad_k, grad_v) against torch's autograd in float64 of
+    softmax(q k^T / 4 + bias) v (E = 16)."""
+    Q, K, V = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
+    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(np.asarray(bias, np.float64))
+    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g.astype(np.float64)))
+    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+
+
 def torch_sdpa(q, k, v, g, mask=None, causal=False, scale=None):
     """(out, lse, grad_q, grad_k, grad_v) of the math path by autograd in float64."""
     Q, K, V = (torch.tensor(np.asarray(a, np.float64), requires_grad=True) for a in (q, k, v))
@@ -275,11 +285,7 @@ def test_sdpa_backward_padding_bias_matches_torch(dtype):
     g = normal(rng, (3, 2, q.shape[-2], 16), dtype)
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
     grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
-    Q, K, V = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
-    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias.astype(np.float64))
-    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g.astype(np.float64)))
-    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
-        check(got, w, dtype, name)
+    check_biased_grads(grads, q, k, v, bias, g, dtype)
 
 
 @pytest.mark.parametrize("overflow", ["dO . V", "dO . O"])
@@ -397,11 +403,7 @@ def test_sdpa_backward_finite_mask_bias_that_weighs_is_computed(variant, simd_mo
     g = normal(rng, (3, 2, 300, 16))
     out, lse = F.scaled_dot_product_attention(q, k, v, attn_bias=bias, return_lse=True)
     grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
-    Q, K, V = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
-    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias)
-    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g))
-    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
-        check(got, w, np.float64, name)
+    check_biased_grads(grads, q, k, v, bias, g, np.float64)
 
 
 @pytest.mark.parametrize("lse_given", ["lse + 1e5", "one row's lse 1e30"])
@@ -420,11 +422,7 @@ def test_sdpa_backward_finite_mask_bias_with_an_lse_beyond_the_exact_limit(lse_g
     else:
         lse[:, :, 0] = 1e30
     grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_bias=bias)
-    Q, K, V = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
-    scores = Q @ K.transpose(-1, -2) / 4 + torch.from_numpy(bias.astype(np.float64))
-    (torch.softmax(scores, -1) @ V).backward(torch.from_numpy(g.astype(np.float64)))
-    for got, w, name in zip(grads, (Q.grad, K.grad, V.grad), ("grad_query", "grad_key", "grad_value")):
-        check(got, w, dtype, name)
+    check_biased_grads(grads, q, k, v, bias, g, dtype)
 
 
 # ============================================================================
