@@ -295,6 +295,71 @@ static real FN(bias_floor)(real least, real score_bound)
     return floor > -(real)INFINITY ? floor : -(real)INFINITY; /* NaN: a NaN max, every max +inf, or no score_bound */
 }
 
+/* The largest bias of query i within its band, NaN skipped (a NaN row's
+ * out is NaN whatever its keys), -inf for none; contiguous, in vectors. */
+static real FN(band_bias_max)(const attnc_attention_args *a, const elem *bias, idx_t i)
+{
+    idx_t begin = attnc_band_begin(&a->band, i, a->S), end = attnc_band_end(&a->band, i, a->S);
+    idx_t cs = a->bias_cs, n = end > begin ? (cs ? end - begin : 1) : 0, j = 0;
+    const elem *row = bias + i * a->bias_rs + begin * cs;
+    real most = -(real)INFINITY;
+    if (cs == 1 && n >= VLANES) {
+        vreal lanes = vset1(most);
+        for (; j + VLANES <= n; j += VLANES) lanes = vmax(vload_elems(row + j), lanes); /* a NaN keeps the lane */
+        for (int l = 0; l < VLANES; l++) most = lanes[l] > most ? lanes[l] : most;
+    }
+    for (; j < n; j++) most = to_real(row[j * cs]) > most ? to_real(row[j * cs]) : most;
+    return most;
+}
+
+/* A least maximum score (as least_max's) that the bias makes sure of for
+ * queries [q0, q0+nq): each row sees the key of its largest bias within its
+ * band (the item has no mask to hide it, and no floor is above it), whose
+ * score is at least that bias less the bound on |scale q . k| (q_bound: the
+ * queries' rows_norm_bound, keys_norm: every key's). A key whose bias is at
+ * or below the bias_floor of it weighs exactly 0 once the row's max is final.
+ * Computed under a lower max (left padding: the keys before a row's first
+ * kept one), what it adds to the row's sums, their rounding included, is
+ * scaled by exp(that max - the final one), below exp(7 x
+ * exp_zero_at_or_below), to exactly 0 by the end: leaving it out gives the
+ * same bits (but for the sign of an exact zero), except where computing it
+ * left a residue PyTorch's math path has not (values near the largest,
+ * whose sum overflowed: inf x 0 = NaN; a subnormal out's last unit, which a
+ * rescale by more than 1/2 keeps): there it gives the math path's. */
+static real FN(bias_least_max)(const attnc_attention_args *a, const FN(item_view) *item, idx_t q0, idx_t nq,
+                               real q_bound, real keys_norm)
+{
+    real least = (real)INFINITY;
+    for (idx_t r = 0; r < (a->bias_rs || a->band.on ? nq : 1); r++) {
+        real most = FN(band_bias_max)(a, item->bias, q0 + r);
+        least = most < least ? most : least;
+    }
+    return least - FN(score_bound)(a, q_bound, keys_norm);
+}
+
+/* Whether the query tile [q0, q0+nq) has a bias_least_max worth its cost
+ * (a pass over the tile's bias), decided at the first key tile [j0, j0+nk)
+ * it meets while a row of it has seen no key (run_max -inf: only then is it
+ * above least_max) with the bias of its last query at the tile's last key
+ * finite (-inf hides whatever the max): computed if that bias is at or below
+ * the bias_floor of its row's largest bias (no bias_least_max is above it),
+ * else -inf, as with a mask. Returns 1 once decided (*least set); keys_norm:
+ * every key's rows_norm_bound, computed on first use, -1 until then. */
+static int FN(tile_bias_least)(const attnc_attention_args *a, const FN(item_view) *item, const real *run_max,
+                               idx_t q0, idx_t nq, idx_t j0, idx_t nk, real q_bound, real *keys_norm, real *least)
+{
+    *least = -(real)INFINITY;
+    if (!item->bias || item->mask || !(q_bound < (real)INFINITY) || FN(least_max)(run_max, nq) > -(real)INFINITY)
+        return 1;
+    idx_t last = q0 + nq - 1;
+    real probe = to_real(item->bias[last * a->bias_rs + (j0 + nk - 1) * a->bias_cs]);
+    if (probe == -(real)INFINITY) return 0;
+    if (!(probe <= FN(bias_floor)(FN(band_bias_max)(a, item->bias, last), 0))) return 1;
+    if (*keys_norm < 0) *keys_norm = FN(rows_norm_bound)(item->k, a->k.row_stride, a->S, a->E);
+    *least = FN(bias_least_max)(a, item, q0, nq, q_bound, *keys_norm);
+    return 1;
+}
+
 /* Whether the query tile [q0, q0+nq) leaves out the key tile at j0 (nk of
  * its key_tile_keys keys within the tile's band), and how many of its first
  * keys it computes (*kept, when it does not): KEY_TILE_MASKED when the mask
@@ -302,7 +367,8 @@ static real FN(bias_floor)(real least, real score_bound)
  * key) and the values are finite (0 * inf would be NaN); KEY_TILE_BIASED when
  * the mask hides none of it and the bias hides all of it: -inf everywhere
  * (every score -inf, weighing exactly 0), or at or below the bias_floor of
- * the tile's rows' running maxima (run_max), with the values finite and no
+ * the tile's rows' running maxima (run_max) or of bias_least (the tile's
+ * bias_least_max), whichever is larger, with the values finite and no
  * score overflowing (scores_bounded; q_bound: the tile's queries'
  * rows_norm_bound, key_bound: the key tile's keys', computed on first use, -1
  * until then); under the same conditions, keys at the block's end that the
@@ -311,8 +377,8 @@ static real FN(bias_floor)(real least, real score_bound)
  * tile's values have been read (all key_tile_keys of them, as for key_bound:
  * the query tiles share them). */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
-                                 real q_bound, const real *run_max, idx_t q0, idx_t nq, idx_t j0, idx_t nk,
-                                 idx_t key_tile_keys, int *values_finite, real *key_bound, idx_t *kept)
+                                 real q_bound, real bias_least, const real *run_max, idx_t q0, idx_t nq, idx_t j0,
+                                 idx_t nk, idx_t key_tile_keys, int *values_finite, real *key_bound, idx_t *kept)
 {
     *kept = nk;
     int biased = item->bias && q_bound < (real)INFINITY;
@@ -320,6 +386,7 @@ static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_vi
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
     int masked = mask_skippable && cover == MASK_HIDES_ALL;
     real least = biased && cover == MASK_KEEPS_ALL ? FN(least_max)(run_max, nq) : -(real)INFINITY;
+    if (bias_least > least) least = bias_least; /* the keys before a row's first kept one */
     /* the last query's last key above the floor with no score bound yet: no key at the end is hidden */
     int bias_may_hide = biased && cover == MASK_KEEPS_ALL &&
                         FN(row_hidden_tail)(item->bias + (q0 + nq - 1) * a->bias_rs + j0 * a->bias_cs, a->bias_cs,
@@ -383,7 +450,8 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
  * key tile's end whose bias hides them from all its queries (a causal mask
  * as a bias), when their weights are surely exactly 0 (key_tile_left_out):
  * -inf, whatever the max, or a finite value far below every row's max so
- * far (bias_floor). Decided per query tile, so a row's bits never depend on which
+ * far or the max its largest bias makes sure of (bias_floor, bias_least_max:
+ * left padding too). Decided per query tile, so a row's bits never depend on which
  * rows share its task. */
 static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t b, idx_t i0, idx_t i1)
@@ -391,7 +459,9 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     int skip_hidden[MAX_TILES_PER_TASK]; /* tiles_per_task never exceeds it */
     int mask_skippable[MAX_TILES_PER_TASK], mask_skipped[MAX_TILES_PER_TASK];
     real q_bound[MAX_TILES_PER_TASK]; /* with a bias: the tile's rows_norm_bound (key_tile_left_out) */
-    real keys_bound = a->band.on ? FN(keys_bound)(a, item->k, item->v, a->S) : (real)INFINITY;
+    real bias_least[MAX_TILES_PER_TASK]; /* the tile's bias_least_max or -inf, once decided (tile_bias_least) */
+    int bias_least_decided[MAX_TILES_PER_TASK];
+    real keys_bound = a->band.on ? FN(keys_bound)(a, item->k, item->v, a->S) : (real)INFINITY, keys_norm = -1;
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
      * tile meets the same key tiles however the queries are split into tasks */
@@ -410,6 +480,8 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         mask_skipped[tile] = 0;
         q_bound[tile] = item->bias ? FN(rows_norm_bound)(item->q + q0 * a->q.row_stride, a->q.row_stride, nq, a->E)
                                    : (real)INFINITY;
+        bias_least[tile] = -(real)INFINITY;
+        bias_least_decided[tile] = 0;
     }
     for (idx_t j0 = begin / BLOCK_K * BLOCK_K; j0 < end && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = attnc_min(end - j0, BLOCK_K);
@@ -421,8 +493,12 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             if (j0 >= tile_end || j0 + BLOCK_K <= tile_begin) continue; /* outside every band of the tile */
             idx_t tile_nk = attnc_min(tile_end - j0, nk);
             FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
-            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], view.run_max, q0, nq, j0,
-                                                 tile_nk, nk, &values_finite, &key_bound, &tile_nk);
+            if (!bias_least_decided[tile])
+                bias_least_decided[tile] = FN(tile_bias_least)(a, item, view.run_max, q0, nq, j0, tile_nk, q_bound[tile],
+                                                               &keys_norm, &bias_least[tile]);
+            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], bias_least[tile],
+                                                 view.run_max, q0, nq, j0, tile_nk, nk, &values_finite, &key_bound,
+                                                 &tile_nk);
             if (left_out != KEY_TILE_COMPUTED) {
                 mask_skipped[tile] |= left_out == KEY_TILE_MASKED;
                 continue;

@@ -420,6 +420,108 @@ def test_finite_mask_bias_matches_torch(fill, variant, dtype):
     assert_close(out[sees_a_key], want[sees_a_key], dtype)
 
 
+def _left_padded_case(variant, dtype):
+    """q (3, 2, 300, 16), k, v (3, 2, 700, 16), and the keys a finite mask hides: item b's
+    first 0, 250, 450 (left padding: whole key tiles and part of one, before every kept key
+    of a row). Variants: "ramp" biases the kept keys -0.05 x their distance from key i + 400,
+    so that a row's max climbs key tile by key tile in steps far under 88 (the padding's
+    sums, were they computed first, would be scaled down step by step); "padded values huge"
+    gives the padding's values 1e30 (1e4 in float16) in column 0, which is 0 at the kept
+    keys; "padding outscores the kept keys": kept q . k about -5000, padding (bias -3000,
+    keys near 0) weighs everything. Returns q, k, v, padded (3, 1, 1, 700) and the kept
+    keys' bias (broadcast to (1, 1, 300, 700))."""
+    rng = np.random.default_rng(53)
+    q, k, v = (rng.standard_normal((3, 2, n, 16)).astype(dtype) for n in (300, 700, 700))
+    padded = np.zeros((3, 1, 1, 700), bool)
+    for b, first_kept in enumerate((0, 250, 450)):
+        padded[b, ..., :first_kept] = True
+    kept_bias = np.zeros((1, 1, 1, 700))
+    if variant == "ramp":
+        kept_bias = -0.05 * np.abs(np.arange(700) - np.arange(300)[:, None] - 400)[None, None]
+    elif variant == "padded values huge":
+        v[..., 0] = np.where(padded[:, :, 0], 1e4 if dtype == np.float16 else 1e30, 0)
+    elif variant == "padding outscores the kept keys":
+        q[:] = -np.abs(q) * 45
+        k[:] = np.where(padded[..., 0, :, None], k * 0.01, np.abs(k) * 45)
+    return q, k, v, padded, kept_bias
+
+
+LEFT_PADDED_CASES = [("normal", "finfo.min"), ("normal", -1e9), ("normal", -1e4), ("normal", -30.0),
+                     ("ramp", "finfo.min"), ("ramp", -1e4), ("padded values huge", "finfo.min"),
+                     ("padding outscores the kept keys", -3000.0)]
+
+
+def _left_padded_bias(variant, fill, dtype, causal):
+    """The case's bias: fill at the padding (finfo.min: the dtype's), the kept keys' bias
+    elsewhere; (3, 1, 1, 700) when that is 0, else (3, 1, 300, 700). With causal, also
+    torch's float64 mask: the bias plus -inf above the (top-left) diagonal."""
+    q, k, v, padded, kept_bias = _left_padded_case(variant, dtype)
+    low = np.finfo(dtype).min if fill == "finfo.min" else fill
+    bias = np.where(padded, low, kept_bias).astype(dtype)
+    torch_mask = bias.astype(np.float64) + np.where(np.tril(np.ones((300, 700), bool)), 0, -np.inf) if causal else bias
+    return q, k, v, bias, torch_mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant, fill", LEFT_PADDED_CASES)
+def test_finite_mask_left_padding_leaves_the_bits_as_computing_every_key(variant, fill, causal, dtype, simd_mode):
+    """Keys before a row's first kept one (left padding), which a finite mask hides: the
+    oracle is the same rows over every key, as in
+    test_finite_mask_bias_leaves_the_bits_as_computing_every_key (every 8th row's bias
+    1e30 at every key: no tile leaves a key out)."""
+    q, k, v, bias, _ = _left_padded_bias(variant, fill, dtype, causal)
+    every_key = np.array(np.broadcast_to(bias, (3, 1, 300, 700)))
+    dead = np.arange(300) % 8 == 0
+    every_key[:, :, dead] = 1e30
+    skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=causal)
+    computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, is_causal=causal)
+    assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("variant, fill", LEFT_PADDED_CASES)
+def test_finite_mask_left_padding_matches_torch(variant, fill, causal):
+    """torch's float64 math over every key (float64: the variants' large scores keep few
+    digits in float32), every row: a row whose keys are all padding (causal: item 2's)
+    weighs them by their q . k."""
+    q, k, v, bias, torch_mask = _left_padded_bias(variant, fill, np.float64, causal)
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=causal)
+    want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v, torch_mask)))
+    assert_close(out, want, np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_finite_mask_left_padding_with_values_near_the_largest_matches_torch(dtype):
+    """The padding's values an eighth of the dtype's largest: their weights are exactly 0,
+    as in torch; computed under the padding's own max (weights about 1), a key tile's P.V
+    sum overflowed to inf, and the later rescale by exactly 0 made NaN rows (before the
+    padding was left out from the bias's least max)."""
+    q, k, v, padded, _ = _left_padded_case("normal", dtype)
+    v[:] = np.where(padded[..., 0, :, None], np.finfo(dtype).max / 8, v)
+    bias = np.where(padded, np.finfo(dtype).min, 0).astype(dtype)
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a.astype(np.float64)) for a in (q, k, v, bias)))
+    assert_close(out, want, dtype)
+
+
+def test_finite_mask_bias_under_a_bool_mask_hiding_its_largest_values_matches_torch():
+    """A bias of -1e5 on keys 0..249 and 0 after, and a bool mask hiding keys 250.. from
+    every query: the keys of the largest bias are hidden, so keys 0..249 weigh everything
+    (a least max made from the bias alone, 0, would leave them out). float64: in float32,
+    scores near -1e5 keep only two decimals."""
+    dtype = np.float64
+    rng = np.random.default_rng(57)
+    q, k, v = (rng.standard_normal((2, 2, n, 16)).astype(dtype) for n in (300, 700, 700))
+    bias = np.where(np.arange(700) < 250, -1e5, 0.0).astype(dtype)
+    keep = np.arange(700) < 250
+    out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, attn_mask=keep)
+    tq, tk, tv = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.from_numpy(
+        np.where(keep, bias.astype(np.float64), -np.inf)[None]))
+    assert_close(out, want, dtype)
+
+
 def test_nn_multihead_key_padding_mask_matches_torch(dtype):
     """nn.MultiheadAttention's key_padding_mask over hundreds of keys (whole key tiles)."""
     rng = np.random.default_rng(27)
