@@ -553,7 +553,7 @@ static int FN(split_hidden)(const attnc_attention_args *a, const FN(item_view) *
     real q_bound = 0;
     for (idx_t r = 0; r < n_rows; r++) {
         real bound = FN(queries_bound)(a, &items[r], queries[r], queries[r] + 1, s0, s0 + n);
-        q_bound = bound > q_bound ? bound : q_bound;
+        q_bound = bound > q_bound || bound != bound ? bound : q_bound; /* a NaN row's NaN stays */
     }
     return FN(scores_bounded)(a, q_bound, FN(keys_bound)(a, k, v, n));
 }

@@ -539,3 +539,24 @@ def test_a_negative_scale_gives_the_bits_of_the_positive_one_with_keys_negated(c
         assert negative.tobytes() == positive.tobytes()
     if case != "bias of -1000":
         assert np.isnan(results[0][0][0, 0, :250]).any(-1).all()
+
+
+@pytest.mark.parametrize("L", [2, 16])
+def test_a_nan_query_on_the_decoding_rows_path_reaches_its_row(L, dtype, simd_mode):
+    """A NaN query whose keys in its causal band are all masked (their scores replaced by
+    the fill) still has NaN scores outside the band, where the band adds -inf (NaN + -inf
+    is NaN, as in PyTorch's math path and on the flash path): its row is NaN. The rows
+    path (L <= 16) took the largest of its rows' score bounds with `>`, which drops a NaN,
+    and left the key splits outside the band out: the row came out finite. The other
+    rows, masked everywhere in their band, attend uniformly to it (the documents'
+    masked_fill): query i's out is the mean of values 0..i."""
+    rng = np.random.default_rng(55)
+    q, k, v = (rng.standard_normal((1, 2, n, 4)).astype(dtype) for n in (L, 3000, 3000))
+    q[0, 1, 1] = np.nan
+    keep = np.arange(3000) >= 1024
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=True, return_lse=True)
+    assert np.isnan(out[0, 1, 1]).all() and np.isnan(lse[0, 1, 1])
+    others = np.ones((2, L), bool)
+    others[1, 1] = False
+    means = np.cumsum(v[0, :, :L].astype(np.float64), axis=1) / np.arange(1, L + 1)[:, None]
+    assert_close(out[0][others], means[others], dtype)
