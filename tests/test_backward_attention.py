@@ -361,10 +361,10 @@ def test_sdpa_backward_padding_bias_bits_as_computing_every_pair(values, dtype, 
         assert np.isnan(results[0][1][0, 1]).any()   # grad_key of item 0's head 1
 
 
-@pytest.mark.parametrize("fill", ["finfo.min", "-1e9"])
+@pytest.mark.parametrize("fill", ["finfo.min", "-1e9", "-1e4"])
 def test_sdpa_backward_finite_mask_bias_bits_as_minus_inf(fill, dtype, simd_mode):
     """A causal and padding mask of finite values far below the scores (Hugging Face's
-    torch.finfo(dtype).min): every hidden key weighs exactly 0, as under -inf, so the
+    torch.finfo(dtype).min, BERT's -1e4): every hidden key weighs exactly 0, as under -inf, so the
     forward and the gradients must have the bits of the -inf mask (every row keeps key 0),
     whose pairs are left out when hidden all over (tested against every pair computed
     above), while the finite mask's are left out below a floor of the rows' lse."""
@@ -373,7 +373,7 @@ def test_sdpa_backward_finite_mask_bias_bits_as_minus_inf(fill, dtype, simd_mode
     keep[1:] = True
     keep = keep & np.tril(np.ones((300, 500), bool), 200)
     g = normal(rng, (3, 2, 300, 16), dtype)
-    low = np.finfo(dtype).min if fill == "finfo.min" else -1e9
+    low = np.finfo(dtype).min if fill == "finfo.min" else float(fill)
     results = []
     for hidden in (low, -np.inf):
         bias = np.where(keep, 0.0, hidden).astype(dtype)
