@@ -184,9 +184,9 @@ static int FN(rows_finite)(const elem *x, idx_t rs, idx_t n, idx_t cols)
  * row's sum of squares; +inf or NaN when a number is not finite (or a sum
  * overflows). By Cauchy-Schwarz, no partial sum of a dot product of two
  * such rows exceeds the product of their bounds (scores_bounded). (The root
- * of all the rows' squares at once, as before, is larger by up to sqrt(n):
- * for a tile of 96 queries and one of 192 keys, a bound on their products
- * 136 times too large, and -1e4 masks were not left out.) */
+ * of all the rows' squares at once is larger by up to sqrt(n): for a tile of
+ * 96 queries and one of 192 keys, a bound 136 times as large on their
+ * products, under which -1e4 masks are not left out.) */
 static real FN(rows_norm_bound)(const elem *x, idx_t rs, idx_t n, idx_t cols)
 {
     real most = 0;
