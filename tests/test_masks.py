@@ -385,18 +385,22 @@ def _finite_mask_case(variant, dtype):
                                      "rows' maxima far apart"])
 @pytest.mark.parametrize("fill", list(FINITE_FILLS))
 def test_finite_mask_bias_leaves_the_bits_as_computing_every_key(fill, variant, dtype, simd_mode):
-    """The oracle: the same rows computed over every key, every 8th row's bias 1e30 at
-    every key (far above any floor its tile's maxima could make, so that the tile leaves
-    no key out); the other rows' bits must be the same whichever keys their tiles leave
-    out."""
+    """The oracle: the same rows computed over every key (_assert_bits_as_every_key); their
+    bits must be the same whichever keys their tiles leave out."""
     q, k, v, keep, kept = _finite_mask_case(variant, dtype)
     low = np.finfo(dtype).min if FINITE_FILLS[fill] is None else FINITE_FILLS[fill]
-    bias = np.where(keep, kept, low).astype(dtype)
-    every_key = bias.copy()
-    dead = np.arange(300) % 8 == 0
-    every_key[:, :, dead] = 1e30
-    skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias)
-    computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key)
+    _assert_bits_as_every_key(q, k, v, np.where(keep, kept, low).astype(dtype))
+
+
+def _assert_bits_as_every_key(q, k, v, bias, **kwargs):
+    """The rows of SDPA with `bias` have the bits of the same rows computed over every key:
+    every 8th query's bias 1e30 at every key, far above any floor its tile's maxima could
+    make, so that no tile leaves a key out; the other rows are compared."""
+    every_key = np.array(np.broadcast_to(bias, bias.shape[:-2] + q.shape[-2:-1] + bias.shape[-1:]))
+    dead = np.arange(q.shape[-2]) % 8 == 0
+    every_key[..., dead, :] = 1e30
+    skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, **kwargs)
+    computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, **kwargs)
     assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
 
 
@@ -466,16 +470,9 @@ def _left_padded_bias(variant, fill, dtype, causal):
 @pytest.mark.parametrize("variant, fill", LEFT_PADDED_CASES)
 def test_finite_mask_left_padding_leaves_the_bits_as_computing_every_key(variant, fill, causal, dtype, simd_mode):
     """Keys before a row's first kept one (left padding), which a finite mask hides: the
-    oracle is the same rows over every key, as in
-    test_finite_mask_bias_leaves_the_bits_as_computing_every_key (every 8th row's bias
-    1e30 at every key: no tile leaves a key out)."""
+    oracle is the same rows over every key (_assert_bits_as_every_key)."""
     q, k, v, bias, _ = _left_padded_bias(variant, fill, dtype, causal)
-    every_key = np.array(np.broadcast_to(bias, (3, 1, 300, 700)))
-    dead = np.arange(300) % 8 == 0
-    every_key[:, :, dead] = 1e30
-    skipped = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=bias, is_causal=causal)
-    computed = attnc.functional.scaled_dot_product_attention(q, k, v, attn_bias=every_key, is_causal=causal)
-    assert skipped[..., ~dead, :].tobytes() == computed[..., ~dead, :].tobytes()
+    _assert_bits_as_every_key(q, k, v, bias, is_causal=causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
