@@ -390,15 +390,30 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
     const elem *row[GEMM_MAX_WIDTH];
     for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
     idx_t p = 0, cs = x->cs, steps = FN(product_steps)(kc, BF16_PAIRS), whole = FN(whole_steps)(kc, BF16_PAIRS);
-    if (rows == width && cs == 1)
+    if (rows == width && cs == 1 && whole >= VLANES) {
         /* whole slivers of rows in place (the weights of a linear layer,
          * the rows of x): VLANES steps of up to VLANES rows at a time,
          * turned in registers (a fifth of the instructions of the loop
-         * below) */
-        for (; p + VLANES <= whole; p += VLANES)
-            for (idx_t g = 0; g < width; g += VLANES)
-                FN(turn_rows)(dst + p * width + g, row + g, (int)attnc_min(VLANES, width - g), p, width, 1,
-                              BF16_PAIRS);
+         * below), a group of VLANES rows after another. The steps up to
+         * the first row's next vector boundary go first, as a whole turned
+         * block (the next block rewrites its last steps with the same
+         * values), so that the loads after them are aligned where the rows
+         * are a multiple of 64 bytes apart; the last block ends at `whole`,
+         * over steps already stored. Aligned, a group at a time: the 1024-
+         * float rows of NumPy's weights (16 bytes past a line, 4 KB apart,
+         * all in one L1 set) packed 2.6x faster on a Zen 4 core, 768-float
+         * rows 1.2x (benchmarks/NOTES.md). */
+        const size_t step_bytes = sizeof(elem) * (BF16_PAIRS ? 2 : 1), vector_bytes = VLANES * step_bytes;
+        idx_t lead = (idx_t)((vector_bytes - (uintptr_t)row[0] % vector_bytes) % vector_bytes / step_bytes);
+        for (idx_t g = 0; g < width; g += VLANES) {
+            int lanes = (int)attnc_min(VLANES, width - g);
+            for (idx_t q = 0; q < whole; q = q == 0 && lead ? lead : q + VLANES) {
+                idx_t at = attnc_min(q, whole - VLANES);
+                FN(turn_rows)(dst + at * width + g, row + g, lanes, at, width, 1, BF16_PAIRS);
+            }
+        }
+        p = whole;
+    }
     if (rows < width)
         for (idx_t k = 0; k < steps * width; k++) dst[k] = 0;
     /* the rest one step p at a time: contiguous writes, and `width` rows

@@ -165,15 +165,17 @@ def test_module_few_rows_parts_every_level(dtype, simd_mode):
 
 @pytest.mark.parametrize("offset", [1, 4, 7, 15])
 @pytest.mark.parametrize("k", [19, 771, 1543])
-@pytest.mark.parametrize("m", [1, 3])
-def test_linear_few_rows_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
-    """The few-rows order starts each K block with the steps up to the first
-    weight row's next vector boundary (a whole turned block, only those
-    steps used), so that its other loads are aligned. Weights whose rows
-    start `offset` elements past a 64-byte boundary (a view into a larger
-    buffer; K = 19: one vector at most, 771 and 1543: one and three K
-    blocks): against float64, and each row's bits as among 100 rows (a
-    packed order) and as with the weights copied (NumPy's own alignment)."""
+@pytest.mark.parametrize("m", [1, 3, 50])
+def test_linear_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
+    """The few-rows order (1 and 3 rows) starts each K block with the steps
+    up to the first weight row's next vector boundary (a whole turned
+    block, only those steps used), so that its other loads are aligned; so
+    does the packing of whole slivers in the packed orders (50 rows), whose
+    last block ends at the K block's end, over steps already stored. Weights
+    whose rows start `offset` elements past a 64-byte boundary (a view into
+    a larger buffer; K = 19: one vector at most, 771 and 1543: one and three
+    K blocks): against float64, and each row's bits as among 100 rows and as
+    with the weights copied (NumPy's own alignment)."""
     rng = np.random.default_rng(m + k + offset)
     itemsize = np.dtype(dtype).itemsize
     buffer = np.empty(130 * k + 64, dtype)
