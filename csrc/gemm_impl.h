@@ -140,6 +140,17 @@
  * x of 1-2 MB (from L3 either way) unchanged. At the 16-byte level 1.05-1.10x
  * the time: it packs (benchmarks/NOTES.md). */
 #define GEMM_STREAMED_A_IN_PLACE (SIMD_BYTES >= 32)
+/* Rows this many bytes apart (or a multiple: 1024 floats, 512 doubles)
+ * fall in one set of an L1 data cache (64 sets of 64-byte lines: Zen 3 to
+ * 5, Ice Lake), so the micro-kernel's broadcasts from MR rows read in place
+ * evict each other's lines before each line's 16 steps are used: on a Zen 4
+ * core, `linear` (50, 1024) -> 3072 took 1.25x the time of (50, 1040),
+ * (200, 1024) -> 1024 1.15x that of (200, 1040). Such rows are packed: A's
+ * in the streamed order, 0.74x the time of (50, 1024) -> 3072 on 1 and 2
+ * threads, 0.66-0.79x (200, 1024) -> 1024, module (1, 50, 1024) 0.83-0.89x;
+ * the weights instead of the transposed order, (32, 1024) -> 3072 0.93x
+ * (1 thread), 0.885x (2) (benchmarks/NOTES.md). */
+#define GEMM_SET_ALIASING_BYTES 4096
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
@@ -842,13 +853,14 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * rows). But A's rows are then the tiles' columns, NR wide: when that
      * pads A more than the other orders' edge tiles do (whole
      * GEMM_MR_STEP rows) plus GEMM_PACKING_ROWS, packing contiguous
-     * weights costs less (weights
-     * with a column stride pack one element at a time: not measured, so
-     * they keep the transposed order). */
+     * weights costs less, and so it does when their rows share an L1 set
+     * (GEMM_SET_ALIASING_BYTES) (weights with a column stride pack one
+     * element at a time: not measured, so they keep the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES &&
-                     (b.cs != 1 || transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS);
+                     (b.cs != 1 || (transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
+                                    (b.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0));
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
@@ -886,8 +898,12 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
     /* Streamed, A's whole slivers read in place by the micro-kernel's
      * broadcasts (contiguous rows of reals), only a last partial one packed
-     * (GEMM_STREAMED_A_IN_PLACE) */
-    job.a_packed_from = GEMM_STREAMED_A_IN_PLACE && streamed && ELEM_IS_REAL && a.cs == 1 ? M / GEMM_MR * GEMM_MR : 0;
+     * (GEMM_STREAMED_A_IN_PLACE), unless its rows share an L1 set
+     * (GEMM_SET_ALIASING_BYTES) */
+    job.a_packed_from = GEMM_STREAMED_A_IN_PLACE && streamed && ELEM_IS_REAL && a.cs == 1 &&
+                                (a.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0
+                            ? M / GEMM_MR * GEMM_MR
+                            : 0;
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
