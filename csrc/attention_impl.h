@@ -121,7 +121,7 @@ static void FN(add_bias)(real *scores_t, const attnc_attention_args *a, const el
                 const elem *rows[VLANES];
                 vreal block[VLANES];
                 for (int l = 0; l < VLANES; l++) rows[l] = first + (g + (l < lanes ? l : lanes - 1)) * a->bias_rs;
-                FN(load_turned)(block, rows, 0, j);
+                FN(load_turned)(block, rows, 0, j, SIMD_BYTES == 32); /* by blocks at AVX2 only (not measured at AVX-512) */
                 for (int l = 0; l < VLANES; l++) {
                     real *row = scores_t + (j + l) * BLOCK_Q + g;
                     vstore_first(row, vloadu(row) + block[l], lanes);

@@ -109,6 +109,20 @@
  * lanes eight pointers fit: AVX2's floats 0.99x, AVX-512's doubles
  * 1.03-1.045x (benchmarks/NOTES.md). */
 #define GEMM_FEW_ROWS_SPACED (VLANES > 8)
+/* From this many rows of A, the few-rows order loads its weights' rows a
+ * 16-byte block at a time (load_turned by blocks: half the shuffles of
+ * whole vectors turned in registers), unless they are 4 KB apart
+ * (GEMM_SET_ALIASING_BYTES: each row's line is then read by four loads
+ * of a block, and lost between them). At AVX2 from one row (halves joined
+ * by an insert from memory, where vperm2f128 needs a shuffle port; rows 4
+ * KB apart loaded whole measured the same). At AVX-512 from 6 rows, where
+ * the multiply-adds and the shuffles share a port: on a Zen 4 core, `linear`
+ * (8, 768) -> 2304 0.84x the time, (8, 768) -> 768 0.845x, (8, 512) ->
+ * 2048 0.87x, 7 rows 0.91x, 6 0.97x; 4 and 5 rows 0.92-1.01x, 1 and 2 rows
+ * 0.99-1.02x, where one row's chain of multiply-adds sets the pace; rows 4
+ * KB apart by blocks, (4, 1024) -> 1024 1.52x, (4, 4096) -> 4096 1.19x
+ * (benchmarks/NOTES.md). */
+#define GEMM_FEW_ROWS_BY_BLOCKS_FROM (SIMD_BYTES == 64 ? 6 : 1)
 /* Packing contiguous weights costs about as much as multiplying them by
  * this many more rows of A: 4 at AVX-512 (float and double), 2 at AVX2
  * (float and double), 1 at the 16-byte portable level's float (its double
@@ -697,6 +711,7 @@ typedef struct {
     FN(gemm_operand) b;
     const real *a; /* A (M, K) widened, rows K apart */
     idx_t N, blocks_per_task;
+    int by_blocks; /* B's rows loaded a 16-byte block at a time (GEMM_FEW_ROWS_BY_BLOCKS_FROM) */
 } FN(few_rows_job);
 
 /* The first `count` of VLANES steps of few_rows_block from p: B's rows'
@@ -704,10 +719,10 @@ typedef struct {
  * + s) times them, s < count in order. */
 static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const rows[VLANES],
                                                                       idx_t rs, const real *a, idx_t K, idx_t p,
-                                                                      int count, int M)
+                                                                      int count, int M, int by_blocks)
 {
     vreal steps[VLANES];
-    FN(load_turned)(steps, rows, rs, p);
+    FN(load_turned)(steps, rows, rs, p, by_blocks);
     _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
         if (s < count)
             _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[m * K + p + s]), steps[s], acc[m]);
@@ -741,10 +756,10 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
         int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
-            FN(few_rows_turned)(acc, rows, rs, job->a, K, p, lead, M);
+            FN(few_rows_turned)(acc, rows, rs, job->a, K, p, lead, M, job->by_blocks);
             p += lead;
         }
-        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, K, p, VLANES, M);
+        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, K, p, VLANES, M, job->by_blocks);
         for (; p < end; p++) {
             real step[VLANES];
             for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);
@@ -809,7 +824,9 @@ static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const F
         for (idx_t p = 0; p < K; p++) widened[i * K + p] = to_real(row[p * a->cs]);
     }
     idx_t blocks = attnc_ceil_div(N, VLANES), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
-    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks)};
+    /* (by blocks, each row's line is read four times a block: rows that share an L1 set lose it between) */
+    int by_blocks = M >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && (b->rs * (idx_t)sizeof(elem)) % GEMM_SET_ALIASING_BYTES != 0;
+    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks), by_blocks};
     attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), 2.0 * (double)M * (double)N * (double)K,
                        FN(few_rows_task), &job);
     attnc_free(widened);

@@ -18,10 +18,10 @@
  *                      scalar loop gets the micro-kernel's bits
  *   vtranspose(rows)   rows[VLANES] <- its transpose (a VLANES x VLANES
  *                      block, in registers)
- *   vload_halves(low, high)  VLANES / 2 reals from low, then VLANES / 2
- *                      from high (AVX2: VLOAD_HALVES): loads that swap the
- *                      rows' 16-byte halves, vtranspose's step across
- *                      blocks, so that vtranspose_in_blocks finishes it
+ *   vload_blocks(at)   a vector's 16-byte blocks, block b from at[b]
+ *                      (AVX2 and AVX-512: VLOAD_BLOCKS): loads that do
+ *                      vtranspose's steps across blocks, so that
+ *                      vtranspose_in_blocks finishes it
  *   vmac(pairs, a, b, acc)  the micro-kernel's step: vfma(a, b, acc), or
  *                      with pairs (BF16_PAIRS only) vdot_pairs(a, b, acc):
  *                      a and b hold a pair of bfloat16 per 32-bit lane
@@ -54,7 +54,8 @@
 #define vlanes_mask FN(vlanes_mask)
 #define vtranspose FN(vtranspose)
 #define vtranspose_in_blocks FN(vtranspose_in_blocks)
-#define vload_halves FN(vload_halves)
+#define vload_blocks FN(vload_blocks)
+#define vload_block_pair FN(vload_block_pair)
 #define vdot_pairs FN(vdot_pairs)
 #define vmac FN(vmac)
 #define VLANES ((int)(sizeof(vreal) / sizeof(real)))
@@ -220,27 +221,45 @@ static inline __attribute__((always_inline)) void vtranspose(vreal rows[SIMD_LAN
 #undef EVEN_ODD_LANE
 #undef UNITS
 
-/* Two half-vector loads joined, at AVX2: the second is an insert from
- * memory, which needs no shuffle port (vperm2f128, vtranspose's step across
- * blocks, can only use one on Intel cores). At AVX-512 the step across
- * blocks is two (vshuff32x4 on four blocks), and whole loads turned by
- * vtranspose measured as fast as halves (benchmarks/NOTES.md); the
- * portable level has no such instruction (SSE2 builds a float vector from
- * halves through the stack). */
-#undef VLOAD_HALVES
-#if defined(ATTNC_ISA_AVX2)
-#  define VLOAD_HALVES 1
+/* A vector of 16-byte blocks, block b loaded from at[b], at AVX2 and
+ * AVX-512 (VLOAD_BLOCKS: the blocks a vector holds): two blocks are joined
+ * by an insert from memory, which needs no shuffle port, and at AVX-512 two
+ * such halves by one insert. Rows loaded a block at a time so need only
+ * vtranspose's steps within blocks: the steps across blocks are in the
+ * loads' addresses (load_turned). At AVX-512 that is half the shuffles of
+ * whole loads turned by vtranspose, whose shuffles share a port with the
+ * multiply-adds (GEMM_FEW_ROWS_BY_BLOCKS_FROM). The portable level has no
+ * such instruction (SSE2 builds a float vector from halves through the
+ * stack). */
+#undef VLOAD_BLOCKS
+#if defined(ATTNC_ISA_AVX2) || defined(ATTNC_ISA_AVX512)
+#  define VLOAD_BLOCKS (SIMD_BYTES / 16)
 #endif
-#if defined(VLOAD_HALVES) && defined(ATTNC_COMPUTE_F32)
-static inline vreal vload_halves(const real *low, const real *high)
+#if defined(VLOAD_BLOCKS) && defined(ATTNC_COMPUTE_F32)
+static inline __m256 vload_block_pair(const real *low, const real *high)
 {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(low)), _mm_loadu_ps(high), 1);
 }
-#elif defined(VLOAD_HALVES)
-static inline vreal vload_halves(const real *low, const real *high)
+#elif defined(VLOAD_BLOCKS)
+static inline __m256d vload_block_pair(const real *low, const real *high)
 {
     return _mm256_insertf128_pd(_mm256_castpd128_pd256(_mm_loadu_pd(low)), _mm_loadu_pd(high), 1);
 }
+#endif
+#if defined(VLOAD_BLOCKS) && VLOAD_BLOCKS == 4 && defined(ATTNC_COMPUTE_F32)
+static inline vreal vload_blocks(const real *const at[VLOAD_BLOCKS])
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(vload_block_pair(at[0], at[1])), vload_block_pair(at[2], at[3]),
+                              1);
+}
+#elif defined(VLOAD_BLOCKS) && VLOAD_BLOCKS == 4
+static inline vreal vload_blocks(const real *const at[VLOAD_BLOCKS])
+{
+    return _mm512_insertf64x4(_mm512_castpd256_pd512(vload_block_pair(at[0], at[1])), vload_block_pair(at[2], at[3]),
+                              1);
+}
+#elif defined(VLOAD_BLOCKS)
+static inline vreal vload_blocks(const real *const at[VLOAD_BLOCKS]) { return vload_block_pair(at[0], at[1]); }
 #endif
 #undef BLOCK_LANES
 

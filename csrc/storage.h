@@ -237,24 +237,32 @@ static inline __attribute__((always_inline)) const elem *FN(row_of)(const elem *
 
 /* rows[s] <- element p + s of each of the VLANES rows src[l] (row_of, rs),
  * in lane l (s < VLANES): a VLANES x VLANES block of the rows turned in
- * registers. Reals at AVX2 are loaded half a vector of two rows at a time
- * (vload_halves), which does the transpose's step across blocks without a
- * shuffle; 16-bit elems are widened a whole vector at a time, and the
- * other levels load whole vectors, all turned by vtranspose. */
+ * registers. With by_blocks (a constant; reals at AVX2 and AVX-512 only),
+ * the rows are loaded a 16-byte block at a time (vload_blocks): vector BL c
+ * + j (BL lanes a block) holds, in its block b, row BL b + j's elements
+ * from p + BL c, so the transpose's steps across blocks are done by the
+ * loads and vtranspose_in_blocks finishes it. Otherwise whole vectors are
+ * loaded (16-bit elems widened) and turned by vtranspose. */
 static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLANES], const elem *const src[VLANES],
-                                                                  idx_t rs, idx_t p)
+                                                                  idx_t rs, idx_t p, int by_blocks)
 {
-#if ELEM_IS_REAL && defined(VLOAD_HALVES)
-    const int half = VLANES / 2;
-    for (int l = 0; l < half; l++) {
-        rows[l] = vload_halves(FN(row_of)(src, l, rs) + p, FN(row_of)(src, l + half, rs) + p);
-        rows[l + half] = vload_halves(FN(row_of)(src, l, rs) + p + half, FN(row_of)(src, l + half, rs) + p + half);
+#if ELEM_IS_REAL && defined(VLOAD_BLOCKS)
+    if (by_blocks) {
+        const int block_lanes = VLANES / VLOAD_BLOCKS;
+        for (int c = 0; c < VLOAD_BLOCKS; c++)
+            for (int j = 0; j < block_lanes; j++) {
+                const real *at[VLOAD_BLOCKS];
+                for (int b = 0; b < VLOAD_BLOCKS; b++)
+                    at[b] = FN(row_of)(src, block_lanes * b + j, rs) + p + block_lanes * c;
+                rows[block_lanes * c + j] = vload_blocks(at);
+            }
+        vtranspose_in_blocks(rows);
+        return;
     }
-    vtranspose_in_blocks(rows);
-#else
+#endif
+    (void)by_blocks;
     for (int l = 0; l < VLANES; l++) rows[l] = vload_elems(FN(row_of)(src, l, rs) + p);
     vtranspose(rows);
-#endif
 }
 
 /* n elems widened into reals, and n reals rounded into elems. */
