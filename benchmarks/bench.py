@@ -76,8 +76,10 @@ SIZES = {
 # Cases 7 and 8, the sizes users run, the same in quick runs (which only time fewer and
 # shorter blocks): MultiHeadAttention (B, L, D, heads); SDPA (B, H, L, S, E, causal), where
 # L = 1 against S keys is a decoding step.
+# The last three: CLIP's text encoder (77 tokens, 512 wide), a short sequence 1024 wide, a
+# prompt of 8 tokens 768 wide.
 PEER_MHA = ((1, 32, 256, 4), (2, 128, 256, 4), (8, 128, 512, 8), (1, 512, 768, 12), (4, 256, 1024, 16),
-            (8, 512, 768, 12))
+            (8, 512, 768, 12), (1, 77, 512, 8), (1, 50, 1024, 16), (1, 8, 768, 12))
 PEER_SDPA = ((1, 4, 64, 64, 64, False), (2, 4, 256, 256, 64, False), (1, 12, 512, 512, 64, False),
              (4, 16, 256, 256, 128, False), (8, 12, 1024, 1024, 64, False), (8, 12, 1024, 1024, 64, True))
 PEER_DECODE = ((1, 12, 1, 1024, 64, False), (4, 32, 1, 2048, 128, False))
