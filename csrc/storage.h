@@ -237,12 +237,12 @@ static inline __attribute__((always_inline)) const elem *FN(row_of)(const elem *
 
 /* rows[s] <- element p + s of each of the VLANES rows src[l] (row_of, rs),
  * in lane l (s < VLANES): a VLANES x VLANES block of the rows turned in
- * registers. With by_blocks (a constant; reals at AVX2 and AVX-512 only),
- * the rows are loaded a 16-byte block at a time (vload_blocks): vector BL c
- * + j (BL lanes a block) holds, in its block b, row BL b + j's elements
- * from p + BL c, so the transpose's steps across blocks are done by the
- * loads and vtranspose_in_blocks finishes it. Otherwise whole vectors are
- * loaded (16-bit elems widened) and turned by vtranspose. */
+ * registers. With by_blocks (reals at AVX2 and AVX-512 only), the rows
+ * are loaded a 16-byte block at a time (vload_blocks): vector BL c + j (BL
+ * lanes a block) holds, in its block b, row BL b + j's elements from p +
+ * BL c, so the transpose's steps across blocks are done by the loads and
+ * vtranspose_in_blocks finishes it. Otherwise whole vectors are loaded
+ * (16-bit elems widened) and turned by vtranspose. */
 static inline __attribute__((always_inline)) void FN(load_turned)(vreal rows[VLANES], const elem *const src[VLANES],
                                                                   idx_t rs, idx_t p, int by_blocks)
 {
