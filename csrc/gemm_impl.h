@@ -92,14 +92,19 @@
  * computed by direct loops with no workspace (e.g. the documents' tiny
  * examples). */
 #define GEMM_DIRECT_MAX_MACS (20 * 20 * 20)
-/* Up to GEMM_FEW_ROWS rows of A (a decode step's projections), gemm_few_rows,
- * in GEMM_FEW_ROWS_TASKS tasks a thread. VLANES / 2 rows: 8 floats at
- * AVX-512, where (8, 256) x (768, 256)^T took 0.62-0.67x the transposed
- * order's time on an Ice Lake core, 12 rows 0.88x and 14 1.02x; 4 at AVX2
- * (8 rows 0.77x) and for AVX-512's doubles (6 rows 0.78x, 8 1.04x); 2 at
- * the 16-byte portable level (4 rows 0.73x) and AVX2's doubles (4 rows
- * 0.99x). benchmarks/NOTES.md */
-#define GEMM_FEW_ROWS (VLANES / 2)
+/* Up to GEMM_FEW_ROWS rows of A (a decode step's projections, a short
+ * prompt's), gemm_few_rows, in GEMM_FEW_ROWS_TASKS tasks a thread.
+ * VLANES / 2 rows: 8 floats at AVX-512, where (8, 256) x (768, 256)^T took
+ * 0.62-0.67x the transposed order's time on an Ice Lake core, 12 rows 0.88x
+ * and 14 1.02x; 4 for AVX-512's doubles (6 rows 0.78x, 8 1.04x); 2 at the
+ * 16-byte portable level (4 rows 0.73x). VLANES at AVX2, since A is laid
+ * out step-major (one pointer for its broadcasts) and each few_rows_block
+ * copy loads by blocks or whole vectors, not both: on a Zen 3 core, 1
+ * thread, against the packed order, float (8, 768) -> 2304 0.73x the time,
+ * 6 rows 0.65x, 5 0.58x, (8, 1024) -> 1024 0.83x, (8, 1024) -> 4096 0.81x;
+ * double (4, 768) -> 2304 0.62-0.70x, 3 rows 0.63-0.65x, where 5 to 8 rows
+ * (two vectors' lanes) took 1.09-1.55x (benchmarks/NOTES.md). */
+#define GEMM_FEW_ROWS (SIMD_BYTES == 32 ? VLANES : VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
 /* The few-rows order addresses a block's weight rows from a base per four
  * rows (row_of) when they are evenly spaced and a vector holds more than 8
@@ -709,7 +714,7 @@ static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_ope
 typedef struct {
     const attnc_gemm_args *g;
     FN(gemm_operand) b;
-    const real *a; /* A (M, K) widened, rows K apart */
+    const real *a; /* A (M, K) widened, step-major: A (m, p) at p * M + m */
     idx_t N, blocks_per_task;
     int by_blocks; /* B's rows loaded a 16-byte block at a time (GEMM_FEW_ROWS_BY_BLOCKS_FROM) */
 } FN(few_rows_job);
@@ -718,14 +723,14 @@ typedef struct {
  * elements p + s turned in registers (all VLANES read), acc[m] += A (m, p
  * + s) times them, s < count in order. */
 static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const rows[VLANES],
-                                                                      idx_t rs, const real *a, idx_t K, idx_t p,
-                                                                      int count, int M, int by_blocks)
+                                                                      idx_t rs, const real *a, idx_t p, int count,
+                                                                      int M, int by_blocks)
 {
     vreal steps[VLANES];
     FN(load_turned)(steps, rows, rs, p, by_blocks);
     _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
         if (s < count)
-            _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[m * K + p + s]), steps[s], acc[m]);
+            _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[(p + s) * M + m]), steps[s], acc[m]);
 }
 
 /* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
@@ -743,7 +748,8 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
  * order: from the bias, the multiply-adds of a K block one step after
  * another, then the K blocks' sums added. */
 static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
-                                                                     int M, const elem *const rows[VLANES], idx_t rs)
+                                                                     int M, const elem *const rows[VLANES], idx_t rs,
+                                                                     int by_blocks)
 {
     const attnc_gemm_args *g = job->g;
     idx_t K = g->K;
@@ -756,28 +762,41 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
         int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
-            FN(few_rows_turned)(acc, rows, rs, job->a, K, p, lead, M, job->by_blocks);
+            FN(few_rows_turned)(acc, rows, rs, job->a, p, lead, M, by_blocks);
             p += lead;
         }
-        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, K, p, VLANES, M, job->by_blocks);
+        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, p, VLANES, M, by_blocks);
         for (; p < end; p++) {
             real step[VLANES];
             for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);
-            for (int m = 0; m < M; m++) acc[m] = vfma(vset1(job->a[m * K + p]), vloadu(step), acc[m]);
+            for (int m = 0; m < M; m++) acc[m] = vfma(vset1(job->a[p * M + m]), vloadu(step), acc[m]);
         }
         for (int m = 0; m < M; m++) vstoreu(sums[m], p0 == 0 ? acc[m] : vadd(vloadu(sums[m]), acc[m]));
     }
     for (int m = 0; m < M; m++) FN(store_row)((elem *)g->c + m * g->c_rs + j0, sums[m], n);
 }
 
-/* a copy of few_rows_block's loops for each M the level takes, and for
- * rows evenly spaced (rs) or not (0) */
-#define FEW_ROWS_CASE(m)                                                  \
-    case m:                                                               \
-        if (m <= GEMM_FEW_ROWS && rs)                                     \
-            FN(few_rows_block)(job, j, n, m, rows, rs);                   \
-        else if (m <= GEMM_FEW_ROWS)                                      \
-            FN(few_rows_block)(job, j, n, m, rows, 0);                    \
+/* a copy of few_rows_block's loops for each M the level takes, for rows
+ * evenly spaced (rs) or not (0), and loaded by blocks or not: with a
+ * run-time by_blocks in the loop, GCC hoisted the broadcasts both ways
+ * share above the test and spilled them (AVX2, 6 to 8 rows) */
+#if ELEM_IS_REAL && defined(VLOAD_BLOCKS)
+#  define FEW_ROWS_BY_BLOCKS (job->by_blocks)
+#else
+#  define FEW_ROWS_BY_BLOCKS 0
+#endif
+#define FEW_ROWS_COPY(m, rs)                                               \
+    if (FEW_ROWS_BY_BLOCKS)                                                \
+        FN(few_rows_block)(job, j, n, m, rows, rs, 1);                     \
+    else                                                                   \
+        FN(few_rows_block)(job, j, n, m, rows, rs, 0);
+#define FEW_ROWS_CASE(m)                                                   \
+    case m:                                                                \
+        if (m <= GEMM_FEW_ROWS && rs) {                                    \
+            FEW_ROWS_COPY(m, rs)                                           \
+        } else if (m <= GEMM_FEW_ROWS) {                                   \
+            FEW_ROWS_COPY(m, 0)                                            \
+        }                                                                  \
         break;
 
 static void FN(few_rows_task)(void *ctx, idx_t t)
@@ -808,10 +827,12 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
     }
 }
 #undef FEW_ROWS_CASE
+#undef FEW_ROWS_COPY
+#undef FEW_ROWS_BY_BLOCKS
 
 /* C = bias + A . B^T for M <= GEMM_FEW_ROWS rows of A by few_rows_block: A
- * widened once into a buffer, B (rows of contiguous elements) read in
- * place, nothing packed or padded to a micro-kernel's width. */
+ * widened once into a step-major buffer, B (rows of contiguous elements)
+ * read in place, nothing packed or padded to a micro-kernel's width. */
 static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const FN(gemm_operand) *a,
                                       const FN(gemm_operand) *b)
 {
@@ -821,7 +842,7 @@ static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const F
     if (!widened) return ATTNC_ENOMEM;
     for (idx_t i = 0; i < M; i++) {
         const elem *row = FN(operand_row)(a, i);
-        for (idx_t p = 0; p < K; p++) widened[i * K + p] = to_real(row[p * a->cs]);
+        for (idx_t p = 0; p < K; p++) widened[p * M + i] = to_real(row[p * a->cs]);
     }
     idx_t blocks = attnc_ceil_div(N, VLANES), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
     /* (by blocks, each row's line is read four times a block: rows that share an L1 set lose it between) */

@@ -140,13 +140,14 @@ def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, restore_threads
     np.testing.assert_array_equal(F.linear(apart[:m], apart[m:], b), out)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("k", [301, 1543])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_threads):
-    """Up to a few rows of x (half a vector's lanes: 8 floats at AVX-512, 4 at
-    AVX2, 2 at the portable level) the GEMM packs nothing: it reads the
-    weights' rows in place and turns them in registers. 130 outputs (a last
+    """Up to a few rows of x (a vector's lanes at AVX2: 8 floats, 4 doubles;
+    half of them elsewhere: 8 floats at AVX-512, 2 at the portable level)
+    the GEMM packs nothing: it reads the weights' rows in place and turns
+    them in registers. 130 outputs (a last
     block of lanes part-filled), K = 301 (a step past the last whole vector
     at every level) and 1543 (three K blocks, the last of 7 steps, past whole
     vectors too); against float64, on 1 and 2 threads (the smallest products
