@@ -777,9 +777,10 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
 }
 
 /* a copy of few_rows_block's loops for each M the level takes, for rows
- * evenly spaced (rs) or not (0), and loaded by blocks or not: with a
- * run-time by_blocks in the loop, GCC hoisted the broadcasts both ways
- * share above the test and spilled them (AVX2, 6 to 8 rows) */
+ * evenly spaced (rs) or not (0), and loaded by blocks or not (by_blocks a
+ * constant in each: tested inside the loop, it left AVX2's 8-row loop
+ * with accumulators on the stack, and in a variant GCC hoisted the
+ * broadcasts both ways share above the test and spilled them) */
 #if ELEM_IS_REAL && defined(VLOAD_BLOCKS)
 #  define FEW_ROWS_BY_BLOCKS (job->by_blocks)
 #else
