@@ -733,6 +733,19 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
             _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[(p + s) * M + m]), steps[s], acc[m]);
 }
 
+/* few_rows_turned for the steps up to the first row's vector boundary,
+ * once a K block: M, count and by_blocks at run time, the accumulators in
+ * memory. One copy a dtype (inlined in each few_rows_block copy, it
+ * doubled the kernels' build time). */
+static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *const rows[VLANES], idx_t rs,
+                                                       const real *a, idx_t p, int count, int M, int by_blocks)
+{
+    if (by_blocks)
+        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, 1);
+    else
+        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, 0);
+}
+
 /* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
  * (M a constant at each call, so the accumulators stay in registers): B's
  * rows (`rows`, one a lane, addressed by row_of with rs) are read in place
@@ -762,7 +775,10 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
         for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
         int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
-            FN(few_rows_turned)(acc, rows, rs, job->a, p, lead, M, by_blocks);
+            vreal lead_acc[GEMM_FEW_ROWS]; /* (acc's address kept to itself: its rows stay in registers) */
+            for (int m = 0; m < M; m++) lead_acc[m] = acc[m];
+            FN(few_rows_lead)(lead_acc, rows, rs, job->a, p, lead, M, by_blocks);
+            for (int m = 0; m < M; m++) acc[m] = lead_acc[m];
             p += lead;
         }
         for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, p, VLANES, M, by_blocks);
@@ -787,7 +803,7 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
 #  define FEW_ROWS_BY_BLOCKS 0
 #endif
 #define FEW_ROWS_COPY(m, rs)                                               \
-    if (FEW_ROWS_BY_BLOCKS)                                                \
+    if (m >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && FEW_ROWS_BY_BLOCKS)           \
         FN(few_rows_block)(job, j, n, m, rows, rs, 1);                     \
     else                                                                   \
         FN(few_rows_block)(job, j, n, m, rows, rs, 0);
