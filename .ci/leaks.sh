@@ -14,6 +14,11 @@
 #
 #   .ci/leaks.sh            # ROUNDS=10 by default; ROUNDS=200 .ci/leaks.sh for more
 #
+# It builds the extension with -g in a fresh venv, or with ENV_PYTHON (a
+# Python that imports attnc already: CI passes its venv's, where the
+# README's command built it) runs the loop against that build (frames then
+# name the _C*.so, not lines of csrc/).
+#
 # Every round makes the same calls (the inputs are drawn once, from a fixed
 # seed), so a call that leaks loses memory in each round it runs; 10 rounds
 # run each kernel level 5 times. (30 rounds took 127 s of valgrind on a
@@ -36,14 +41,19 @@ fi
 
 work="$(mktemp -d /tmp/attnc-leaks.XXXXXX)"
 [[ ${KEEP:-0} == 1 ]] || trap 'rm -rf "$work"' EXIT
-tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__pycache__ \
-    --exclude='*.egg-info' -cf - attnc csrc setup.py pyproject.toml README.md | tar -C "$work" -xf -
-"$python" -m venv "$work/venv"
-venv_py="$work/venv/bin/python"
-"$venv_py" -m pip install -q --upgrade pip setuptools wheel 2> /dev/null
-"$venv_py" -m pip install -q "numpy>=2.0" "ml_dtypes>=0.5" 2> /dev/null
-(cd "$work" && CFLAGS="-g -fno-omit-frame-pointer" "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1) \
-    || { cat "$work/build.log"; exit 1; }
+if [[ -n ${ENV_PYTHON:-} ]]; then
+    venv_py="$ENV_PYTHON"
+else
+    tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__pycache__ \
+        --exclude='*.egg-info' -cf - attnc csrc setup.py pyproject.toml README.md | tar -C "$work" -xf -
+    "$python" -m venv "$work/venv"
+    venv_py="$work/venv/bin/python"
+    "$venv_py" -m pip install -q --upgrade pip setuptools wheel 2> /dev/null
+    "$venv_py" -m pip install -q "numpy>=2.0" "ml_dtypes>=0.5" 2> /dev/null
+    (cd "$work" && CFLAGS="-g -fno-omit-frame-pointer" "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1) \
+        || { cat "$work/build.log"; exit 1; }
+fi
+(cd "$work" && PYTHONPATH="$work" "$venv_py" -c 'import attnc; print("leaks.sh: attnc from", attnc._C.__file__)')
 
 cat > "$work/loop.py" <<'PY'
 """Every entry point, ROUNDS times: results, rejected calls, allocation failures."""

@@ -9,7 +9,9 @@
 #   .ci/sanitize.sh                  # whole suite
 #   .ci/sanitize.sh tests/test_fuzz.py -x   # extra arguments go to pytest
 #
-# Environment: PYTHON (default python3), KEEP=1 keeps the temporary directory.
+# Environment: PYTHON (default python3), KEEP=1 keeps the temporary directory,
+# ENV_PYTHON: a Python whose environment has the test extras already (CI
+# passes its venv's), used instead of a fresh venv.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -43,12 +45,16 @@ tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__p
     -cf - . | tar -C "$src" -xf -
 
 # -- a fresh venv with the test dependencies (pip's own config/caches apply) ---
-"$python" -m venv "$work/venv"
-venv_py="$work/venv/bin/python"
-"$venv_py" -m pip install -q --upgrade pip setuptools wheel
-# the project's own test extras (pytest, hypothesis, torch, ...), read from pyproject.toml
-mapfile -t test_deps < <("$venv_py" -c 'import tomllib; print("\n".join(tomllib.load(open("'"$src"'/pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
-"$venv_py" -m pip install -q "numpy>=2.0" "${test_deps[@]}"
+if [[ -n ${ENV_PYTHON:-} ]]; then
+    venv_py="$ENV_PYTHON"
+else
+    "$python" -m venv "$work/venv"
+    venv_py="$work/venv/bin/python"
+    "$venv_py" -m pip install -q --upgrade pip setuptools wheel
+    # the project's own test extras (pytest, hypothesis, torch, ...), read from pyproject.toml
+    mapfile -t test_deps < <("$venv_py" -c 'import tomllib; print("\n".join(tomllib.load(open("'"$src"'/pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+    "$venv_py" -m pip install -q "numpy>=2.0" "${test_deps[@]}"
+fi
 
 # -- the sanitized build, in place in the copy --------------------------------
 cd "$src"
@@ -71,6 +77,9 @@ export ATTNC_SANITIZER=asan  # tests skip what ASan itself cannot do (see tests/
 rss_tests=(tests/test_leaks.py tests/test_bad_inputs.py::test_rejected_calls_do_not_leak)
 start=$SECONDS
 status=0
+# the copy's attnc, not one installed in ENV_PYTHON's environment
+imported="$(LD_PRELOAD="$asan" ASAN_OPTIONS="$asan_options" "$venv_py" -c 'import attnc; print(attnc._C.__file__)')"
+[[ $imported == "$src"/* ]] || { echo "sanitize.sh: attnc imports from $imported, not the sanitized copy" >&2; exit 1; }
 run() { LD_PRELOAD="$asan" ASAN_OPTIONS="$asan_options$1" "$venv_py" -m pytest -q -p no:cacheprovider "${@:2}" || status=1; }
 if (($#)); then
     run "" "$@"
