@@ -12,7 +12,9 @@
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
  * Three other orders by the size of A. Up to GEMM_FEW_ROWS rows (a decode
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
- * place and turned in registers, all of A's rows multiplied at once. A few
+ * place and turned in registers, all of A's rows multiplied at once (at
+ * AVX2's width, from GEMM_FEW_ROWS_IN_LANES_FROM rows, A's rows in a
+ * vector's lanes instead and B's elements broadcast). A few
  * dozen rows (a short sequence), "transposed" (float and double only):
  * C^T = B . A^T, B (the weights) read in place and only A packed, the
  * tiles of C^T written to a panel a thread and turned into C every
@@ -128,6 +130,18 @@
  * KB apart by blocks, (4, 1024) -> 1024 1.52x, (4, 4096) -> 4096 1.19x
  * (benchmarks/NOTES.md). */
 #define GEMM_FEW_ROWS_BY_BLOCKS_FROM (SIMD_BYTES == 64 ? 6 : 1)
+/* From this many rows of A, at AVX2's width (SIMD_BYTES 32) for float and
+ * double, the few-rows order puts A's rows in the lanes (few_rows_lanes):
+ * a step is one vector of A and one broadcast element of each of
+ * GEMM_LANES_COLUMNS weight rows, nothing turned in registers. Its time
+ * is the same for any M up to a vector's lanes, where few_rows_block's
+ * grows with M: on a Zen 3 core, 1 thread, against few_rows_block, float
+ * (8, 768) -> 2304 0.81-0.89x the time, (8, 768) -> 768 0.88x, but 7 rows
+ * 0.99-1.02x, 6 rows 0.92-1.08x and 2 to 5 rows 1.25-1.66x; double
+ * (turned 4 x 4, slower) 2 to 4 rows 0.66-0.81x at (K, N) = (768, 2304)
+ * and (256, 768), 0.97-1.03x at (512, 1536) (benchmarks/NOTES.md). */
+#define GEMM_FEW_ROWS_IN_LANES_FROM (sizeof(real) == 8 ? 2 : 8)
+#define GEMM_LANES_COLUMNS 12
 /* Packing contiguous weights costs about as much as multiplying them by
  * this many more rows of A: 4 at AVX-512 (float and double), 2 at AVX2
  * (float and double), 1 at the 16-byte portable level's float (its double
@@ -710,14 +724,20 @@ static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_ope
 /* few rows of A                                                             */
 
 /* The job of gemm_few_rows: C (M, N) for M <= GEMM_FEW_ROWS, by blocks of
- * VLANES outputs (rows of B), blocks_per_task blocks a task. */
+ * `columns` outputs (rows of B: VLANES, or GEMM_LANES_COLUMNS in_lanes),
+ * blocks_per_task blocks a task. */
 typedef struct {
     const attnc_gemm_args *g;
     FN(gemm_operand) b;
-    const real *a; /* A (M, K) widened, step-major: A (m, p) at p * M + m */
-    idx_t N, blocks_per_task;
+    const real *a; /* A (M, K) widened, step-major: A (m, p) at p * a_step + m */
+    idx_t N, blocks_per_task, a_step;
+    int columns;
     int by_blocks; /* B's rows loaded a 16-byte block at a time (GEMM_FEW_ROWS_BY_BLOCKS_FROM) */
+    int in_lanes;  /* few_rows_lanes (a_step VLANES, A's lanes past M zero) */
 } FN(few_rows_job);
+
+/* Whether the level has few_rows_lanes: AVX2's width, elements that are reals */
+#define FEW_ROWS_LANES (SIMD_BYTES == 32 && ELEM_IS_REAL)
 
 /* The first `count` of VLANES steps of few_rows_block from p: B's rows'
  * elements p + s turned in registers (all VLANES read), acc[m] += A (m, p
@@ -792,6 +812,44 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
     for (int m = 0; m < M; m++) FN(store_row)((elem *)g->c + m * g->c_rs + j0, sums[m], n);
 }
 
+#if FEW_ROWS_LANES
+/* C[:, j0, j0 + n) (n <= GEMM_LANES_COLUMNS outputs) with A's M rows in
+ * the lanes: accumulator c holds output j0 + c of every row; a step p is
+ * one vector of A (its lanes past M zero) times element p of each output's
+ * weight row (row_of with rs), broadcast from memory. Nothing is turned in
+ * registers and the weights' rows need no alignment: a (8, 768) x (2304,
+ * 768)^T float `linear` ran at 78-81 GFLOP/s on a Zen 3 core in a C
+ * program of this loop, against 51-60 for few_rows_block
+ * (benchmarks/NOTES.md). Each element gets few_rows_block's operations in
+ * its order (from the bias, a multiply-add a step, the K blocks' sums
+ * added), so the same bits. An output past n repeats the last and is not
+ * stored. */
+static inline __attribute__((always_inline)) void FN(few_rows_lanes)(const FN(few_rows_job) *job, idx_t j0, int n,
+                                                                     const elem *const rows[GEMM_LANES_COLUMNS],
+                                                                     idx_t rs)
+{
+    const attnc_gemm_args *g = job->g;
+    idx_t K = g->K;
+    real sums[GEMM_LANES_COLUMNS][VLANES];
+    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+        idx_t end = attnc_min(K, p0 + GEMM_KC);
+        vreal acc[GEMM_LANES_COLUMNS];
+        for (int c = 0; c < GEMM_LANES_COLUMNS; c++)
+            acc[c] = p0 == 0 ? vset1(FN(bias_at)(g, j0 + (c < n ? c : n - 1))) : vzero();
+        for (idx_t p = p0; p < end; p++) {
+            vreal a = vloadu(job->a + p * VLANES);
+            _Pragma("GCC unroll 16") for (int c = 0; c < GEMM_LANES_COLUMNS; c++)
+                acc[c] = vfma(vset1(FN(row_of)(rows, c, rs)[p]), a, acc[c]);
+        }
+        for (int c = 0; c < GEMM_LANES_COLUMNS; c++)
+            vstoreu(sums[c], p0 == 0 ? acc[c] : vadd(vloadu(sums[c]), acc[c]));
+    }
+    elem *c_out = (elem *)g->c + j0;
+    for (int m = 0; m < g->M; m++)
+        for (int c = 0; c < n; c++) c_out[m * g->c_rs + c] = sums[c][m];
+}
+#endif
+
 /* a copy of few_rows_block's loops for each M the level takes, for rows
  * evenly spaced (rs) or not (0), and loaded by blocks or not (by_blocks a
  * constant in each: tested inside the loop, it left AVX2's 8-row loop
@@ -820,7 +878,25 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
 {
     _Static_assert(GEMM_FEW_ROWS <= 8, "a case below for every M up to GEMM_FEW_ROWS");
     const FN(few_rows_job) *job = ctx;
-    idx_t first = t * job->blocks_per_task * VLANES, end = attnc_min(job->N, first + job->blocks_per_task * VLANES);
+    idx_t columns = job->columns, first = t * job->blocks_per_task * columns;
+    idx_t end = attnc_min(job->N, first + job->blocks_per_task * columns);
+#if FEW_ROWS_LANES
+    if (job->in_lanes) {
+        for (idx_t j = first; j < end && !attnc_interrupted(); j += columns) {
+            int n = (int)attnc_min(columns, end - j);
+            const elem *rows[GEMM_LANES_COLUMNS];
+            for (int c = 0; c < GEMM_LANES_COLUMNS; c++) rows[c] = FN(operand_row)(&job->b, j + (c < n ? c : n - 1));
+            idx_t rs = job->b.rs;
+            for (int c = 0; c < GEMM_LANES_COLUMNS; c++) /* (as addresses: the rows may be of different parts) */
+                if ((uintptr_t)rows[c] - (uintptr_t)rows[0] != (uintptr_t)c * (uintptr_t)rs * sizeof(elem)) rs = 0;
+            if (rs)
+                FN(few_rows_lanes)(job, j, n, rows, rs);
+            else
+                FN(few_rows_lanes)(job, j, n, rows, 0);
+        }
+        return;
+    }
+#endif
     for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
         int n = (int)attnc_min(VLANES, end - j);
         /* the block's rows (a lane past n repeats the last), and their
@@ -847,29 +923,37 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
 #undef FEW_ROWS_COPY
 #undef FEW_ROWS_BY_BLOCKS
 
-/* C = bias + A . B^T for M <= GEMM_FEW_ROWS rows of A by few_rows_block: A
- * widened once into a step-major buffer, B (rows of contiguous elements)
- * read in place, nothing packed or padded to a micro-kernel's width. */
+/* C = bias + A . B^T for M <= GEMM_FEW_ROWS rows of A by few_rows_block or
+ * few_rows_lanes: A widened once into a step-major buffer, B (rows of
+ * contiguous elements) read in place, nothing packed or padded to a
+ * micro-kernel's width. */
 static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const FN(gemm_operand) *a,
                                       const FN(gemm_operand) *b)
 {
-    idx_t M = g->M, K = g->K, elements, bytes;
-    if (!attnc_mul_ok(M, K, &elements) || !attnc_mul_ok(elements, sizeof(real), &bytes)) return ATTNC_EOVERFLOW;
+    idx_t M = g->M, K = g->K;
+    /* rows 4 KB apart share an L1 set: by blocks, each row's line is read
+     * four times a block and lost between; in the lanes, 12 rows' lines
+     * are read at once */
+    int aliased = (b->rs * (idx_t)sizeof(elem)) % GEMM_SET_ALIASING_BYTES == 0;
+    int by_blocks = M >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && !aliased;
+    int in_lanes = FEW_ROWS_LANES && M >= GEMM_FEW_ROWS_IN_LANES_FROM && !aliased;
+    idx_t a_step = in_lanes ? VLANES : M, elements, bytes;
+    if (!attnc_mul_ok(a_step, K, &elements) || !attnc_mul_ok(elements, sizeof(real), &bytes)) return ATTNC_EOVERFLOW;
     real *widened = attnc_malloc((size_t)bytes);
     if (!widened) return ATTNC_ENOMEM;
-    for (idx_t i = 0; i < M; i++) {
-        const elem *row = FN(operand_row)(a, i);
-        for (idx_t p = 0; p < K; p++) widened[p * M + i] = to_real(row[p * a->cs]);
+    for (idx_t i = 0; i < a_step; i++) {
+        const elem *row = i < M ? FN(operand_row)(a, i) : NULL;
+        for (idx_t p = 0; p < K; p++) widened[p * a_step + i] = row ? to_real(row[p * a->cs]) : 0;
     }
-    idx_t blocks = attnc_ceil_div(N, VLANES), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
-    /* (by blocks, each row's line is read four times a block: rows that share an L1 set lose it between) */
-    int by_blocks = M >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && (b->rs * (idx_t)sizeof(elem)) % GEMM_SET_ALIASING_BYTES != 0;
-    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks), by_blocks};
+    idx_t columns = in_lanes ? GEMM_LANES_COLUMNS : VLANES;
+    idx_t blocks = attnc_ceil_div(N, columns), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
+    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks), a_step, (int)columns, by_blocks, in_lanes};
     attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), 2.0 * (double)M * (double)N * (double)K,
                        FN(few_rows_task), &job);
     attnc_free(widened);
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }
+#undef FEW_ROWS_LANES
 
 /* *bytes = size of `rows` rows packed in slivers of `width`, kc steps deep. */
 static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)

@@ -226,11 +226,12 @@ static inline real FN(pair_at)(const elem *row, idx_t p, idx_t cs, idx_t n)
 #  endif
 #endif
 
-/* Row l of src: src[l], or with rs (not 0: rows rs elements apart, a
- * constant 0 otherwise) src[l - l % 4] + (l % 4) * rs, so that the rows
- * are addressed from a base per four rows and three offsets, where
- * sixteen row pointers spilled from the registers. */
-static inline __attribute__((always_inline)) const elem *FN(row_of)(const elem *const src[VLANES], int l, idx_t rs)
+/* Row l of src (VLANES rows, or GEMM_LANES_COLUMNS): src[l], or with rs
+ * (not 0: rows rs elements apart, a constant 0 otherwise) src[l - l % 4] +
+ * (l % 4) * rs, so that the rows are addressed from a base per four rows
+ * and three offsets, where sixteen row pointers spilled from the
+ * registers. */
+static inline __attribute__((always_inline)) const elem *FN(row_of)(const elem *const *src, int l, idx_t rs)
 {
     return rs ? src[l - l % 4] + (l % 4) * rs : src[l];
 }
