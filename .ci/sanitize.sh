@@ -2,8 +2,8 @@
 # The whole test suite against an AddressSanitizer + UBSan build of attnc._C.
 #
 # Builds into a temporary copy of the repository (the normal in-place build
-# and any installed attnc are left alone), in a fresh virtual environment,
-# then runs `python -m pytest tests` with the ASan runtime preloaded (CPython
+# and any installed attnc are left alone), in a fresh virtual environment
+# (or ENV_PYTHON's, below), then runs `python -m pytest tests` with the ASan runtime preloaded (CPython
 # itself is not instrumented). Passes only with zero sanitizer reports.
 #
 #   .ci/sanitize.sh                  # whole suite

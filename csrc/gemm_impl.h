@@ -755,8 +755,9 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
 
 /* few_rows_turned for the steps up to the first row's vector boundary,
  * once a K block: M, count and by_blocks at run time, the accumulators in
- * memory. One copy a dtype (inlined in each few_rows_block copy, it
- * doubled the kernels' build time). */
+ * memory. One copy a dtype: inlined in each few_rows_block copy, it (with
+ * the by-blocks copies below GEMM_FEW_ROWS_BY_BLOCKS_FROM rows, never
+ * run) took 14 s of the AVX-512 kernels' 72 s build. */
 static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *const rows[VLANES], idx_t rs,
                                                        const real *a, idx_t p, int count, int M, int by_blocks)
 {
@@ -819,8 +820,9 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
  * weight row (row_of with rs), broadcast from memory. Nothing is turned in
  * registers and the weights' rows need no alignment: a (8, 768) x (2304,
  * 768)^T float `linear` ran at 78-81 GFLOP/s on a Zen 3 core in a C
- * program of this loop, against 51-60 for few_rows_block
- * (benchmarks/NOTES.md). Each element gets few_rows_block's operations in
+ * program of this loop, against 51-60 for few_rows_block, and in the
+ * library in 0.81-0.89x few_rows_block's time (GEMM_FEW_ROWS_IN_LANES_FROM,
+ * benchmarks/NOTES.md). Each element gets few_rows_block's operations in
  * its order (from the bias, a multiply-add a step, the K blocks' sums
  * added), so the same bits. An output past n repeats the last and is not
  * stored. */
