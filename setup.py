@@ -61,8 +61,8 @@ class build_ext_concurrently(build_ext):
             # AVX2's and the portable ones'), so that no core waits on one
             # file at the end: a -O3 build on 2 Zen 3 cores took 91 s in
             # file-name order, 86 s longest first
-            longest_first = sorted(sources, key=lambda s: LONGEST_COMPILES.index(os.path.basename(s))
-                                   if os.path.basename(s) in LONGEST_COMPILES else len(LONGEST_COMPILES))
+            rank = {name: i for i, name in enumerate(LONGEST_COMPILES)}
+            longest_first = sorted(sources, key=lambda s: rank.get(os.path.basename(s), len(rank)))
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 objects = pool.map(lambda source: compile_files([source], **options), longest_first)
                 return [obj for objs in objects for obj in objs]

@@ -876,6 +876,18 @@ static inline __attribute__((always_inline)) void FN(few_rows_lanes)(const FN(fe
         }                                                                  \
         break;
 
+/* rows[c] <- the block's weight rows j + c, c < count (past n, the last
+ * repeated); returns their spacing rs (rs elements, a constant 0 for none)
+ * when they are evenly spaced (one part's, all n), else 0 */
+static inline __attribute__((always_inline)) idx_t FN(few_rows_rows)(const FN(few_rows_job) *job, idx_t j, int n,
+                                                                     int count, const elem **rows, idx_t rs)
+{
+    for (int c = 0; c < count; c++) rows[c] = FN(operand_row)(&job->b, j + (c < n ? c : n - 1));
+    for (int c = 0; c < count; c++) /* (as addresses: the rows may be of different parts) */
+        if ((uintptr_t)rows[c] - (uintptr_t)rows[0] != (uintptr_t)c * (uintptr_t)rs * sizeof(elem)) rs = 0;
+    return rs;
+}
+
 static void FN(few_rows_task)(void *ctx, idx_t t)
 {
     _Static_assert(GEMM_FEW_ROWS <= 8, "a case below for every M up to GEMM_FEW_ROWS");
@@ -887,10 +899,7 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
         for (idx_t j = first; j < end && !attnc_interrupted(); j += columns) {
             int n = (int)attnc_min(columns, end - j);
             const elem *rows[GEMM_LANES_COLUMNS];
-            for (int c = 0; c < GEMM_LANES_COLUMNS; c++) rows[c] = FN(operand_row)(&job->b, j + (c < n ? c : n - 1));
-            idx_t rs = job->b.rs;
-            for (int c = 0; c < GEMM_LANES_COLUMNS; c++) /* (as addresses: the rows may be of different parts) */
-                if ((uintptr_t)rows[c] - (uintptr_t)rows[0] != (uintptr_t)c * (uintptr_t)rs * sizeof(elem)) rs = 0;
+            idx_t rs = FN(few_rows_rows)(job, j, n, GEMM_LANES_COLUMNS, rows, job->b.rs);
             if (rs)
                 FN(few_rows_lanes)(job, j, n, rows, rs);
             else
@@ -901,14 +910,8 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
 #endif
     for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
         int n = (int)attnc_min(VLANES, end - j);
-        /* the block's rows (a lane past n repeats the last), and their
-         * spacing when they are evenly spaced (one part's, all n lanes)
-         * and GEMM_FEW_ROWS_SPACED */
         const elem *rows[VLANES];
-        for (int l = 0; l < VLANES; l++) rows[l] = FN(operand_row)(&job->b, j + (l < n ? l : n - 1));
-        idx_t rs = GEMM_FEW_ROWS_SPACED ? job->b.rs : 0;
-        for (int l = 0; l < VLANES; l++) /* (as addresses: the rows may be of different parts) */
-            if ((uintptr_t)rows[l] - (uintptr_t)rows[0] != (uintptr_t)l * (uintptr_t)rs * sizeof(elem)) rs = 0;
+        idx_t rs = FN(few_rows_rows)(job, j, n, VLANES, rows, GEMM_FEW_ROWS_SPACED ? job->b.rs : 0);
         switch (job->g->M) {
             FEW_ROWS_CASE(1)
             FEW_ROWS_CASE(2)
