@@ -38,6 +38,14 @@ if os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES"):
 # .ci/bf16_dot_emulated.sh)
 if os.environ.get("ATTNC_EMULATE_BF16_DOT"):
     compile_args.append("-DATTNC_EMULATE_BF16_DOT")
+# ATTNC_WITHOUT_AVX512=1: no AVX-512 or AVX512_BF16 kernels (kernels_avx512*.c
+# left out, their levels absent from the kernel table). For a sanitizer build
+# on a CPU that cannot run them (.ci/sanitize.sh): their instrumented compile
+# was ~110 of the 485 CPU seconds such a build took on 2 Zen 3 cores, for
+# code that host never runs.
+without_avx512 = bool(os.environ.get("ATTNC_WITHOUT_AVX512"))
+if without_avx512:
+    compile_args.append("-DATTNC_WITHOUT_AVX512")
 if os.environ.get("ATTNC_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g"] + sanitize
@@ -79,7 +87,11 @@ setup(
     ext_modules=[
         Extension(
             "attnc._C",
-            sources=sorted(glob.glob("csrc/*.c")),
+            sources=sorted(
+                path
+                for path in glob.glob("csrc/*.c")
+                if not (without_avx512 and os.path.basename(path).startswith("kernels_avx512"))
+            ),
             depends=sorted(glob.glob("csrc/*.h")),
             include_dirs=[numpy.get_include(), "csrc"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION"), ("_GNU_SOURCE", None)],

@@ -10,6 +10,8 @@
 extern const attnc_kernels attnc_kernels_portable[ATTNC_N_DTYPES];
 #ifdef ATTNC_X86
 extern const attnc_kernels attnc_kernels_avx2[ATTNC_N_DTYPES];
+#endif
+#if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512) /* setup.py's ATTNC_WITHOUT_AVX512 */
 extern const attnc_kernels attnc_kernels_avx512[ATTNC_N_DTYPES];
 extern const attnc_kernels attnc_kernels_avx512bf16_bf16;
 #endif
@@ -23,6 +25,8 @@ static int has_avx2_fma(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
+#endif
+#if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512)
 /* AVX-512 F, VL and DQ: what kernels_avx512.c is compiled for */
 static int has_avx512(void)
 {
@@ -51,6 +55,8 @@ static const struct {
     {"portable", always, attnc_kernels_portable, NULL},
 #ifdef ATTNC_X86
     {"avx2", has_avx2_fma, attnc_kernels_avx2, NULL},
+#endif
+#if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512)
     {"avx512", has_avx512, attnc_kernels_avx512, NULL},
     {"avx512bf16", has_avx512bf16, attnc_kernels_avx512, &attnc_kernels_avx512bf16_bf16},
 #endif
