@@ -11,7 +11,7 @@ extern const attnc_kernels attnc_kernels_portable[ATTNC_N_DTYPES];
 #ifdef ATTNC_X86
 extern const attnc_kernels attnc_kernels_avx2[ATTNC_N_DTYPES];
 #endif
-#if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512) /* setup.py's ATTNC_WITHOUT_AVX512 */
+#if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512) /* setup.py: ATTNC_SKIP_UNRUNNABLE_KERNELS */
 extern const attnc_kernels attnc_kernels_avx512[ATTNC_N_DTYPES];
 extern const attnc_kernels attnc_kernels_avx512bf16_bf16;
 #endif
