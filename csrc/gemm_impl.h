@@ -108,6 +108,16 @@
  * (two vectors' lanes) took 1.09-1.55x (benchmarks/NOTES.md). */
 #define GEMM_FEW_ROWS (SIMD_BYTES == 32 ? VLANES : VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
+/* Blocks of VLANES outputs the few-rows order takes side by side for one
+ * row of A (few_rows_block), where their rows are loaded by blocks: alone,
+ * a block's sums are one chain of multiply-adds, each waiting on the last.
+ * At AVX2 two: on a Zen 3 core, `linear` (1, 768) -> 2304 took 0.76x the
+ * time on 1 thread and 0.82x on 2, (1, 1000) -> 1000 0.80x, doubles 0.70-
+ * 0.75x, a module's decode step (1, 1, 768) 0.76x; rows 4 KB apart (loaded
+ * whole, not by blocks) took 1.28-1.32x, so they stay one block at a time.
+ * AVX-512's 16 x 16 turns spilled with two blocks in a C probe on Zen 4
+ * (1.1-1.3x slower: benchmarks/NOTES.md). */
+#define FEW_ROWS_CHAINS (SIMD_BYTES == 32 ? 2 : 1)
 /* The few-rows order addresses a block's weight rows from a base per four
  * rows (row_of) when they are evenly spaced and a vector holds more than 8
  * lanes: its sixteen row pointers spilled. On a Zen 4 core (float at
@@ -739,18 +749,22 @@ typedef struct {
 /* Whether the level has few_rows_lanes: AVX2's width, elements that are reals */
 #define FEW_ROWS_LANES (SIMD_BYTES == 32 && ELEM_IS_REAL)
 
-/* The first `count` of VLANES steps of few_rows_block from p: B's rows'
- * elements p + s turned in registers (all VLANES read), acc[m] += A (m, p
- * + s) times them, s < count in order. */
-static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const rows[VLANES],
-                                                                      idx_t rs, const real *a, idx_t p, int count,
-                                                                      int M, int by_blocks)
+/* The first `count` of VLANES steps of few_rows_block from p: each chain's
+ * VLANES rows of B (rows[c * VLANES + l]) have their elements p + s turned
+ * in registers (all VLANES read), acc[c * M + m] += A (m, p + s) times
+ * them, s < count in order. */
+static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc, const elem *const *rows, idx_t rs,
+                                                                      const real *a, idx_t p, int count, int M,
+                                                                      int chains, int by_blocks)
 {
-    vreal steps[VLANES];
-    FN(load_turned)(steps, rows, rs, p, by_blocks);
+    vreal steps[FEW_ROWS_CHAINS][VLANES];
+    for (int c = 0; c < chains; c++) FN(load_turned)(steps[c], rows + c * VLANES, rs, p, by_blocks);
     _Pragma("GCC unroll 16") for (int s = 0; s < VLANES; s++)
         if (s < count)
-            _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = vfma(vset1(a[(p + s) * M + m]), steps[s], acc[m]);
+            _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) {
+                vreal a_ms = vset1(a[(p + s) * M + m]);
+                for (int c = 0; c < chains; c++) acc[c * M + m] = vfma(a_ms, steps[c][s], acc[c * M + m]);
+            }
 }
 
 /* few_rows_turned for the steps up to the first row's vector boundary,
@@ -758,20 +772,23 @@ static inline __attribute__((always_inline)) void FN(few_rows_turned)(vreal *acc
  * memory. One copy a dtype: inlined in each few_rows_block copy, it (with
  * the by-blocks copies below GEMM_FEW_ROWS_BY_BLOCKS_FROM rows, never
  * run) took 14 s of the AVX-512 kernels' 72 s build. */
-static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *const rows[VLANES], idx_t rs,
-                                                       const real *a, idx_t p, int count, int M, int by_blocks)
+static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *const *rows, idx_t rs, const real *a,
+                                                       idx_t p, int count, int M, int chains, int by_blocks)
 {
     if (by_blocks)
-        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, 1);
+        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, chains, 1);
     else
-        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, 0);
+        FN(few_rows_turned)(acc, rows, rs, a, p, count, M, chains, 0);
 }
 
-/* C[:, j0, j0 + n) (n <= VLANES outputs, one a lane) for the M rows of A
- * (M a constant at each call, so the accumulators stay in registers): B's
- * rows (`rows`, one a lane, addressed by row_of with rs) are read in place
- * and turned in registers VLANES steps at a time,
- * and each step is multiplied by every row's element. The steps up to the
+/* C[:, j0, j0 + n) (n <= chains x VLANES outputs, one a lane) for the M
+ * rows of A (M and chains constants at each call, so the accumulators stay
+ * in registers): B's rows (`rows`, one a lane, addressed by row_of with
+ * rs) are read in place and turned in registers VLANES steps at a time,
+ * and each step is multiplied by every row's element. Each of the `chains`
+ * blocks of VLANES outputs is a chain of multiply-adds per row of A; one
+ * row of A alone waits on its chain's latency, so at FEW_ROWS_CHAINS two
+ * blocks go side by side. The steps up to the
  * first row's next vector boundary go first (a whole turned block, of
  * which only they are used), so that the vector loads after them (of every
  * row, when rows are a multiple of 64 bytes apart) are aligned: a (1,
@@ -782,35 +799,42 @@ static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *
  * order: from the bias, the multiply-adds of a K block one step after
  * another, then the K blocks' sums added. */
 static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
-                                                                     int M, const elem *const rows[VLANES], idx_t rs,
-                                                                     int by_blocks)
+                                                                     int M, int chains, const elem *const *rows,
+                                                                     idx_t rs, int by_blocks)
 {
     const attnc_gemm_args *g = job->g;
     idx_t K = g->K;
-    real bias[VLANES], sums[GEMM_FEW_ROWS][VLANES];
-    for (int l = 0; l < VLANES; l++) bias[l] = FN(bias_at)(g, j0 + (l < n ? l : n - 1));
+    real bias[FEW_ROWS_CHAINS][VLANES], sums[FEW_ROWS_CHAINS * GEMM_FEW_ROWS][VLANES];
+    for (int c = 0; c < chains; c++)
+        for (int l = 0; l < VLANES; l++) bias[c][l] = FN(bias_at)(g, j0 + attnc_min(c * VLANES + l, n - 1));
     const size_t vector_bytes = VLANES * sizeof(elem);
     for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
         idx_t p = p0, end = attnc_min(K, p0 + GEMM_KC);
-        vreal acc[GEMM_FEW_ROWS];
-        for (int m = 0; m < M; m++) acc[m] = p0 == 0 ? vloadu(bias) : vzero();
+        vreal acc[FEW_ROWS_CHAINS * GEMM_FEW_ROWS];
+        for (int c = 0; c < chains; c++)
+            for (int m = 0; m < M; m++) acc[c * M + m] = p0 == 0 ? vloadu(bias[c]) : vzero();
         int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
-            vreal lead_acc[GEMM_FEW_ROWS]; /* (acc's address kept to itself: its rows stay in registers) */
-            for (int m = 0; m < M; m++) lead_acc[m] = acc[m];
-            FN(few_rows_lead)(lead_acc, rows, rs, job->a, p, lead, M, by_blocks);
-            for (int m = 0; m < M; m++) acc[m] = lead_acc[m];
+            vreal lead_acc[FEW_ROWS_CHAINS * GEMM_FEW_ROWS]; /* (acc's address kept to itself: its rows stay in registers) */
+            for (int i = 0; i < chains * M; i++) lead_acc[i] = acc[i];
+            FN(few_rows_lead)(lead_acc, rows, rs, job->a, p, lead, M, chains, by_blocks);
+            for (int i = 0; i < chains * M; i++) acc[i] = lead_acc[i];
             p += lead;
         }
-        for (; p + VLANES <= end; p += VLANES) FN(few_rows_turned)(acc, rows, rs, job->a, p, VLANES, M, by_blocks);
-        for (; p < end; p++) {
-            real step[VLANES];
-            for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[l][p]);
-            for (int m = 0; m < M; m++) acc[m] = vfma(vset1(job->a[p * M + m]), vloadu(step), acc[m]);
-        }
-        for (int m = 0; m < M; m++) vstoreu(sums[m], p0 == 0 ? acc[m] : vadd(vloadu(sums[m]), acc[m]));
+        for (; p + VLANES <= end; p += VLANES)
+            FN(few_rows_turned)(acc, rows, rs, job->a, p, VLANES, M, chains, by_blocks);
+        for (; p < end; p++)
+            for (int c = 0; c < chains; c++) {
+                real step[VLANES];
+                for (int l = 0; l < VLANES; l++) step[l] = to_real(rows[c * VLANES + l][p]);
+                for (int m = 0; m < M; m++) acc[c * M + m] = vfma(vset1(job->a[p * M + m]), vloadu(step), acc[c * M + m]);
+            }
+        for (int i = 0; i < chains * M; i++) vstoreu(sums[i], p0 == 0 ? acc[i] : vadd(vloadu(sums[i]), acc[i]));
     }
-    for (int m = 0; m < M; m++) FN(store_row)((elem *)g->c + m * g->c_rs + j0, sums[m], n);
+    for (int c = 0; c < chains && c * VLANES < n; c++)
+        for (int m = 0; m < M; m++)
+            FN(store_row)((elem *)g->c + m * g->c_rs + j0 + c * VLANES, sums[c * M + m],
+                          attnc_min(VLANES, n - c * VLANES));
 }
 
 #if FEW_ROWS_LANES
@@ -864,9 +888,9 @@ static inline __attribute__((always_inline)) void FN(few_rows_lanes)(const FN(fe
 #endif
 #define FEW_ROWS_COPY(m, rs)                                               \
     if (m >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && FEW_ROWS_BY_BLOCKS)           \
-        FN(few_rows_block)(job, j, n, m, rows, rs, 1);                     \
+        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 1);                  \
     else                                                                   \
-        FN(few_rows_block)(job, j, n, m, rows, rs, 0);
+        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 0);
 #define FEW_ROWS_CASE(m)                                                   \
     case m:                                                                \
         if (m <= GEMM_FEW_ROWS && rs) {                                    \
@@ -910,7 +934,15 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
 #endif
     for (idx_t j = first; j < end && !attnc_interrupted(); j += VLANES) { /* a task may be long: all of K */
         int n = (int)attnc_min(VLANES, end - j);
-        const elem *rows[VLANES];
+        const elem *rows[FEW_ROWS_CHAINS * VLANES];
+        if (FEW_ROWS_CHAINS > 1 && job->g->M == 1 && FEW_ROWS_BY_BLOCKS && end - j >= FEW_ROWS_CHAINS * VLANES &&
+            FN(few_rows_rows)(job, j, FEW_ROWS_CHAINS * VLANES, FEW_ROWS_CHAINS * VLANES, rows, job->b.rs)) {
+            /* one row of A: whole blocks' chains side by side, their rows
+             * evenly spaced (from a base per four) and loaded by blocks */
+            FN(few_rows_block)(job, j, FEW_ROWS_CHAINS * VLANES, 1, FEW_ROWS_CHAINS, rows, job->b.rs, 1);
+            j += (FEW_ROWS_CHAINS - 1) * VLANES;
+            continue;
+        }
         idx_t rs = FN(few_rows_rows)(job, j, n, VLANES, rows, GEMM_FEW_ROWS_SPACED ? job->b.rs : 0);
         switch (job->g->M) {
             FEW_ROWS_CASE(1)

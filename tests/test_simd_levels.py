@@ -147,8 +147,9 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
     """Up to a few rows of x (a vector's lanes at AVX2: 8 floats, 4 doubles;
     half of them elsewhere: 8 floats at AVX-512, 2 at the portable level)
     the GEMM packs nothing: it reads the weights' rows in place and turns
-    them in registers, or at AVX2 (8 floats, 2 to 4 doubles) puts x's rows
-    in a vector's lanes and broadcasts the weights. 130 outputs (a last
+    them in registers (one row at AVX2: two blocks of outputs side by side
+    where a task has two whole ones), or at AVX2 (8 floats, 2 to 4 doubles)
+    puts x's rows in a vector's lanes and broadcasts the weights. 130 outputs (a last
     block of lanes, or of 12 outputs, part-filled), K = 301 (a step past the last whole vector
     at every level) and 1543 (three K blocks, the last of 7 steps, past whole
     vectors too); against float64, on 1 and 2 threads (the smallest products
@@ -171,18 +172,20 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
 
 
-@pytest.mark.parametrize("positions", [2, 8])
+@pytest.mark.parametrize("positions", [1, 2, 8])
 def test_module_few_rows_parts_every_level(positions, dtype, simd_mode):
     """A module's Q, K and V projections are one product of three parts,
-    here in the few-rows order (one item of 2 or 8 positions: rows of x;
+    here in the few-rows order (one item of 1, 2 or 8 positions: rows of x;
     not at the 16-byte level's doubles, whose order takes 1, nor for 8 rows
     where it takes fewer). With 40 outputs a part, 16-output blocks cut a
     part's end (32-47) or C's (112-119), and so do 12-output blocks (36-47,
-    x's rows in the lanes at AVX2: 8 floats, 2 doubles): their rows are read
-    through a pointer each; the blocks within one part are read from a base
-    per four rows at AVX-512's floats (GEMM_FEW_ROWS_SPACED) and in the
-    lanes. Against float64 (with 2 or more keys, Q's and K's rows
-    matter)."""
+    x's rows in the lanes at AVX2: 8 floats, 2 doubles) and, for one row at
+    AVX2, pairs of 8- or 4-output blocks (FEW_ROWS_CHAINS: 32-47 crosses Q's
+    end, so its blocks go one at a time): their rows are read through a
+    pointer each; the blocks within one part are read from a base per four
+    rows at AVX-512's floats (GEMM_FEW_ROWS_SPACED), in the lanes and in
+    pairs. Against float64 (with 2 or more keys, Q's and K's rows matter;
+    with one, V's)."""
     m = attnc.MultiHeadAttention(40, 4, dtype=dtype, rng=np.random.default_rng(4)).eval()
     x = _r(np.random.default_rng(5), (1, positions, 40), dtype)
     assert_close(m(x), ref_module(m, x)[0], dtype, f"{simd_mode}")
