@@ -86,12 +86,17 @@ static void name_the_error(const char *name)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    if (type != PyExc_TypeError && type != PyExc_ValueError) {
+    /* a MemoryError of any kind (NumPy's own takes other arguments) as a
+     * plain one */
+    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError ? type
+                      : type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ? PyExc_MemoryError
+                                                                                    : NULL;
+    if (!named) {
         PyErr_Restore(type, value, tb);
         return;
     }
     PyErr_NormalizeException(&type, &value, &tb);
-    PyErr_Format(type, "%s: %S", name, value);
+    PyErr_Format(named, "%s: %S", name, value);
     PyObject *type2, *value2, *tb2;
     PyErr_Fetch(&type2, &value2, &tb2);
     PyErr_NormalizeException(&type2, &value2, &tb2);
@@ -404,25 +409,29 @@ static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous
     return descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL) : NULL;
 }
 
-/* Replaces *arr by its conversion (see convert); 0 on failure (*arr NULL). */
-static int convert_in_place(PyArrayObject **arr, attnc_dtype dt, int contiguous)
+/* Replaces *arr, the argument `name`, by its conversion (see convert); 0
+ * on failure (*arr NULL), the error named (a broadcast view too large to
+ * copy: MemoryError). */
+static int convert_in_place(PyArrayObject **arr, attnc_dtype dt, int contiguous, const char *name)
 {
     PyArrayObject *converted = convert(*arr, dt, contiguous);
     Py_DECREF(*arr);
     *arr = converted;
+    if (!converted) name_the_error(name);
     return converted != NULL;
 }
 
 /* As convert_in_place, and the last axis has unit stride (each row is a
  * plain vector; the other axes keep their strides). */
-static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt)
+static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt, const char *name)
 {
-    if (!convert_in_place(arr, dt, 0)) return 0;
+    if (!convert_in_place(arr, dt, 0, name)) return 0;
     int nd = PyArray_NDIM(*arr);
     if (nd > 0 && PyArray_DIM(*arr, nd - 1) > 1 && PyArray_STRIDE(*arr, nd - 1) != PyArray_ITEMSIZE(*arr)) {
         PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
         Py_DECREF(*arr);
         *arr = copy;
+        if (!copy) name_the_error(name);
     }
     return *arr != NULL;
 }
@@ -431,7 +440,7 @@ static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt)
 static PyArrayObject *real_input(PyObject *obj, const char *name, attnc_dtype dt, int contiguous)
 {
     PyArrayObject *arr = real_array(obj, name);
-    if (arr && !convert_in_place(&arr, dt, contiguous)) return NULL;
+    if (arr && !convert_in_place(&arr, dt, contiguous, name)) return NULL;
     return arr;
 }
 
@@ -472,6 +481,13 @@ static PyObject *new_array_of(int nd, const npy_intp *shape, attnc_dtype dt, int
 }
 
 static PyObject *new_array(int nd, const npy_intp *shape, attnc_dtype dt) { return new_array_of(nd, shape, dt, 0); }
+
+/* result, or (NULL) its error named after the argument that asked for it */
+static PyObject *named(PyObject *result, const char *name)
+{
+    if (!result) name_the_error(name);
+    return result;
+}
 
 static int check_min_ndim(PyArrayObject *arr, const char *name, int min_nd, const char *layout)
 {
@@ -691,14 +707,15 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs)
         shape_error("bias", 1, &n_out, b);
         goto done;
     }
-    if (!convert_in_place(&x, dt, 1) || !convert_in_place(&w, dt, 0) || (b && !convert_in_place(&b, dt, 1)))
+    if (!convert_in_place(&x, dt, 1, "x") || !convert_in_place(&w, dt, 0, "weight") ||
+        (b && !convert_in_place(&b, dt, 1, "bias")))
         goto done;
     int nd = PyArray_NDIM(x);
     npy_intp shape[NPY_MAXDIMS];
     for (int d = 0; d < nd - 1; d++) shape[d] = PyArray_DIM(x, d);
     shape[nd - 1] = n_out;
     idx_t rows;
-    if (!count_items(nd - 1, shape, &rows, "x") || !(result = new_array(nd, shape, dt))) goto done;
+    if (!count_items(nd - 1, shape, &rows, "x") || !(result = named(new_array(nd, shape, dt), "x, weight"))) goto done;
     if (PyArray_SIZE((PyArrayObject *)result) == 0) goto done;
     attnc_gemm_args g = {
         .M = rows, .K = n_in,
@@ -743,7 +760,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (axis < 0) axis += span;
     PyObject *result = NULL;
-    if (!convert_in_place(&x, dt, 1) || !(result = new_array(nd, PyArray_DIMS(x), dt))) goto done;
+    if (!convert_in_place(&x, dt, 1, "x") || !(result = new_array(nd, PyArray_DIMS(x), dt))) goto done;
     if (PyArray_SIZE(x) == 0) goto done;
     idx_t outer = 1, n = nd > 0 ? PyArray_DIM(x, axis) : 1, inner = 1; /* products of a real array's dims */
     for (int d = 0; d < axis; d++) outer *= PyArray_DIM(x, d);
@@ -783,7 +800,7 @@ static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!x) return NULL;
     if (!dtype_given) dt = result_dtype(&x, 1);
     PyObject *result = NULL;
-    if (!convert_in_place(&x, dt, 1) || !(result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt))) goto done;
+    if (!convert_in_place(&x, dt, 1, "x") || !(result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt))) goto done;
     if (p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) {
         Py_CLEAR(result);
         goto done;
@@ -898,7 +915,7 @@ static int attention_operands(PyObject *const *objs, const score_options *o, int
         !count_items(a->batch.ndim, a->batch.shape, &n_items, "query"))
         return 0;
     for (int i = 0; i < 3; i++)
-        if (!row_major_in_place(&arr[i], *dt)) return 0;
+        if (!row_major_in_place(&arr[i], *dt, names[i])) return 0;
     int nb = a->batch.ndim;
     for (int d = 0; d < nb; d++) shape[d] = a->batch.shape[d];
     shape[nb] = L;
@@ -1019,9 +1036,10 @@ static PyObject *py_sdpa(PyObject *self, PyObject *args, PyObject *kwargs)
     npy_intp shape[MAX_SCORES_DIMS];
     if (!attention_operands(objs, &o, dtype_given, &dt, NULL, 0, arr, &mask, &bias, &a, shape)) goto done;
     int nb = a.batch.ndim;
-    if (want_weights && !(weights = new_array(nb + 2, shape, dt))) goto done;
-    if (want_lse && !(lse = batch_result(&a.batch, a.L, -1, compute_dtype(dt), 0, NULL))) goto done;
-    if (!(out = batch_result(&a.batch, a.L, a.Ev, dt, 0, &a.out))) goto done;
+    if (want_weights && !(weights = named(new_array(nb + 2, shape, dt), "return_weights"))) goto done;
+    if (want_lse && !(lse = named(batch_result(&a.batch, a.L, -1, compute_dtype(dt), 0, NULL), "return_lse")))
+        goto done;
+    if (!(out = named(batch_result(&a.batch, a.L, a.Ev, dt, 0, &a.out), "query"))) goto done;
     if (dropout_p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) goto done;
     if (PyArray_SIZE((PyArrayObject *)out) == 0 && (!weights || PyArray_SIZE((PyArrayObject *)weights) == 0) &&
         (!lse || PyArray_SIZE((PyArrayObject *)lse) == 0))
@@ -1093,8 +1111,8 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
     if (!check_shape(saved[0], "grad_out", nb + 2, shape) || !check_shape(saved[1], "out", nb + 2, shape) ||
         !check_shape(saved[2], "lse", nb + 1, shape))
         goto done;
-    if (!row_major_in_place(&saved[0], dt) || !row_major_in_place(&saved[1], dt) ||
-        !convert_in_place(&saved[2], compute_dtype(dt), 1))
+    if (!row_major_in_place(&saved[0], dt, "grad_out") || !row_major_in_place(&saved[1], dt, "out") ||
+        !convert_in_place(&saved[2], compute_dtype(dt), 1, "lse"))
         goto done;
     attnc_matrices *from[2] = {&g.grad_out, &a->out};
     for (int i = 0; i < 2; i++) {
@@ -1373,8 +1391,8 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
         goto done;
     attnc_self_attention_args *s = &c.s;
     npy_intp shape[NPY_MAXDIMS], kept_shape[3][2];
-    if (want_weights && !(weights = new_array(c.ns, c.shape, c.dt))) goto done;
-    if (!(out = new_array(module_output_shape(&c, shape), shape, c.dt))) goto done;
+    if (want_weights && !(weights = named(new_array(c.ns, c.shape, c.dt), "return_weights"))) goto done;
+    if (!(out = named(new_array(module_output_shape(&c, shape), shape, c.dt), "x"))) goto done;
     if (s->dropout_p > 0 && !draw_seed(rng, &seed)) goto done;
     if (save) { /* the backward's: a private x, the kept buffers, the seed */
         kept_shapes(&c, kept_shape);

@@ -230,38 +230,61 @@ def test_sdpa_bad_scale_and_rng_types():
 # errors: sizes that would overflow or cannot be allocated (cheap zero-strided views)
 
 HUGE = 2 ** 40
+# Two such axes in one view: NumPy refuses a view of more than 2^63 bytes, zero strides or
+# not, so a view of (HUGE, HUGE, 64) never reached attnc; (BIG, BIG, 64) does.
+BIG = 2 ** 20
 
 
 def _huge_calls():
+    """(case, call, the argument its error names)."""
     q = np.ones((1, 64), np.float32)
     sdpa = F.scaled_dot_product_attention
-    yield "sdpa-batch", lambda: sdpa(huge_view((HUGE, HUGE, 64)), huge_view((HUGE, HUGE, 64)),
-                                    huge_view((HUGE, HUGE, 64)))
+    yield "sdpa-batch", lambda: sdpa(huge_view((BIG, BIG, 64)), huge_view((BIG, BIG, 64)),
+                                    huge_view((BIG, BIG, 64))), "query"
     yield "sdpa-broadcast-batch", lambda: sdpa(huge_view((HUGE, 1, 1, 64)), huge_view((1, HUGE, 1, 64)),
-                                              huge_view((1, 1, 1, 64)))
-    yield "sdpa-L", lambda: sdpa(huge_view((HUGE, 64)), q, q)
-    yield "sdpa-S", lambda: sdpa(q, huge_view((HUGE, 64)), huge_view((HUGE, 64)))
+                                              huge_view((1, 1, 1, 64))), "query"
+    yield "sdpa-L", lambda: sdpa(huge_view((HUGE, 64)), q, q), "query"
+    yield "sdpa-S", lambda: sdpa(q, huge_view((HUGE, 64)), huge_view((HUGE, 64))), "key"
     yield "sdpa-weights", lambda: sdpa(huge_view((2 ** 31, 1)), huge_view((2 ** 31, 1)), huge_view((2 ** 31, 1)),
-                                       return_weights=True)
-    yield "sdpa-batch-E1", lambda: sdpa(huge_view((2 ** 62, 1, 1)), huge_view((1, 1)), huge_view((1, 1)))
-    yield "sdpa-mask", lambda: sdpa(q, q, q, attn_mask=huge_view((HUGE, HUGE, 1, 1), bool))
-    yield "linear-x", lambda: F.linear(huge_view((HUGE, HUGE, 64)), np.ones((3, 64), np.float32))
-    yield "linear-out", lambda: F.linear(np.ones((4, 1), np.float32), huge_view((2 ** 62, 1)))
-    yield "linear-rows", lambda: F.linear(huge_view((2 ** 62, 1)), np.ones((3, 1), np.float32))
-    yield "softmax", lambda: F.softmax(huge_view((HUGE, HUGE, 64)))
-    yield "softmax-axis0", lambda: F.softmax(huge_view((2 ** 62, 2)), axis=0)
-    yield "dropout", lambda: attnc.Dropout(0.5)(huge_view((HUGE, HUGE, 64)))
-    yield "dropout-eval", lambda: attnc.Dropout(0.5).eval()(huge_view((HUGE, HUGE, 64)))
-    yield "Linear", lambda: attnc.Linear(64, 2)(huge_view((HUGE, HUGE, 64)))
+                                       return_weights=True), "return_weights"
+    yield "sdpa-batch-E1", lambda: sdpa(huge_view((2 ** 58, 1, 1)), huge_view((1, 1)), huge_view((1, 1))), "query"
+    yield "sdpa-mask", lambda: sdpa(q, q, q, attn_mask=huge_view((BIG, BIG, 1, 1), bool)), "attn_mask"
+    yield "linear-x", lambda: F.linear(huge_view((BIG, BIG, 64)), np.ones((3, 64), np.float32)), "x"
+    yield "linear-out", lambda: F.linear(np.ones((4, 1), np.float32), huge_view((2 ** 58, 1))), "x, weight"
+    yield "linear-rows", lambda: F.linear(huge_view((2 ** 58, 1)), np.ones((3, 1), np.float32)), "x"
+    yield "softmax", lambda: F.softmax(huge_view((BIG, BIG, 64))), "x"
+    yield "softmax-axis0", lambda: F.softmax(huge_view((2 ** 58, 2)), axis=0), "x"
+    yield "dropout", lambda: attnc.Dropout(0.5)(huge_view((BIG, BIG, 64))), "x"
+    yield "dropout-eval", lambda: attnc.Dropout(0.5).eval()(huge_view((BIG, BIG, 64))), "x"
+    yield "Linear", lambda: attnc.Linear(64, 2)(huge_view((BIG, BIG, 64))), "x"
     for name in MODEL_IDS:
-        yield name, lambda name=name: make_module(name, 64)(huge_view((HUGE, HUGE, 64)))
-        yield name + "-seq", lambda name=name: make_module(name, 64)(huge_view((2 ** 32, 64)), return_weights=True)
-        yield name + "-dim1", lambda name=name: make_module(name, 2)(huge_view((2 ** 62, 2)))
+        yield name, lambda name=name: make_module(name, 64)(huge_view((BIG, BIG, 64))), "x"
+        yield name + "-seq", lambda name=name: make_module(name, 64)(huge_view((2 ** 32, 64)),
+                                                                     return_weights=True), "x"
+        yield name + "-dim1", lambda name=name: make_module(name, 2)(huge_view((2 ** 58, 2))), "x"
     yield "MHA-mask", lambda: make_module("MHA", 64)(np.ones((1, 2, 64), np.float32),
-                                                     huge_view((HUGE, HUGE, 1, 1, 1), bool))
+                                                     huge_view((BIG, BIG, 1, 1, 1), bool)), "attention_mask"
+    # a parameter too large to copy into the module's layout: assigned, or put in place
+    # behind the module's back and read by its forward (NumPy's MemoryError, named)
+    yield "param-assigned", lambda: setattr(attnc.SelfAttentionV1(4).Q_proj, "weight", huge_view((HUGE, 4))), "weight"
+
+    def read_by_forward(module, path, shape, *inputs):
+        owner = module
+        for part in path.split(".")[:-1]:
+            owner = getattr(owner, part)
+        owner.__dict__[path.split(".")[-1]] = huge_view(shape)
+        return module(*inputs)
+
+    x8 = np.ones((1, 2, 8), np.float32)
+    yield "param-V1", lambda: read_by_forward(attnc.SelfAttentionV1(4), "Q_proj.weight", (HUGE, 4),
+                                              np.ones((2, 4), np.float32)), "Q_proj.weight"
+    yield "param-MHA", lambda: read_by_forward(attnc.MultiHeadAttention(8, 2), "query_linear.weight", (HUGE, 8),
+                                               x8), "query_linear.weight"
+    yield "param-nn-MHA", lambda: read_by_forward(attnc.nn.MultiheadAttention(8, 2), "in_proj_weight", (HUGE, 8),
+                                                  x8, x8, x8), "in_proj_weight"
 
 
-HUGE_CALLS = dict(_huge_calls())
+HUGE_CALLS = {name: (call, argument) for name, call, argument in _huge_calls()}
 
 _HUGE_SCRIPT = textwrap.dedent("""
     import sys, time
@@ -269,7 +292,7 @@ _HUGE_SCRIPT = textwrap.dedent("""
     import test_bad_inputs as t
     start = time.time()
     try:
-        t.HUGE_CALLS[{name!r}]()
+        t.HUGE_CALLS[{name!r}][0]()
     except (MemoryError, ValueError) as e:
         print("RAISED", type(e).__name__, e)
     else:
@@ -280,7 +303,9 @@ _HUGE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("name", list(HUGE_CALLS))
 def test_huge_shapes_raise_before_any_work(name):
-    """MemoryError or ValueError, at once. Run in a child with a memory cap
+    """MemoryError or ValueError naming the argument, at once (NumPy's own
+    MemoryError named too: a broadcast view too large to copy, an output too
+    large to allocate). Run in a child with a memory cap
     and a timeout, so a wrong size computation cannot take the test run down."""
     import os
     script = _HUGE_SCRIPT.format(tests=os.path.dirname(__file__), name=name)
@@ -294,6 +319,9 @@ def test_huge_shapes_raise_before_any_work(name):
         pytest.fail(f"{name}: still running after 60 s (hang or work on an impossible size)")
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     assert "RAISED" in proc.stdout, f"{name}: returned a result\n{proc.stdout}"
+    message = proc.stdout.split("RAISED", 1)[1].split(None, 1)[1]  # after the error's type
+    argument = HUGE_CALLS[name][1]
+    assert message.startswith(argument + ":"), f"{name}: the error does not name {argument!r}: {message}"
     seconds = float(proc.stdout.split("SECONDS")[1])
     assert seconds < 5, f"{name}: took {seconds:.1f} s before raising"
 
