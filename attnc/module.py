@@ -174,6 +174,8 @@ class Module:
             value = self._as_parameter(name, value)
         elif name == "dtype":
             value = module_dtype(value)
+        elif name == "training":  # its truth, as train(mode) takes it
+            value = flag(value, "training")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):

@@ -1269,6 +1269,37 @@ def test_sizes_too_big_for_any_parameter_are_named(make, sizes):
         attnc.Linear(10 ** 12, 10 ** 12)
 
 
+@pytest.mark.parametrize("make", [lambda: attnc.MultiHeadAttention(12, 3), lambda: attnc.nn.MultiheadAttention(12, 3),
+                                  lambda: attnc.SelfAttentionV4(12)], ids=["document-mha", "nn-mha", "V4"])
+def test_training_takes_the_truth_of_what_is_assigned(make):
+    """`module.training = np.array([1, 2])` (no truth value) was stored, and the next
+    forward raised NumPy's "truth value ... ambiguous" naming nothing (a fuzzing review,
+    2026-11-29): the assignment raises naming `training`, as train(mode) names `mode`,
+    the mode unchanged; a value with a truth is stored as that bool, and the forward
+    runs in that mode (oracle: the same module switched by eval() / train())."""
+    module = make()
+    x = np.random.default_rng(0).standard_normal((2, 5, 12)).astype(np.float32)
+    inputs = (x, x, x) if isinstance(module, attnc.nn.MultiheadAttention) else (x,)
+    for target in (module, attnc.Dropout(0.5)):
+        with pytest.raises(ValueError, match="^training: The truth value"):
+            target.training = np.array([1, 2])
+        assert target.training is True
+        target.training = np.float64(0.0)
+        assert target.training is False
+    module.training = np.array(0)
+    assert module.training is False
+    module.eval()  # the submodules too (assigning `training` sets the attribute alone, as torch's)
+    module.training = np.array([True])
+    assert module.training is True
+    module.training = np.array(0)
+    reference = make()
+    reference.load_state_dict(module.state_dict())
+    got, expected = module(*inputs), reference.eval()(*inputs)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+
+
 def test_parameters_too_big_to_allocate_raise_a_named_memory_error():
     """An array NumPy can describe but not allocate keeps NumPy's MemoryError, with
     the constructor's sizes in front (the allocation's failure is planted: a
