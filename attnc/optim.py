@@ -155,10 +155,15 @@ class Optimizer:
             memory, as strides set to 0 make them); naming the setting,
             if a hyper-parameter attribute (``lr``, ...) was set since
             construction to a value the constructor refuses (checked at
-            every step).
+            every step); naming the entry, with no parameter updated, if
+            an entry of `state` was set to an array of another shape or
+            dtype, read-only or with elements sharing memory, to a
+            negative step count, or an AdamW state lost some entries.
         TypeError
             Naming the setting, for a hyper-parameter attribute set to
-            something that is not a real number.
+            something that is not a real number; naming the entry, with
+            no parameter updated, for an entry of `state` set to a value
+            of another kind (not a dict, an array or an int).
         NotImplementedError
             On the base class, which has no update rule.
         """
@@ -179,6 +184,7 @@ class Optimizer:
                 raise ValueError(f"{name}: replaced since the previous step by a parameter of shape "
                                  f"{param.shape} and dtype {param.dtype} (was {before[0]}, {before[1]}); "
                                  "its optimizer state cannot follow it: make a new optimizer")
+            self._check_state(name, param)
         for name, param, grad in triples:
             state = self.state.setdefault(name, {})
             if param.dtype.itemsize == 2:  # float16, bfloat16: in float32, rounded once into param
@@ -192,6 +198,47 @@ class Optimizer:
         """Checks the hyper-parameter attributes (at construction and at every
         step: they are plain attributes a caller may set), normalising them;
         TypeError or ValueError naming the first bad one."""
+
+    def _check_state(self, name, param):
+        """`state[name]`, a public dict a caller may have edited, as `_update` needs
+        it: absent, or a dict whose entries named by `_state_arrays` are writable
+        arrays of the update's dtype and the parameter's shape and whose counts
+        (`_state_counts`) are ints >= 0 (with counts, all of them or none). Else
+        TypeError (a wrong kind) or ValueError naming the entry; checked for every
+        parameter before any is updated."""
+        state = self.state.get(name)
+        if state is None:
+            return
+        where = f"state[{name!r}]"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: expected a dict, got {type(state).__name__}")
+        entries = self._state_arrays + self._state_counts
+        if self._state_counts and state and any(key not in state for key in entries):
+            raise ValueError(f"{where}: expected the entries {entries} or none, got {tuple(state)}")
+        dtype = np.dtype(np.float32) if param.dtype.itemsize == 2 else param.dtype  # the update's
+        for key in self._state_arrays:
+            array = state.get(key)
+            if key not in state or (array is None and not self._state_counts):  # SGD's None: no buffer yet
+                continue
+            expected = f"expected a writable {dtype} array of shape {param.shape}"
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"{where}[{key!r}]: {expected}, got {type(array).__name__}")
+            if array.shape != param.shape or array.dtype != dtype or not array.flags.writeable:
+                kind = "a read-only" if not array.flags.writeable else "a"
+                raise ValueError(f"{where}[{key!r}]: {expected}, got {kind} {array.dtype} array of shape "
+                                 f"{array.shape}")
+            if _may_overlap_itself(array):
+                raise ValueError(f"{where}[{key!r}]: {expected} whose elements cannot share memory, got strides "
+                                 f"{array.strides}")
+        for key in self._state_counts:
+            count = state[key]
+            if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+                raise TypeError(f"{where}[{key!r}]: expected an int >= 0, got {type(count).__name__} {count!r}")
+            if count < 0:
+                raise ValueError(f"{where}[{key!r}]: expected an int >= 0, got {count!r}")
+
+    _state_arrays = ()  # the arrays the update rule keeps in a parameter's state
+    _state_counts = ()  # its counts; with any, the state is all of these or empty
 
     def _update(self, param, grad, state):
         """Updates `param` in place from `grad` (read only) and its `state` dict."""
@@ -248,6 +295,8 @@ class SGD(Optimizer):
     [[0.9 0.8]] [-0.1]
     >>> optimizer.zero_grad()
     """
+
+    _state_arrays = ("momentum_buffer",)
 
     def __init__(self, module, lr, momentum=0.0, weight_decay=0.0):
         super().__init__(module)
@@ -329,6 +378,8 @@ class AdamW(Optimizer):
     >>> print(np.round(layer.weight, 4), np.round(layer.bias, 4))
     [[0.9 1.1]] [-0.1]
     """
+
+    _state_arrays, _state_counts = ("exp_avg", "exp_avg_sq"), ("step",)
 
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         super().__init__(module)

@@ -194,6 +194,80 @@ def test_replaced_parameter_raises_before_any_update(case, replace):
         np.testing.assert_array_equal(p, before[pname], err_msg=pname)
 
 
+# An entry of `state` (a public dict) edited into something the update rule cannot use:
+# (optimizer case, entry, value, error). A wrong kind is a TypeError, a wrong shape, dtype,
+# layout or value a ValueError; None is SGD's "no buffer yet" (not AdamW's).
+BAD_STATE = [
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.zeros(3, p.dtype), ValueError),
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.zeros(p.shape, np.float64), ValueError),
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.zeros(p.shape, p.dtype).tolist(), TypeError),
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.broadcast_to(np.zeros(1, p.dtype), p.shape), ValueError),
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.lib.stride_tricks.as_strided(
+        np.zeros(p.shape, p.dtype), strides=(0,) * p.ndim), ValueError),
+    ("AdamW", "step", lambda p: "a", TypeError),
+    ("AdamW", "step", lambda p: True, TypeError),
+    ("AdamW", "step", lambda p: -1, ValueError),
+    ("AdamW", "exp_avg", lambda p: None, TypeError),
+    ("AdamW", "exp_avg_sq", lambda p: np.zeros(p.shape[::-1] + (1,), p.dtype), ValueError),
+    ("AdamW", "exp_avg", lambda p: np.zeros(p.shape, np.float16), ValueError),
+]
+
+
+@pytest.mark.parametrize("case, entry, make, error", BAD_STATE,
+                         ids=[f"{c}-{e}-{i}" for i, (c, e, _, _) in enumerate(BAD_STATE)])
+def test_a_bad_state_entry_raises_naming_it_before_any_update(case, entry, make, error):
+    name, kwargs = CASES[case]
+    module = MODULES["V2"](np.float32)
+    opt, _, twins = make_pair(module, name, kwargs)
+    set_grads(module, twins, np.random.default_rng(5))
+    opt.step()  # the state exists
+    last, param = list(module.named_parameters())[-1]  # every other parameter would be updated before it
+    opt.state[last][entry] = make(param)
+    before = {pname: p.copy() for pname, p in module.named_parameters()}
+    with pytest.raises(error) as info:
+        opt.step()
+    assert str(info.value).startswith(f"state[{last!r}][{entry!r}]:"), str(info.value)
+    for pname, p in module.named_parameters():
+        np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+
+
+@pytest.mark.parametrize("edit, error", [("not-a-dict", TypeError), ("missing-step", ValueError)])
+def test_a_bad_state_dict_raises_naming_it_before_any_update(edit, error):
+    module = MODULES["V2"](np.float32)
+    opt, _, twins = make_pair(module, "AdamW", {})
+    set_grads(module, twins, np.random.default_rng(6))
+    opt.step()
+    last = list(module.named_parameters())[-1][0]
+    if edit == "not-a-dict":
+        opt.state[last] = 3
+    else:
+        del opt.state[last]["step"]
+    before = {pname: p.copy() for pname, p in module.named_parameters()}
+    with pytest.raises(error) as info:
+        opt.step()
+    assert str(info.value).startswith(f"state[{last!r}]:"), str(info.value)
+    for pname, p in module.named_parameters():
+        np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_a_state_replaced_by_equal_arrays_steps_as_torch(case):
+    """State entries replaced by fresh arrays of the right kind (as a checkpoint restores
+    them) are accepted and used: the steps still match torch's."""
+    name, kwargs = CASES[case]
+    module = MODULES["V2"](np.float32)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    rng = np.random.default_rng(7)
+    for step in range(3):
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        for entries in opt.state.values():
+            for key, value in entries.items():
+                entries[key] = value.copy() if isinstance(value, np.ndarray) else int(value)
+    assert_params_match(module, twins, case)
+
+
 class _TorchV1(torch.nn.Module):
     """Document 000's SelfAttentionV1 in torch, with K tied to Q as `tie` says."""
 
