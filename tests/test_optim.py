@@ -213,41 +213,43 @@ BAD_STATE = [
 ]
 
 
-@pytest.mark.parametrize("case, entry, make, error", BAD_STATE,
-                         ids=[f"{c}-{e}-{i}" for i, (c, e, _, _) in enumerate(BAD_STATE)])
-def test_a_bad_state_entry_raises_naming_it_before_any_update(case, entry, make, error):
+def stepped_once(case, seed):
+    """The V2 module, its optimizer after one step (the state exists) and its last parameter's
+    name and array (every other parameter comes before it in a step)."""
     name, kwargs = CASES[case]
     module = MODULES["V2"](np.float32)
     opt, _, twins = make_pair(module, name, kwargs)
-    set_grads(module, twins, np.random.default_rng(5))
-    opt.step()  # the state exists
-    last, param = list(module.named_parameters())[-1]  # every other parameter would be updated before it
-    opt.state[last][entry] = make(param)
+    set_grads(module, twins, np.random.default_rng(seed))
+    opt.step()
+    return module, opt, *list(module.named_parameters())[-1]
+
+
+def assert_step_refused(module, opt, error, prefix):
+    """step() raises `error` whose message starts with `prefix`, no parameter changed."""
     before = {pname: p.copy() for pname, p in module.named_parameters()}
     with pytest.raises(error) as info:
         opt.step()
-    assert str(info.value).startswith(f"state[{last!r}][{entry!r}]:"), str(info.value)
+    assert str(info.value).startswith(prefix), str(info.value)
     for pname, p in module.named_parameters():
         np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+
+
+@pytest.mark.parametrize("case, entry, make, error", BAD_STATE,
+                         ids=[f"{c}-{e}-{i}" for i, (c, e, _, _) in enumerate(BAD_STATE)])
+def test_a_bad_state_entry_raises_naming_it_before_any_update(case, entry, make, error):
+    module, opt, last, param = stepped_once(case, 5)
+    opt.state[last][entry] = make(param)
+    assert_step_refused(module, opt, error, f"state[{last!r}][{entry!r}]:")
 
 
 @pytest.mark.parametrize("edit, error", [("not-a-dict", TypeError), ("missing-step", ValueError)])
 def test_a_bad_state_dict_raises_naming_it_before_any_update(edit, error):
-    module = MODULES["V2"](np.float32)
-    opt, _, twins = make_pair(module, "AdamW", {})
-    set_grads(module, twins, np.random.default_rng(6))
-    opt.step()
-    last = list(module.named_parameters())[-1][0]
+    module, opt, last, _ = stepped_once("AdamW", 6)
     if edit == "not-a-dict":
         opt.state[last] = 3
     else:
         del opt.state[last]["step"]
-    before = {pname: p.copy() for pname, p in module.named_parameters()}
-    with pytest.raises(error) as info:
-        opt.step()
-    assert str(info.value).startswith(f"state[{last!r}]:"), str(info.value)
-    for pname, p in module.named_parameters():
-        np.testing.assert_array_equal(p, before[pname], err_msg=pname)
+    assert_step_refused(module, opt, error, f"state[{last!r}]:")
 
 
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
