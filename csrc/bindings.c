@@ -760,7 +760,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     if (axis < 0) axis += span;
     PyObject *result = NULL;
-    if (!convert_in_place(&x, dt, 1, "x") || !(result = new_array(nd, PyArray_DIMS(x), dt))) goto done;
+    if (!convert_in_place(&x, dt, 1, "x") || !(result = named(new_array(nd, PyArray_DIMS(x), dt), "x"))) goto done;
     if (PyArray_SIZE(x) == 0) goto done;
     idx_t outer = 1, n = nd > 0 ? PyArray_DIM(x, axis) : 1, inner = 1; /* products of a real array's dims */
     for (int d = 0; d < axis; d++) outer *= PyArray_DIM(x, d);
@@ -800,7 +800,8 @@ static PyObject *py_dropout(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!x) return NULL;
     if (!dtype_given) dt = result_dtype(&x, 1);
     PyObject *result = NULL;
-    if (!convert_in_place(&x, dt, 1, "x") || !(result = new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt))) goto done;
+    if (!convert_in_place(&x, dt, 1, "x") || !(result = named(new_array(PyArray_NDIM(x), PyArray_DIMS(x), dt), "x")))
+        goto done;
     if (p > 0 && seed_obj == Py_None && !draw_seed(rng, &seed)) {
         Py_CLEAR(result);
         goto done;
