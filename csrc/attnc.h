@@ -160,6 +160,20 @@ idx_t attnc_item_offset(const attnc_batch *batch, const idx_t *batch_strides, id
  * other rows.
  */
 #define ATTNC_GEMM_MAX_PARTS 3
+/* KC: the steps of K summed per block. An element of C is the sum of its
+ * K blocks, each summed from zero, in order; so the block size is part of
+ * every result's bits, the same at every SIMD level (attnc._C.GEMM_KC for
+ * the tests). Every K block reads and writes all of C once more, and a C
+ * larger than the caches (a (4096, 2304) float C is 36 MB) travels from
+ * memory each time: with KC = 256, a K of 768 took three such passes and
+ * reached 0.88x NumPy's throughput on Zen 4; with 768 it took one and
+ * reached 1.0x, for the AVX2 and AVX-512 kernels alike. 1024 takes the
+ * hidden size of 1024 in one block as well: on a Zen 3 core, module (1,
+ * 50, 1024) 0.94x the time on 1 thread, `linear` (50, 1024) -> 3072
+ * 0.94-0.96x, unchanged within the noise on 2 threads and at K = 768 and
+ * 3072 (benchmarks/NOTES.md). A B sliver (KC, NR) streams from L2, which
+ * keeps up with the kernel. */
+#define ATTNC_GEMM_KC 1024
 typedef struct {
     const void *b, *bias;
     idx_t rows;

@@ -1756,5 +1756,7 @@ PyMODINIT_FUNC PyInit__C(void)
         if (!generator_type) return NULL;
     }
     attnc_select_kernels();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "GEMM_KC", ATTNC_GEMM_KC) < 0) Py_CLEAR(m);
+    return m;
 }

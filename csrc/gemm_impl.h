@@ -43,18 +43,10 @@
  */
 #ifndef ATTNC_GEMM_CONSTANTS
 #define ATTNC_GEMM_CONSTANTS
-/* KC: steps of K per packed block. Every K block reads and writes all of
- * C once more, and a C larger than the caches (a (4096, 2304) float C is
- * 36 MB) travels from memory each time: with KC = 256, a K of 768 took
- * three such passes and reached 0.88x NumPy's throughput on Zen 4; with
- * 768 it takes one and reaches 1.0x, for the AVX2 and AVX-512 kernels
- * alike. A B sliver (KC, NR) then streams from L2, which keeps up with the
- * kernel (measured on 4096 x 768 x 2304, 1 and 2 threads, Zen 4 and 5). */
-#define GEMM_KC 768
-/* The packed A block (MC, KC) of a task: 144 KB, so it stays in L2 while
- * every B sliver of the task passes over it: MC = 48 rows of float, 24 of
- * double (twice that measured no faster). */
-#define GEMM_A_BLOCK_BYTES (144 * 1024)
+/* The packed A block (MC, ATTNC_GEMM_KC) of a task: 192 KB, so it stays
+ * in L2 while every B sliver of the task passes over it: MC = 48 rows of
+ * float, 24 of double (twice that measured no faster). */
+#define GEMM_A_BLOCK_BYTES (192 * 1024)
 /* Up to this much packed A (per K block), the streamed order, whose
  * premise is that A stays close while the B slivers pass: in L2 up to 1 MB
  * (a Zen 4 or 5 core's; 1.25 MB on Ice Lake, where 1 MB took 0.91-1.00x
@@ -172,8 +164,13 @@
  * 96 and 0.981x at 128 on 1 thread (where K is small enough for the A
  * block below to take them; unchanged at K = 512 and 768), modules (1,
  * 128, 256) and (1, 96, 512) 0.97x on 2 (benchmarks/NOTES.md). At the
- * 16-byte level (not measured so) only the A block's size bounds it. */
+ * 16-byte level (not measured so) only GEMM_TRANSPOSED_X_BYTES bounds it. */
 #define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
+/* The transposed order's packed x block (padded rows, K block) at most,
+ * 144 KB so that it stays in L2 while the weights pass: 48 rows of float
+ * at K = 768 (the order up to 80 rows with a 192 KB block measured the
+ * same on a Zen 3 core: benchmarks/NOTES.md). */
+#define GEMM_TRANSPOSED_X_BYTES (144 * 1024)
 /* The streamed order reads A's whole slivers in place, at AVX2 and
  * AVX-512: each thread's packed copy of A cost more than the broadcasts
  * from its rows, once those take three row pointers and three offsets
@@ -719,9 +716,9 @@ static void FN(gemm_direct)(const attnc_gemm_args *g, idx_t N, const FN(gemm_ope
         for (idx_t i = 0; i < g->M; i++) {
             const elem *a_row = FN(operand_row)(a, i);
             real total = bias;
-            for (idx_t p0 = 0; p0 < g->K; p0 += GEMM_KC) {
+            for (idx_t p0 = 0; p0 < g->K; p0 += ATTNC_GEMM_KC) {
                 real sum = p0 == 0 ? total : 0;
-                for (idx_t p = p0; p < attnc_min(g->K, p0 + GEMM_KC); p++)
+                for (idx_t p = p0; p < attnc_min(g->K, p0 + ATTNC_GEMM_KC); p++)
                     sum = sfma(to_real(a_row[p * a->cs]), to_real(b_row[p * b->cs]), sum);
                 total = p0 == 0 ? sum : total + sum;
             }
@@ -808,8 +805,8 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
     for (int c = 0; c < chains; c++)
         for (int l = 0; l < VLANES; l++) bias[c][l] = FN(bias_at)(g, j0 + attnc_min(c * VLANES + l, n - 1));
     const size_t vector_bytes = VLANES * sizeof(elem);
-    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
-        idx_t p = p0, end = attnc_min(K, p0 + GEMM_KC);
+    for (idx_t p0 = 0; p0 < K; p0 += ATTNC_GEMM_KC) {
+        idx_t p = p0, end = attnc_min(K, p0 + ATTNC_GEMM_KC);
         vreal acc[FEW_ROWS_CHAINS * GEMM_FEW_ROWS];
         for (int c = 0; c < chains; c++)
             for (int m = 0; m < M; m++) acc[c * M + m] = p0 == 0 ? vloadu(bias[c]) : vzero();
@@ -857,8 +854,8 @@ static inline __attribute__((always_inline)) void FN(few_rows_lanes)(const FN(fe
     const attnc_gemm_args *g = job->g;
     idx_t K = g->K;
     real sums[GEMM_LANES_COLUMNS][VLANES];
-    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
-        idx_t end = attnc_min(K, p0 + GEMM_KC);
+    for (idx_t p0 = 0; p0 < K; p0 += ATTNC_GEMM_KC) {
+        idx_t end = attnc_min(K, p0 + ATTNC_GEMM_KC);
         vreal acc[GEMM_LANES_COLUMNS];
         for (int c = 0; c < GEMM_LANES_COLUMNS; c++)
             acc[c] = p0 == 0 ? vset1(FN(bias_at)(g, j0 + (c < n ? c : n - 1))) : vzero();
@@ -1033,11 +1030,11 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         return ATTNC_OK;
     }
     if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1) return FN(gemm_few_rows)(g, N, &a, &b);
-    idx_t kc_max = attnc_min(K, GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
-    idx_t mc = GEMM_A_BLOCK_BYTES / (GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
+    idx_t kc_max = attnc_min(K, ATTNC_GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
+    idx_t mc = GEMM_A_BLOCK_BYTES / (ATTNC_GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     /* Few rows of A (a short sequence): C^T = B . A^T, so the weights B are
      * read in place by the micro-kernel's broadcasts and only A is packed,
-     * into a block that stays in L2 like the A block of the usual order
+     * into a block that stays in L2 (GEMM_TRANSPOSED_X_BYTES)
      * (packing the weights cost more than multiplying them by a few dozen
      * rows). But A's rows are then the tiles' columns, NR wide: when that
      * pads A more than the other orders' edge tiles do (whole
@@ -1047,7 +1044,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * element at a time: not measured, so they keep the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
-                     M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_A_BLOCK_BYTES &&
+                     M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_TRANSPOSED_X_BYTES &&
                      (b.cs != 1 || (transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
                                     (b.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0));
     /* A whole packed A that stays in L2, and B slivers for every thread:
@@ -1131,9 +1128,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     for (idx_t j = 0; stack_bias && j < N; j++) stacked_bias[j] = FN(bias_at)(g, j);
 
     double packing_flops = GEMM_PACK_ELEMENT_FLOPS * (double)(a_bytes + b_bytes) / sizeof(real);
-    for (idx_t p0 = 0; p0 < K; p0 += GEMM_KC) {
+    for (idx_t p0 = 0; p0 < K; p0 += ATTNC_GEMM_KC) {
         job.p0 = p0;
-        job.kc = attnc_min(GEMM_KC, K - p0);
+        job.kc = attnc_min(ATTNC_GEMM_KC, K - p0);
         job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
         idx_t n_pack_a, n_pack_b;
         FN(pass1_packs)(&job, &n_pack_a, &n_pack_b);

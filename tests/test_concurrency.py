@@ -9,7 +9,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import MODEL, MODEL_IDS, assert_close, make_module, ref_attend
+from toolkit import K_BLOCK, MODEL, MODEL_IDS, assert_close, make_module, ref_attend
 
 N_THREADS = 8
 ROUNDS = 6
@@ -50,8 +50,8 @@ def _workload(seed=0):
     q, k, v = (rng.standard_normal((3, 80, 32)) for _ in range(3))
     w = rng.standard_normal((64, 48)).astype(np.float32)
     # the transposed order (32 rows) over two K blocks: its panels are one a thread
-    x_short = rng.standard_normal((32, 1000)).astype(np.float32)
-    w_long = rng.standard_normal((200, 1000)).astype(np.float32)
+    x_short = rng.standard_normal((32, K_BLOCK + 232)).astype(np.float32)
+    w_long = rng.standard_normal((200, K_BLOCK + 232)).astype(np.float32)
     calls += [
         ("linear-transposed", lambda: F.linear(x_short, w_long)),
         ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)),

@@ -19,7 +19,7 @@ import torch
 
 import attnc
 from attnc import functional as F
-from toolkit import LOW_PRECISION_TOLERANCES, MODEL, assert_close
+from toolkit import K_BLOCK, LOW_PRECISION_TOLERANCES, MODEL, assert_close
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 LOW = [np.dtype(np.float16), BF16]
@@ -327,11 +327,12 @@ def test_sdpa_is_float32_rounded_once(low, L, S, simd_mode):
 # linear
 
 
-@pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4096, 64), (64, 1000, 96), (130, 64, 700), (1000, 776, 40)])
+@pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4 * K_BLOCK, 64), (64, K_BLOCK + 232, 96), (130, 64, 700),
+                                   (1000, K_BLOCK + 8, 40)])
 def test_linear_against_float64(low, M, K, N, simd_mode):
-    """K = 776, 1000 and 4096 sum over several K blocks (768): the sums stay in
+    """K past one K block sums over several (K_BLOCK): the sums stay in
     float32 between them, rounded once. (130, 64, 700) takes the GEMM's streamed
-    order, (1000, 776, 40) its blocked order."""
+    order, (1000, K_BLOCK + 8, 40) its blocked order."""
     rng = np.random.default_rng(M + K + N)
     x, w, b = normal(rng, (M, K), low), normal(rng, (N, K), low) / np.sqrt(K).astype(low), normal(rng, (N,), low)
     out = F.linear(x, w, b)
@@ -364,16 +365,17 @@ def test_linear_few_rows(low, M, simd_mode):
     """A few rows take the GEMM's order that reads the weights in place (but
     at the AVX512_BF16 level, whose bfloat16 products all run in pairs):
     against float64, and each row's bits as when alone and as among 100 rows
-    (a packed order). 70 outputs end in a part-filled block of lanes; K = 777
-    is two K blocks, the second 9 steps. This guards the widening and the one
+    (a packed order). 70 outputs end in a part-filled block of lanes; K =
+    K_BLOCK + 9 is two K blocks, the second 9 steps. This guards the widening and the one
     rounding at the end; the float and double tests of test_simd_levels.py
     guard the order of the sums, whose last bit a 16-bit result hides."""
     rng = np.random.default_rng(M)
-    x, w, b = normal(rng, (M, 777), low), normal(rng, (70, 777), low) / np.sqrt(777).astype(low), normal(rng, (70,), low)
+    k = K_BLOCK + 9
+    x, w, b = normal(rng, (M, k), low), normal(rng, (70, k), low) / np.sqrt(k).astype(low), normal(rng, (70,), low)
     out = F.linear(x, w, b)
     x64, w64, b64 = wide(x, w, b)
     assert_close(out, x64 @ w64.T + b64, low)
-    among = F.linear(np.concatenate([normal(rng, (60, 777), low), x, normal(rng, (40, 777), low)]), w, b)
+    among = F.linear(np.concatenate([normal(rng, (60, k), low), x, normal(rng, (40, k), low)]), w, b)
     np.testing.assert_array_equal(among[60:60 + M].view(np.uint16), out.view(np.uint16))
     for i in range(M):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b).view(np.uint16), out[i:i + 1].view(np.uint16))

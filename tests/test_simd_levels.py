@@ -13,7 +13,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import SIMD_LEVELS, assert_close, assert_grad_close, ref_attend, ref_module
+from toolkit import K_BLOCK, SIMD_LEVELS, assert_close, assert_grad_close, ref_attend, ref_module
 
 
 def _r(rng, shape, dtype):
@@ -21,7 +21,7 @@ def _r(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (13, 11, 300), (300, 37, 9), (97, 299, 131), (255, 17, 257),
-                                   (25, 300, 769), (9, 35, 1550), (7, 5, 3)])
+                                   (25, 300, K_BLOCK + 1), (9, 35, 2 * K_BLOCK + 14), (7, 5, 3)])
 @pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
 def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     rng = np.random.default_rng(m + 7 * n + 13 * k)
@@ -35,7 +35,7 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
 
 
 @pytest.mark.parametrize("m", [60, 1000])
-@pytest.mark.parametrize("k", [776, 777, 778, 784, 785, 786])
+@pytest.mark.parametrize("k", [K_BLOCK + steps for steps in (8, 9, 10, 16, 17, 18)])
 def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
     """The packed orders (x too large to pack alone: 60 rows take the
     streamed order, 1000 the blocked one), with a last K block of 8 to 18
@@ -49,6 +49,24 @@ def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
     assert_close(out, x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} K={k}")
     for i in (0, 5, 6, m - 1):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 32, 60, 1000])
+def test_linear_k_blocks_are_k_block_long(m, dtype, simd_mode, restore_threads):
+    """Each element sums its K blocks of K_BLOCK steps in order, each from
+    zero, in every order of the GEMM (few rows, transposed, streamed,
+    blocked), on 1 and 2 threads. Hand-derived: x all ones and each weight
+    row 2^p (float's 24, double's 53) then ones, so that in one sum every
+    later 1 is lost to rounding (2^p + 1 rounds to 2^p) while a later block
+    counts its ones exactly from zero: K = K_BLOCK gives 2^p, K_BLOCK + 2
+    gives 2^p + 2, 2 K_BLOCK + 4 gives 2^p + K_BLOCK + 4."""
+    big = 2.0 ** (np.finfo(dtype).nmant + 1)  # 2^p, where the spacing is 2
+    for k, expected in ((K_BLOCK, big), (K_BLOCK + 2, big + 2), (2 * K_BLOCK + 4, big + K_BLOCK + 4)):
+        x, w = np.ones((m, k), dtype), np.ones((130, k), dtype)
+        w[:, 0] = big
+        for threads in (1, 2):
+            attnc.set_num_threads(threads)
+            np.testing.assert_array_equal(F.linear(x, w), np.full((m, 130), expected, dtype), f"K={k}")
 
 
 def _linear_on_threads_and_alone(x, w, b, rows, label):
@@ -92,14 +110,14 @@ def test_linear_transposed_panels_every_level(m, dtype, simd_mode, restore_threa
     301 weight rows make task blocks of 72 to 156 rows (most of whose last
     48-row chunk ends short of a whole vector's lanes; the last sliver is
     cut at 301), and
-    K = 769 two K blocks (the second, of one step, added to C through the
+    K = K_BLOCK + 1 two K blocks (the second, of one step, added to C through the
     same panels). x's 16 or 32 rows are the panels' columns; every level
     and dtype takes the order for one of them at least (32 float rows at
     AVX-512, where 16 would be padded to 32 columns; 16 double rows, where
     32 would not fit the order's L2 block). Against float64, on 1 and 2
     threads, and each row's bits as when alone."""
     rng = np.random.default_rng(m)
-    x, w, b = _r(rng, (m, 769), dtype), _r(rng, (301, 769), dtype), _r(rng, (301,), dtype)
+    x, w, b = _r(rng, (m, K_BLOCK + 1), dtype), _r(rng, (301, K_BLOCK + 1), dtype), _r(rng, (301,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
 
 
@@ -109,29 +127,32 @@ def test_linear_streamed_x_in_place_every_level(m, dtype, simd_mode, restore_thr
     and AVX-512 (the micro-kernel's broadcasts from its rows, a row pointer
     per four rows) and packs only a last partial sliver: 401 rows are 5 past
     the last whole sliver of 12 (AVX-512) or 6 (AVX2), 200 rows 8 and 2
-    (doubles of 401 rows are too many for the order: blocked). K = 1543:
-    three K blocks, each sliver read from its block's first column. Against
+    (doubles of 401 rows are too many for the order: blocked). K = 2 K_BLOCK
+    + 7: three K blocks, each sliver read from its block's first column. Against
     float64, on 1 and 2 threads (each thread's copy of the partial sliver),
     each row's bits as when alone (the few-rows order) and as in a product
     of 16 rows (the transposed order, x packed)."""
     rng = np.random.default_rng(m)
-    x, w, b = _r(rng, (m, 1543), dtype), _r(rng, (130, 1543), dtype), _r(rng, (130,), dtype)
+    k = 2 * K_BLOCK + 7
+    x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
     out = _linear_on_threads_and_alone(x, w, b, (0, 11, 12, m // 2, m - 6, m - 1), f"{simd_mode} M={m}")
     np.testing.assert_array_equal(F.linear(x[m - 16:], w, b), out[m - 16:])
 
 
 @pytest.mark.parametrize("m", [8, 32, 50])
 def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, restore_threads):
-    """Rows 4 KB apart (1024 floats, 512 doubles, 2048 16-bit elements) share
-    an L1 set, so the GEMM packs what it would read in place: x's slivers
+    """Rows a multiple of 4 KB apart share an L1 set: here the first
+    multiple of 4 KB past a K block (2048 floats, 1536 doubles, 2048 16-bit
+    elements at K_BLOCK 1024), so the GEMM packs what it would read in place: x's slivers
     in the streamed order (50 rows), the weights instead of the transposed
     order (32 float rows at AVX-512); and the few-rows order (8 rows at
     AVX-512's floats) loads the weights' rows whole, not by 16-byte blocks.
-    A second K block of 256 floats (or more) added. Against float64, on 1
+    A second K block added. Against float64, on 1
     and 2 threads, each row's bits as when alone (the few-rows order) and as
     with K's rows copied apart by 16 more elements (read in place, or by
     blocks, where the orders do)."""
-    k = 4096 // np.dtype(dtype).itemsize
+    per_4_kb = 4096 // np.dtype(dtype).itemsize
+    k = (K_BLOCK // per_4_kb + 1) * per_4_kb
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
     out = _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
@@ -141,7 +162,7 @@ def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, restore_threads
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
-@pytest.mark.parametrize("k", [301, 1543])
+@pytest.mark.parametrize("k", [301, 2 * K_BLOCK + 7])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_threads):
     """Up to a few rows of x (a vector's lanes at AVX2: 8 floats, 4 doubles;
@@ -151,7 +172,7 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
     where a task has two whole ones), or at AVX2 (8 floats, 2 to 4 doubles)
     puts x's rows in a vector's lanes and broadcasts the weights. 130 outputs (a last
     block of lanes, or of 12 outputs, part-filled), K = 301 (a step past the last whole vector
-    at every level) and 1543 (three K blocks, the last of 7 steps, past whole
+    at every level) and 2 K_BLOCK + 7 (three K blocks, the last of 7 steps, past whole
     vectors too); against float64, on 1 and 2 threads (the smallest products
     stay on one), and each row's bits as when alone and as among 100 rows (a
     packed order). These float and double bits guard the order of the sums:
@@ -192,7 +213,7 @@ def test_module_few_rows_parts_every_level(positions, dtype, simd_mode):
 
 
 @pytest.mark.parametrize("offset", [1, 4, 7, 15])
-@pytest.mark.parametrize("k", [19, 771, 1543])
+@pytest.mark.parametrize("k", [19, K_BLOCK + 3, 2 * K_BLOCK + 7])
 @pytest.mark.parametrize("m", [1, 3, 50])
 def test_linear_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
     """The few-rows order (1 and 3 rows) starts each K block with the steps
@@ -201,8 +222,8 @@ def test_linear_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
     does the packing of whole slivers in the packed orders (50 rows), whose
     last block ends at the K block's end, over steps already stored. Weights
     whose rows start `offset` elements past a 64-byte boundary (a view into
-    a larger buffer; K = 19: one vector at most, 771 and 1543: one and three
-    K blocks): against float64, and each row's bits as among 100 rows and as
+    a larger buffer; K = 19: one vector at most, K_BLOCK + 3 and 2 K_BLOCK + 7: two
+    and three K blocks): against float64, and each row's bits as among 100 rows and as
     with the weights copied (NumPy's own alignment)."""
     rng = np.random.default_rng(m + k + offset)
     itemsize = np.dtype(dtype).itemsize

@@ -9,7 +9,7 @@ import pytest
 
 import attnc
 from attnc import functional as F
-from toolkit import MODEL, MODEL_IDS, MODELS, assert_close, ref_forward, scores_shape
+from toolkit import K_BLOCK, MODEL, MODEL_IDS, MODELS, assert_close, ref_forward, scores_shape
 
 THREADS = (1, 2, 3, 4)
 
@@ -140,8 +140,8 @@ def test_short_sequence_projections_same_bits_any_thread_count(rows, restore_thr
     """A few dozen rows of x: the order where each thread packs x for itself (over two K blocks,
     with weight slivers cut by the bottom edge and, stacked Q/K/V of 100 rows each, by the parts' ends)."""
     rng = np.random.default_rng(rows)
-    x = rng.standard_normal((rows, 1000)).astype(dtype)
-    w = rng.standard_normal((700, 1000)).astype(dtype)
+    x = rng.standard_normal((rows, K_BLOCK + 232)).astype(dtype)
+    w = rng.standard_normal((700, K_BLOCK + 232)).astype(dtype)
     b = rng.standard_normal(700).astype(dtype)
     outs = _over_threads(lambda: F.linear(x, w, b))
     _all_equal(outs)

@@ -51,6 +51,11 @@ def simd_levels():
 
 
 SIMD_LEVELS = simd_levels()
+
+# The GEMM's K block (ATTNC_GEMM_KC in csrc/attnc.h): an element of a product
+# sums its K blocks in order, each from zero. Tests of products over several
+# blocks, or with a last block of a few steps, take K from it.
+K_BLOCK = attnc._C.GEMM_KC
 # Levels that add kernels for bfloat16 only (cpu.c: their other dtypes run the level
 # below's kernels); the simd_mode fixture leaves them to the tests of bfloat16.
 BF16_ONLY_LEVELS = ("avx512bf16",)
