@@ -37,7 +37,6 @@ typedef struct {
     real *q_cols;   /* slot: (E_padded / NR) slivers of (qb, NR): Q_i, for dK         */
     real *do_cols;  /* slot: (Ev_padded / NR) slivers of (qb, NR): dO_i, for dV       */
     real *d, *shift, *norm; /* slot: (BLOCK_Q) each: D, and P = exp(s - shift) * norm                */
-    real *row_scores; /* (S + E): one row's scores (and query), for a row whose lse is too large to recompute P from */
     real *v_rows;   /* (BLOCK_K / MR) slivers of (Ev, MR): V_j                        */
     real *k_cols;   /* (E_padded / NR) slivers of (kb, NR): K_j, for dQ               */
     real *ds_t;     /* (BLOCK_K, BLOCK_Q): V_j dO_i^T, then dS^T                      */
@@ -69,7 +68,6 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
     PART(norm, BLOCK_Q);
     t->slot_elems = used;
     used += (attnc_ceil_div(L, BLOCK_Q) - 1) * t->slot_elems;
-    PART(row_scores, S + E);
     PART(fwd.k_pack, kb * E);
     PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
     PART(v_rows, kb * Ev);
@@ -161,28 +159,49 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
  * of lse), and entirely wrong once log(sum) is below lse's rounding (the
  * mask's -1e20 fill, a large negative bias). Beyond this |lse| (an error of
  * 1.5e-5 in float, 1.5e-11 in double) a row's max and sum are recomputed
- * exactly instead (row_stats, once per prepared row). */
+ * exactly instead (tile_stats, once per prepared tile holding such a row). */
 #define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
-
-/* *max and *sum of exp(s - safe_shift(max)) of query i's row, from its
- * scores recomputed into `scores` (S, then E for the query scaled) by the
- * row path's kernels, in one piece (the forward's row path merges splits
- * of the keys: the two differ in rounding only). */
-static void FN(row_stats)(const attnc_attention_args *a, const FN(item_view) *item, idx_t i, real *scores, real *max,
-                          real *sum)
+static inline int FN(lse_beyond_limit)(real lse)
 {
-    const real *q = scores + a->S;
-    FN(scaled_query)(scores + a->S, a, item->q + i * a->q.row_stride);
-    FN(group_scores)(&q, 1, item->k, a->k.row_stride, a->S, a->E, scores, NULL);
-    FN(finish_row_scores)(a, item, i, 0, a->S, scores);
-    *max = FN(row_max)(scores, a->S);
-    *sum = FN(exp_shift_sum)(scores, a->S, FN(safe_shift)(*max));
+    return lse != -(real)INFINITY && (lse > (real)EXACT_LSE_LIMIT || lse < -(real)EXACT_LSE_LIMIT);
+}
+
+static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
+
+/* max (nq) and sum (nq) of query tile [i0, i0+nq) (its queries packed in
+ * t's slot): each row's largest score and the sum of exp(s -
+ * safe_shift(max)) over every key, from the very scores grad_tile
+ * exponentiates (score_tile's): two passes over the key blocks, each block
+ * packed into k_pack and scored into scores_t (scratch here: prepare_keys
+ * and grad_tile write both before reading them). The row path's scores
+ * (other sums) had served: at scores near 1e18 a row's top score and that
+ * max differed by ~100, and its weight was e^100 off. */
+static void FN(tile_stats)(FN(grad_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
+                           idx_t nq, real *max, real *sum)
+{
+    real block[BLOCK_Q]; /* pass 0: a block's maxima; pass 1: the rows' shifts */
+    for (idx_t i = 0; i < nq; i++) max[i] = -(real)INFINITY, sum[i] = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (idx_t i = 0; pass == 1 && i < nq; i++) block[i] = FN(safe_shift)(max[i]);
+        for (idx_t j0 = 0; j0 < a->S; j0 += BLOCK_K) {
+            idx_t nk = FN(block_keys)(a, j0);
+            FN(pack_row_slivers)(t->fwd.k_pack, item->k + j0 * a->k.row_stride, a->k.row_stride, nk,
+                                 ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, 0);
+            FN(score_tile)(&t->fwd, a, item, i0, nq, j0, nk);
+            if (pass == 1) {
+                FN(column_exp_sum)(t->fwd.scores_t, block, sum, nq, nk, 0);
+                continue;
+            }
+            FN(column_max)(block, t->fwd.scores_t, nq, nk); /* (NaN skipped, as the forward's) */
+            for (idx_t i = 0; i < nq; i++) max[i] = block[i] > max[i] ? block[i] : max[i];
+        }
+    }
 }
 
 /* The query tile's packs, D, and how P is recomputed for each row:
  * exp(s - shift) * norm, with shift = lse and norm 1; a row of -inf (lse
  * -inf) has P = 0 (shift +inf); a row whose |lse| is beyond
- * EXACT_LSE_LIMIT gets its exact max and 1/sum (row_stats). */
+ * EXACT_LSE_LIMIT gets its exact max and 1/sum (tile_stats). */
 static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
                                 idx_t i0, idx_t nq)
 {
@@ -193,20 +212,25 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
     FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, columns, a->Ev, GEMM_NR, 1, 0);
     FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb, 0);
     FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb, 0);
+    int exact = 0;
     for (idx_t i = 0; i < nq; i++) {
         const elem *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
         real d = 0;
         for (idx_t c = 0; c < a->Ev; c++) d += to_real(d_o[c]) * to_real(o[c]);
         t->d[i] = d;
-        real lse = item->lse[i0 + i], max, sum;
+        real lse = item->lse[i0 + i];
         t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
         t->norm[i] = 1;
-        if (lse != -(real)INFINITY && (lse > (real)EXACT_LSE_LIMIT || lse < -(real)EXACT_LSE_LIMIT)) {
-            FN(row_stats)(a, &item->fwd, i0 + i, t->row_scores, &max, &sum);
-            t->shift[i] = FN(safe_shift)(max);
-            t->norm[i] = FN(safe_inverse)(sum);
-        }
+        exact |= FN(lse_beyond_limit)(lse);
     }
+    if (!exact) return;
+    real max[BLOCK_Q], sum[BLOCK_Q];
+    FN(tile_stats)(t, a, &item->fwd, i0, nq, max, sum);
+    for (idx_t i = 0; i < nq; i++)
+        if (FN(lse_beyond_limit)(item->lse[i0 + i])) {
+            t->shift[i] = FN(safe_shift)(max[i]);
+            t->norm[i] = FN(safe_inverse)(sum[i]);
+        }
 }
 
 /* The key block's packs: keys for the scores, values for V dO^T, and keys
@@ -256,8 +280,6 @@ static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t 
 {
     for (idx_t r = 0; r < n; r++) FN(store_row)(dst + r * dst_rs, acc + r * acc_rs, cols);
 }
-
-static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
 /* 1 when P = exp(s - lse) of each of the n rows is recomputed from the
  * lse given (|lse| <= EXACT_LSE_LIMIT; not NaN), so that a score far below

@@ -22,8 +22,7 @@
  * The file also holds what the flash path (attention_impl.h) and the
  * backward share with the row path: item views, the weights' rows, the
  * softmax's safe shift and log-sum-exp, dropout masks, the finiteness
- * check (first), and the row scores (group_scores, finish_row_scores:
- * the backward's row_stats recomputes a row with them). */
+ * check (first). */
 
 /* The mask's cover of a block of scores: whether the block's mask can be
  * passed over (keeps all), filled at once or left out (hides all); and why

@@ -378,6 +378,31 @@ def test_rows_of_large_scores_recover_their_weights(dtype, simd_mode):
         check_all(forward_backward(q, k, v, m, bias, {}, g), reference(q, k, v, m, bias, grad_out=g), dtype)
 
 
+@pytest.mark.parametrize("dtype, magnitude", [(np.float32, 1e3), (np.float64, 1e7), (np.float64, 1e9)],
+                         ids=["f32", "f64", "f64-huge"])
+def test_rows_of_large_scores_take_their_max_from_the_scores_they_exponentiate(dtype, magnitude, simd_mode):
+    """Regression (two reviews): a row whose |lse| is beyond the backward's limit took its
+    max and sum from the row path's scores, summed in another order than the tiles' scores
+    that P = exp(s - max) / sum exponentiates; at scores near 1e18 the two differed by ~100,
+    so the top weight was e^100 off (grad_value 6e27 where it is 1), and at float32 scores
+    near 1e4 grad_value was 47 % off (torch's float32 flash backward: 6e-8). Queries and
+    keys large enough for every row to take that path, over several query tiles and key
+    blocks (300 > BLOCK_Q, BLOCK_K). grad_query and grad_key are not compared: at such
+    scores a rounding of one score moves them by more than the tolerance (torch's float32
+    paths alike), where out, lse and grad_value (P^T dO, P nearly one-hot) are well
+    conditioned."""
+    rng = np.random.default_rng(57)
+    q, k = (normal(rng, (1, 2, 300, 16), np.float64) * magnitude for _ in range(2))
+    q, k = q.astype(dtype), k.astype(dtype)
+    v, g = normal(rng, (1, 2, 300, 6), dtype), normal(rng, (1, 2, 300, 6), dtype)
+    out, _, lse, grads = forward_backward(q, k, v, None, None, {}, g)
+    r_out, _, r_lse, r_grads = reference(q, k, v, grad_out=g)
+    assert np.abs(lse).min() > 2 ** 16      # beyond the limit of both dtypes: the exact path
+    check(out, r_out, dtype, "out")
+    check(lse, r_lse, dtype, "lse", elementwise=True)
+    check(grads[2], r_grads[2], dtype, "grad_v")
+
+
 def test_bool_bias_is_refused_and_numpy_seeds_are_taken():
     """Regressions (review): a bool attn_bias was added as 0/1 (a torch-style bool mask passed as
     a bias gave a silently wrong answer); a NumPy integer seed was refused."""
