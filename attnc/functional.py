@@ -427,6 +427,7 @@ class _Grouped:
 
     def __init__(self, query, key, value, attn_mask, attn_bias):
         query, key, value = _arrays(query=query, key=key, value=value)
+        _C.result_dtype(query=query, key=key, value=value)  # an object or complex input: TypeError, as without
         for name, array in (("query", query), ("key", key), ("value", value)):
             if array.ndim < 3:
                 raise ValueError(f"{name}: enable_gqa needs a heads axis, (..., heads, seq, dim); got shape "
@@ -464,6 +465,7 @@ class _Grouped:
         a shape other than the forward's result is named here, in the caller's terms (the C layer
         would name the grouped view's)."""
         array = as_array(array, name)
+        _C.result_dtype(**{name: array})  # (as split_heads' caller)
         axis = array.ndim - 1 - trailing
         if axis >= 0 and array.shape[axis] != self.heads:
             raise ValueError(f"{name}: expected the query's {self.heads} heads on axis {axis - array.ndim}, "
@@ -636,6 +638,8 @@ def softmax_backward(grad_out, out, axis=-1):
     if not -span <= axis < span:
         raise ValueError(f"axis: {axis} is out of range for an array of {y.ndim} dimensions")
     shape = y.shape
+    if y.size == 0:  # (the keepdims sum of an empty row axis would be a full buffer)
+        return np.empty(shape, dt)
     if y.ndim == 0:
         g, y, axis = g.reshape(1), y.reshape(1), 0
     g, y = _widened(g), _widened(y)

@@ -141,6 +141,22 @@ def test_softmax_backward_matches_central_differences():
         check(got, numeric_grad(lambda a: np.sum(G * ref_softmax(a, axis)), x, 1e-5), np.float64, f"axis={axis}")
 
 
+@pytest.mark.parametrize("shape, axis", [((0,), 0), ((3, 0), -1), ((0, 4), -1), ((0, 4), 0),
+                                         ((100000, 100000, 0), -1), ((100000, 100000, 0), 0)])
+def test_softmax_backward_of_empty_arrays_is_empty(shape, axis):
+    """Regression (review): an empty out of shape (100000, 100000, 0) asked NumPy for the
+    keepdims sum's (100000, 100000, 1) buffer, 37 GiB (MemoryError naming nothing), where
+    softmax gives the empty result. Oracle: torch's autograd for the small shapes; the
+    empty result of the shape for the others (nothing to compute)."""
+    g, out = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    got = softmax_backward(g, out, axis=axis)
+    assert got.shape == shape and got.dtype == np.float32
+    if np.prod(shape[:-1]) < 100:
+        s = torch.zeros(shape, requires_grad=True)
+        torch.softmax(s, dim=axis).backward(torch.zeros(shape))
+        assert s.grad.shape == got.shape
+
+
 def test_softmax_backward_dtype_rule_and_errors():
     out = ref_softmax(np.arange(6.0).reshape(2, 3))
     assert softmax_backward(np.ones((2, 3), np.float32), out.astype(np.float32)).dtype == np.float32

@@ -333,6 +333,26 @@ ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("wrong", ["query", "grad_out", "lse"])
+def test_gqa_names_an_object_input_with_a_type_error(wrong):
+    """Regression (review): with enable_gqa, a None (object) query, grad_out or lse raised
+    ValueError from the heads' checks ("needs a heads axis", "expected shape ... got ()");
+    without it, TypeError naming the argument, as docs/API.md gives for object inputs."""
+    rng = np.random.default_rng(0)
+    q, k = normal(rng, (2, 4, 5, 8), np.float64), normal(rng, (2, 2, 7, 8), np.float64)
+    out, lse = F.scaled_dot_product_attention(q, k, k, enable_gqa=True, return_lse=True)
+    args = {"query": q, "grad_out": out, "lse": lse}
+    args[wrong] = None
+    for enable_gqa in (False, True):
+        keys = k if enable_gqa else np.broadcast_to(k[:, :1], (2, 4, 7, 8))
+        with pytest.raises(TypeError, match="^" + wrong):
+            if wrong == "query":
+                F.scaled_dot_product_attention(args["query"], keys, keys, enable_gqa=enable_gqa)
+            else:
+                F.scaled_dot_product_attention_backward(args["grad_out"], q, keys, keys, out, args["lse"],
+                                                        enable_gqa=enable_gqa)
+
+
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
 @pytest.mark.parametrize("kwargs, exc, prefix", ERRORS, ids=[f"{e[2]}{i}" for i, e in enumerate(ERRORS)])
 def test_errors_name_the_argument(kwargs, exc, prefix, backward):
