@@ -369,7 +369,10 @@ class Module:
         """(dotted name, parameter, owning module, attribute name) of every
         parameter name, in registration order."""
         for name in self._parameters:
-            value = getattr(self, name)
+            try:
+                value = getattr(self, name)
+            except AttributeError as error:  # deleted, still registered: named by its dotted key
+                raise AttributeError(f"{prefix}{name}: the parameter was deleted; assign it again") from error
             if value is not None:
                 yield prefix + name, value, self, name
         for child_name, child in self._modules.items():

@@ -1026,6 +1026,11 @@ def test_a_deleted_parameter_is_named_by_its_key_and_can_be_restored(model):
         delattr(owner, name)
         with pytest.raises(AttributeError, match=f"^{re.escape(key)}: the parameter was deleted"):
             m(x)
+        # (the walkers too: named_parameters, zero_grad and state_dict had raised Python's
+        # "'Linear' object has no attribute 'bias'", naming no key; a review, 2026-11-29)
+        for walk in (lambda: list(m.named_parameters()), m.zero_grad, m.state_dict):
+            with pytest.raises(AttributeError, match=f"^{re.escape(key)}: the parameter was deleted"):
+                walk()
         setattr(owner, name, value)
         np.testing.assert_array_equal(m(x), before)
 
