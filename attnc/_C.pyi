@@ -14,7 +14,7 @@ _Rng = Optional[np.random.Generator]
 # see attnc/attention.py _spec
 _Spec = Tuple[Tuple[str, ...], str, Tuple[int, int, int, int], int, bool, bool]
 
-# dtype=None: float64 if any floating input is float64, else float32
+# dtype=None: the functional dtype rule (docs/API.md)
 def linear(x: npt.ArrayLike, weight: npt.ArrayLike, bias: Optional[npt.ArrayLike] = None, *,
            dtype: Optional[npt.DTypeLike] = None) -> _Array: ...
 def softmax(x: npt.ArrayLike, axis: int = -1, *, dtype: Optional[npt.DTypeLike] = None) -> _Array: ...

@@ -1659,7 +1659,7 @@ static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *k
 static PyMethodDef methods[] = {
     {"linear", FN(py_linear), KW,
      "linear($module, /, x, weight, bias=None, *, dtype=None)\n--\n\n"
-     "x @ weight.T + bias; dtype None: float64 if any floating input is, else float32."},
+     "x @ weight.T + bias; dtype None: the functional dtype rule."},
     {"softmax", FN(py_softmax), KW,
      "softmax($module, /, x, axis=-1, *, dtype=None)\n--\n\nStable softmax along axis."},
     {"dropout", FN(py_dropout), KW,
