@@ -289,9 +289,11 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
 
     Flash-style: the weights are recomputed tile by tile from `lse`,
     never stored (a row whose lse is too large in magnitude for that,
-    e.g. masked everywhere or under a large bias, from its recomputed
-    maximum and sum); extra memory is about twice the packed query and
-    gradient rows of the items in flight, never ``(L, S)``. An input
+    e.g. masked everywhere or under a large bias, and every row of an
+    item of at most 16 queries, whose forward sums its scores in another
+    order, from its own maximum and sum, taken from the same scores);
+    extra memory is about twice the packed query and gradient rows of the
+    items in flight and two numbers a query row, never ``(L, S)``. An input
     broadcast over batch axes (a key and value shared by a group of
     query heads, or a batch of one) gets the sum of the items'
     gradients, added item after item in order through a scratch as

@@ -115,6 +115,7 @@ typedef struct {
     const real *lse;
     elem *grad_q, *grad_k, *grad_v;
     FN(pair_skips) skips;
+    const real *row_stats; /* (L, 2): shift and norm of the rows that take their own (own_stats), or NULL */
 } FN(grad_view);
 
 /* skips as grad_job's item_skips holds them (flags 0 for none) */
@@ -129,6 +130,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
         (elem *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
         (elem *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
         skips,
+        NULL, /* row_stats: the job's (job_item) */
     };
     return view;
 }
@@ -159,49 +161,57 @@ static void FN(key_product)(real *acc, const real *tile_t, const real *cols, idx
  * of lse), and entirely wrong once log(sum) is below lse's rounding (the
  * mask's -1e20 fill, a large negative bias). Beyond this |lse| (an error of
  * 1.5e-5 in float, 1.5e-11 in double) a row's max and sum are recomputed
- * exactly instead (tile_stats, once per prepared tile holding such a row). */
+ * exactly instead (own_stats). */
 #define EXACT_LSE_LIMIT (sizeof(real) == sizeof(float) ? 0x1p7 : 0x1p16)
-static inline int FN(lse_beyond_limit)(real lse)
+
+/* 1 when a row's P is exp(s - shift) * norm from its own max and sum
+ * (stats_task), not exp(s - lse): its |lse| is beyond EXACT_LSE_LIMIT, or
+ * the forward took the rows path, whose scores (and so lse) are summed in
+ * another order than the tiles' scores P exponentiates (a key holding a
+ * row's whole weight came out 1.00001-1.0005 at float32 scores of 100-1000,
+ * 10-25x torch's float32 error, where the tiles' own lse gives exactly 1).
+ * Never a row of lse -inf (no key: P = 0) or NaN. */
+static inline int FN(own_stats)(const attnc_attention_args *a, real lse)
 {
-    return lse != -(real)INFINITY && (lse > (real)EXACT_LSE_LIMIT || lse < -(real)EXACT_LSE_LIMIT);
+    if (lse == -(real)INFINITY || lse != lse) return 0;
+    return attention_takes_rows(a) || lse > (real)EXACT_LSE_LIMIT || lse < -(real)EXACT_LSE_LIMIT;
 }
 
 static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { return attnc_min(a->S - j0, BLOCK_K); }
 
 /* max (nq) and sum (nq) of query tile [i0, i0+nq) (its queries packed in
- * t's slot): each row's largest score and the sum of exp(s -
+ * t->q_pack): each row's largest score and the sum of exp(s -
  * safe_shift(max)) over every key, from the very scores grad_tile
- * exponentiates (score_tile's): two passes over the key blocks, each block
- * packed into k_pack and scored into scores_t (scratch here: prepare_keys
- * and grad_tile write both before reading them). The row path's scores
- * (other sums) had served: at scores near 1e18 a row's top score and that
- * max differed by ~100, and its weight was e^100 off. */
-static void FN(tile_stats)(FN(grad_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
+ * exponentiates (score_tile's), key block by key block as the forward's
+ * flash_step keeps its running max and sum (each block packed into
+ * t->k_pack and scored into t->scores_t). (The rows path's scores had
+ * served: at scores near 1e18 a row's top score and that max differed by
+ * ~100, and its weight was e^100 off.) */
+static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
                            idx_t nq, real *max, real *sum)
 {
-    real block[BLOCK_Q]; /* pass 0: a block's maxima; pass 1: the rows' shifts */
+    real block[BLOCK_Q]; /* a block's maxima, then the rows' shifts */
     for (idx_t i = 0; i < nq; i++) max[i] = -(real)INFINITY, sum[i] = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (idx_t i = 0; pass == 1 && i < nq; i++) block[i] = FN(safe_shift)(max[i]);
-        for (idx_t j0 = 0; j0 < a->S; j0 += BLOCK_K) {
-            idx_t nk = FN(block_keys)(a, j0);
-            FN(pack_row_slivers)(t->fwd.k_pack, item->k + j0 * a->k.row_stride, a->k.row_stride, nk,
-                                 ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, 0);
-            FN(score_tile)(&t->fwd, a, item, i0, nq, j0, nk);
-            if (pass == 1) {
-                FN(column_exp_sum)(t->fwd.scores_t, block, sum, nq, nk, 0);
-                continue;
-            }
-            FN(column_max)(block, t->fwd.scores_t, nq, nk); /* (NaN skipped, as the forward's) */
-            for (idx_t i = 0; i < nq; i++) max[i] = block[i] > max[i] ? block[i] : max[i];
+    for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
+        idx_t nk = FN(block_keys)(a, j0);
+        FN(pack_row_slivers)(t->k_pack, item->k + j0 * a->k.row_stride, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR),
+                             a->E, GEMM_MR, 1, 0);
+        FN(score_tile)(t, a, item, i0, nq, j0, nk);
+        FN(column_max)(block, t->scores_t, nq, nk); /* (NaN skipped, as the forward's) */
+        for (idx_t i = 0; i < nq; i++) {
+            real grown = block[i] > max[i] ? block[i] : max[i];
+            if (grown != max[i] && max[i] != -(real)INFINITY) sum[i] *= FN(vexp)(max[i] - grown);
+            max[i] = grown;
+            block[i] = FN(safe_shift)(grown);
         }
+        FN(column_exp_sum)(t->scores_t, block, sum, nq, nk, 0);
     }
 }
 
 /* The query tile's packs, D, and how P is recomputed for each row:
  * exp(s - shift) * norm, with shift = lse and norm 1; a row of -inf (lse
- * -inf) has P = 0 (shift +inf); a row whose |lse| is beyond
- * EXACT_LSE_LIMIT gets its exact max and 1/sum (tile_stats). */
+ * -inf) has P = 0 (shift +inf); a row that takes its own max and sum
+ * (own_stats) the shift and 1/sum of the item's row_stats. */
 static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
                                 idx_t i0, idx_t nq)
 {
@@ -212,25 +222,16 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
     FN(pack_row_slivers)(t->do_rows, dout, g->grad_out.row_stride, nq, columns, a->Ev, GEMM_NR, 1, 0);
     FN(pack_column_slivers)(t->q_cols, q, a->q.row_stride, nq, a->E, t->E_padded, GEMM_NR, t->qb, 0);
     FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb, 0);
-    int exact = 0;
     for (idx_t i = 0; i < nq; i++) {
         const elem *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
         real d = 0;
         for (idx_t c = 0; c < a->Ev; c++) d += to_real(d_o[c]) * to_real(o[c]);
         t->d[i] = d;
         real lse = item->lse[i0 + i];
-        t->shift[i] = lse == -(real)INFINITY ? (real)INFINITY : lse;
-        t->norm[i] = 1;
-        exact |= FN(lse_beyond_limit)(lse);
+        int own = FN(own_stats)(a, lse); /* (row_stats then holds it: stats_task) */
+        t->shift[i] = own ? item->row_stats[2 * (i0 + i)] : lse == -(real)INFINITY ? (real)INFINITY : lse;
+        t->norm[i] = own ? item->row_stats[2 * (i0 + i) + 1] : 1;
     }
-    if (!exact) return;
-    real max[BLOCK_Q], sum[BLOCK_Q];
-    FN(tile_stats)(t, a, &item->fwd, i0, nq, max, sum);
-    for (idx_t i = 0; i < nq; i++)
-        if (FN(lse_beyond_limit)(item->lse[i0 + i])) {
-            t->shift[i] = FN(safe_shift)(max[i]);
-            t->norm[i] = FN(safe_inverse)(sum[i]);
-        }
 }
 
 /* The key block's packs: keys for the scores, values for V dO^T, and keys
@@ -282,11 +283,13 @@ static void FN(write_grad_rows)(elem *dst, idx_t dst_rs, const real *acc, idx_t 
 }
 
 /* 1 when P = exp(s - lse) of each of the n rows is recomputed from the
- * lse given (|lse| <= EXACT_LSE_LIMIT; not NaN), so that a score far below
+ * lse given (no row takes its own stats: |lse| <= EXACT_LSE_LIMIT, the
+ * forward on the tiles; not NaN), so that a score far below
  * it (the mask's fill, -1e20; a bias under the bias_floor of the lse) gets
  * P = 0 exactly, whatever lse the caller passed */
-static inline int FN(weights_from_lse)(const real *lse, idx_t n)
+static inline int FN(weights_from_lse)(const attnc_attention_args *a, const real *lse, idx_t n)
 {
+    if (attention_takes_rows(a)) return 0; /* (own_stats) */
     for (idx_t i = 0; i < n; i++)
         if (!(lse[i] >= -(real)EXACT_LSE_LIMIT && lse[i] <= (real)EXACT_LSE_LIMIT)) return 0;
     return 1;
@@ -331,11 +334,11 @@ static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_vie
     if (item->skips.flags & SKIP_BAND_AND_MASK) {
         if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0)
             return 0;
-        if (cover == MASK_HIDES_ALL && FN(weights_from_lse)(item->lse + i0, nq)) return 0;
+        if (cover == MASK_HIDES_ALL && FN(weights_from_lse)(a, item->lse + i0, nq)) return 0;
     }
     if (!((item->skips.flags & SKIP_BIAS) && cover == MASK_KEEPS_ALL && FN(lse_not_nan)(item->lse + i0, nq))) return 1;
     /* a finite floor only where P is computed from the lse given (not from a row's own max) */
-    real least = FN(weights_from_lse)(item->lse + i0, nq) ? FN(least_max)(item->lse + i0, nq) : -(real)INFINITY;
+    real least = FN(weights_from_lse)(a, item->lse + i0, nq) ? FN(least_max)(item->lse + i0, nq) : -(real)INFINITY;
     real floor = FN(bias_floor)(least, item->skips.score_bound);
     return FN(bias_hidden_tail)(a, item->fwd.bias, i0, nq, j0, nk, floor) < nk;
 }
@@ -405,6 +408,9 @@ typedef struct {
     /* with a band, a mask or a bias: per item, which hidden pairs are
      * skipped, from a first pass */
     FN(pair_skips) *item_skips;
+    /* (items, L, 2): each row's shift and 1/sum where it takes its own
+     * (own_stats), from a first pass (stats_task); else NULL */
+    real *row_stats;
     /* the run of items the passes go over: [first_item, first_item + run_items) */
     idx_t first_item, run_items;
     /* per gradient (q, k, v) shared by several items: the run's items' own,
@@ -417,10 +423,45 @@ typedef struct {
 static FN(grad_view) FN(job_item)(const FN(grad_job) *job, idx_t b)
 {
     FN(grad_view) item = FN(grad_item_at)(job->args, b, job->item_skips ? job->item_skips[b] : (FN(pair_skips)){0, 0});
+    item.row_stats = job->row_stats ? job->row_stats + 2 * b * job->args->forward.L : NULL;
     elem **grads[3] = {&item.grad_q, &item.grad_k, &item.grad_v};
     for (int x = 0; x < 3; x++)
         if (job->scratch[x]) *grads[x] = job->scratch[x] + (b - job->first_item) * job->scratch_item[x];
     return item;
+}
+
+/* Task (item b, query tile): the item's row_stats of the tile's rows that
+ * take their own max and sum (own_stats), from tile_stats, once per row
+ * for both passes (a key pass's task per key block had recomputed them
+ * each). */
+static void FN(stats_task)(void *ctx, idx_t task)
+{
+    FN(grad_job) *job = ctx;
+    const attnc_attention_args *a = &job->args->forward;
+    idx_t b = task / job->n_query_tiles, i0 = task % job->n_query_tiles * BLOCK_Q, nq = FN(tile_queries)(i0, a->L);
+    const real *lse = (const real *)job->args->lse + b * a->L + i0;
+    int any = 0;
+    for (idx_t i = 0; i < nq; i++) any |= FN(own_stats)(a, lse[i]);
+    if (!any) return;
+    idx_t q_elems = ROUND_UP(FN(padded_queries)(attnc_min(a->L, BLOCK_Q)) * a->E, BUFFER_ALIGN_ELEMS);
+    idx_t k_elems = ROUND_UP(ROUND_UP(attnc_min(a->S, BLOCK_K), GEMM_MR) * a->E, BUFFER_ALIGN_ELEMS);
+    real *work = attnc_malloc((size_t)(q_elems + k_elems + BLOCK_K * BLOCK_Q) * sizeof(real));
+    if (!work) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    FN(tile_buffers) t = {.q_pack = work, .k_pack = work + q_elems, .scores_t = work + q_elems + k_elems, .pairs = 0};
+    FN(item_view) item = FN(item_at)(a, b);
+    FN(pack_row_slivers)(t.q_pack, item.q + i0 * a->q.row_stride, a->q.row_stride, nq, FN(score_columns)(nq), a->E,
+                         GEMM_NR, (real)a->scale, 0);
+    real max[BLOCK_Q], sum[BLOCK_Q], *stats = job->row_stats + 2 * (b * a->L + i0);
+    FN(tile_stats)(&t, a, &item, i0, nq, max, sum);
+    for (idx_t i = 0; i < nq; i++)
+        if (FN(own_stats)(a, lse[i])) {
+            stats[2 * i] = FN(safe_shift)(max[i]);
+            stats[2 * i + 1] = FN(safe_inverse)(sum[i]);
+        }
+    attnc_free(work);
 }
 
 /* The item's entry of item_skips: the band and the mask as the forward's
@@ -636,8 +677,21 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
                        (double)a->S * (double)(a->E + a->Ev);
         attnc_parallel_for(n_items, (double)n_items * reads, FN(skips_task), &job);
     }
-    attnc_status status = FN(run_items)(&job, n_items);
+    /* the rows that take their own max and sum, once, before the passes */
+    int own = attention_takes_rows(a);
+    for (idx_t r = 0; !own && r < n_items * a->L; r++) own = FN(own_stats)(a, ((const real *)g->lse)[r]);
+    attnc_status status = ATTNC_OK;
+    if (own && (size_t)(n_items * a->L) > SIZE_MAX / 2 / sizeof(real))
+        status = ATTNC_EOVERFLOW;
+    else if (own && !(job.row_stats = attnc_malloc((size_t)(2 * n_items * a->L) * sizeof(real))))
+        status = ATTNC_ENOMEM;
+    if (own && status == ATTNC_OK)
+        attnc_parallel_for(n_items * job.n_query_tiles, 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)a->E,
+                           FN(stats_task), &job);
+    if (status == ATTNC_OK && !atomic_load(&job.failed) && !attnc_interrupted()) status = FN(run_items)(&job, n_items);
     attnc_free(job.item_skips);
+    attnc_free(job.row_stats);
+    if (status == ATTNC_EOVERFLOW) return status;
     if (status != ATTNC_OK || atomic_load(&job.failed)) return ATTNC_ENOMEM;
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }

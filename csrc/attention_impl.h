@@ -23,6 +23,11 @@
 #ifndef ATTNC_ATTENTION_PATHS
 #define ATTNC_ATTENTION_PATHS
 #define FLASH_MAX_HEAD 2048
+/* 1 when the forward takes the rows path for a's items */
+static inline int attention_takes_rows(const attnc_attention_args *a)
+{
+    return a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;
+}
 #endif
 
 typedef struct {
@@ -616,7 +621,6 @@ attnc_status FN(attention)(const attnc_attention_args *a)
     if (empty || (a->Ev == 0 && !a->lse && (!a->weights || a->S == 0))) return ATTNC_OK;
     idx_t n_items = 1; /* the output or the weights hold them all: no overflow */
     for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
-    int rows = a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;
-    attnc_status status = rows ? FN(attention_rows)(a, n_items) : FN(attention_tiles)(a, n_items);
+    attnc_status status = attention_takes_rows(a) ? FN(attention_rows)(a, n_items) : FN(attention_tiles)(a, n_items);
     return status == ATTNC_OK && attnc_interrupted() ? ATTNC_EINTR : status;
 }

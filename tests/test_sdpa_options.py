@@ -423,6 +423,26 @@ def test_rows_of_large_scores_take_their_max_from_the_scores_they_exponentiate(d
     check(grads[2], r_grads[2], dtype, "grad_v")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("L", [1, 16, 17, 300])
+def test_a_key_holding_a_rows_whole_weight_passes_grad_out_on_exactly(L, dtype, simd_mode):
+    """Regression (a review): up to 16 queries the forward takes the rows path, whose scores
+    are summed in another order than the backward's tiles; P = exp(s - lse) then gave a key
+    holding a query's whole weight 1.0000091 instead of 1 (float32, scores near 100; float64
+    1e5 ulps off), 10-25x torch's float32 error on peaked rows. Such rows now take their
+    own max and sum from the tiles' scores. Oracle, hand-derived: with window (0, 0) query
+    i sees key i alone, its weight is exactly 1, so grad_value[i] is grad_out[i] exactly
+    (torch's default SDPA gives exactly that too); L = 17 and 300 run the tiles both ways."""
+    rng = np.random.default_rng(58)
+    q = np.repeat(normal(rng, (1, 256), np.float64) * 10, L, axis=0).astype(dtype)
+    k, v = normal(rng, (max(L, 192), 256), np.float64).astype(dtype) * 10, normal(rng, (max(L, 192), 4), dtype)
+    g = normal(rng, (L, 4), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, window=(0, 0))
+    grad_v = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, window=(0, 0))[2]
+    np.testing.assert_array_equal(grad_v[:L], g)
+    assert not grad_v[L:].any()
+
+
 def test_bool_bias_is_refused_and_numpy_seeds_are_taken():
     """Regressions (review): a bool attn_bias was added as 0/1 (a torch-style bool mask passed as
     a bias gave a silently wrong answer); a NumPy integer seed was refused."""
