@@ -224,8 +224,13 @@ static void FN(prepare_queries)(FN(grad_buffers) *t, const attnc_attention_backw
     FN(pack_column_slivers)(t->do_cols, dout, g->grad_out.row_stride, nq, a->Ev, t->Ev_padded, GEMM_NR, t->qb, 0);
     for (idx_t i = 0; i < nq; i++) {
         const elem *o = item->fwd.out + (i0 + i) * a->out.row_stride, *d_o = dout + i * g->grad_out.row_stride;
+        /* D = dO . O by the fused multiply-adds, in the order, of grad_tile's
+         * dP = dO . V (score_product): a row whose weight is all on one key
+         * has O that key's value, D its dP, and dS = P (dP - D) exactly 0, as
+         * in PyTorch (mul-then-add sums had left grad_query and grad_key
+         * 2e-5 to 3e-4 off there, for rows of 2-15 queries) */
         real d = 0;
-        for (idx_t c = 0; c < a->Ev; c++) d += to_real(d_o[c]) * to_real(o[c]);
+        for (idx_t c = 0; c < a->Ev; c++) d = sfma(to_real(d_o[c]), to_real(o[c]), d);
         t->d[i] = d;
         real lse = item->lse[i0 + i];
         int own = FN(own_stats)(a, lse); /* (row_stats then holds it: stats_task) */
