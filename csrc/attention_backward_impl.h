@@ -183,14 +183,14 @@ static inline idx_t FN(block_keys)(const attnc_attention_args *a, idx_t j0) { re
  * t->q_pack): each row's largest score and the sum of exp(s -
  * safe_shift(max)) over every key, from the very scores grad_tile
  * exponentiates (score_tile's), key block by key block as the forward's
- * flash_step keeps its running max and sum (each block packed into
+ * flash_step keeps its running max and sum (grow_running_max; each block packed into
  * t->k_pack and scored into t->scores_t). (The rows path's scores had
  * served: at scores near 1e18 a row's top score and that max differed by
  * ~100, and its weight was e^100 off.) */
 static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
                            idx_t nq, real *max, real *sum)
 {
-    real block[BLOCK_Q]; /* a block's maxima, then the rows' shifts */
+    real block[BLOCK_Q], correction[BLOCK_Q]; /* a block's maxima, then the rows' shifts */
     for (idx_t i = 0; i < nq; i++) max[i] = -(real)INFINITY, sum[i] = 0;
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = FN(block_keys)(a, j0);
@@ -198,12 +198,7 @@ static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, c
                              a->E, GEMM_MR, 1, 0);
         FN(score_tile)(t, a, item, i0, nq, j0, nk);
         FN(column_max)(block, t->scores_t, nq, nk); /* (NaN skipped, as the forward's) */
-        for (idx_t i = 0; i < nq; i++) {
-            real grown = block[i] > max[i] ? block[i] : max[i];
-            if (grown != max[i] && max[i] != -(real)INFINITY) sum[i] *= FN(vexp)(max[i] - grown);
-            max[i] = grown;
-            block[i] = FN(safe_shift)(grown);
-        }
+        FN(grow_running_max)(max, sum, block, correction, nq);
         FN(column_exp_sum)(t->scores_t, block, sum, nq, nk, 0);
     }
 }

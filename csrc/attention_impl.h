@@ -201,20 +201,28 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
  * 0 (or NaN), so its sum and acc are +0 (or NaN, also from 0 * inf), which the
  * correction exp(-inf) = 0 would leave as they are: it is not applied
  * (for S <= BLOCK_K, no row is ever rescaled). */
+/* The running max and sum of nq rows after a key tile whose column maxima
+ * are tile_max: each max grown to the tile's, its sum scaled by
+ * exp(old max - new max) (correction, 1 where the max stayed or was -inf),
+ * tile_max overwritten with each row's shift for this tile. (The backward's
+ * tile_stats keeps its rows' max and sum the same way.) */
+static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, real *correction, idx_t nq)
+{
+    for (idx_t i = 0; i < nq; i++) {
+        real new_max = tile_max[i] > run_max[i] ? tile_max[i] : run_max[i];
+        correction[i] = new_max == run_max[i] || run_max[i] == -(real)INFINITY ? 1 : FN(vexp)(run_max[i] - new_max);
+        run_sum[i] *= correction[i];
+        run_max[i] = new_max;
+        tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
+    }
+}
+
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     FN(score_tile)(t, a, item, i0, nq, j0, nk);
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
-    for (idx_t i = 0; i < nq; i++) {
-        real new_max = t->tile_max[i] > t->run_max[i] ? t->tile_max[i] : t->run_max[i];
-        t->correction[i] = new_max == t->run_max[i] || t->run_max[i] == -(real)INFINITY
-                               ? 1
-                               : FN(vexp)(t->run_max[i] - new_max);
-        t->run_sum[i] *= t->correction[i];
-        t->run_max[i] = new_max;
-        t->tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
-    }
+    FN(grow_running_max)(t->run_max, t->run_sum, t->tile_max, t->correction, nq);
     FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk, t->pairs);
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
