@@ -107,12 +107,14 @@ static void name_the_error(const char *name)
     Py_XDECREF(tb);
 }
 
-/* obj as a double: Python and NumPy numbers, not strings. TypeError naming
+/* obj as a double: Python and NumPy numbers, not strings or bools. TypeError naming
  * `name` (expected `what`) otherwise; an int beyond the float range is a
  * ValueError. */
 static int as_double(PyObject *obj, const char *name, const char *what, double *out)
 {
-    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj)) {
+    /* (a bool, as in as_long: scale=False where the forward's order puts
+     * is_causal is a slip, not a scale of 0) */
+    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !PyBool_Check(obj) && !PyArray_IsScalar(obj, Bool)) {
         *out = PyFloat_AsDouble(obj);
         if (!(*out == -1.0 && PyErr_Occurred())) return 1;
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {

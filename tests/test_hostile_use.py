@@ -529,6 +529,31 @@ def test_a_bool_is_not_an_integer_argument(restore_threads):
     assert attnc.get_num_threads() == before
 
 
+def test_a_bool_is_not_a_number_argument():
+    # scale=False ran as a scale of 0 (uniform weights), scale=True as 1: the
+    # backward's positional order (attn_mask, is_causal, scale, dropout_p)
+    # differs from the forward's (attn_mask, dropout_p, is_causal, scale), so
+    # a call in the forward's order put is_causal's bool in scale and ran
+    # (grad_query 1.25 off); dropout_p=True ran as 1 (a review helper,
+    # 2026-11-29)
+    q = np.ones((2, 3, 4))
+    out, lse = F.scaled_dot_product_attention(q, q, q, return_lse=True)
+    bwd = F.scaled_dot_product_attention_backward
+    cases = [
+        (lambda: F.scaled_dot_product_attention(q, q, q, scale=False), "scale"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, scale=np.bool_(True)), "scale"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=True), "dropout_p"),
+        (lambda: bwd(out, q, q, q, out, lse, None, 0.0, False), "scale"),
+        (lambda: bwd(out, q, q, q, out, lse, scale=True), "scale"),
+        (lambda: attnc.Dropout(True), "p"),
+        (lambda: attnc.MultiHeadAttention(4, 2, dropout=True), "dropout"),
+    ]
+    for call, name in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value).startswith(name + ":"), str(info.value)
+
+
 def test_thread_count_above_the_cpu_count(restore_threads):
     attnc.set_num_threads(64)
     assert attnc.get_num_threads() == 64
