@@ -228,8 +228,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     path; a row masked everywhere by `attn_mask` attends uniformly.
 
     Mask conventions: `attn_mask` keeps 1/True, as a bool ``attn_mask``
-    of ``torch.nn.functional.scaled_dot_product_attention`` does; torch's
-    float ``attn_mask`` is additive, which here is `attn_bias`.
+    of ``torch.nn.functional.scaled_dot_product_attention`` does, but a
+    hidden key's score is replaced by -1e20 (torch adds -inf), so a NaN
+    or inf in a hidden key does not reach the row; torch's float
+    ``attn_mask`` is additive, which here is `attn_bias`.
     ``torch.nn.MultiheadAttention``'s bool masks are the other way round
     (True = hidden); see ``attnc.nn.MultiheadAttention``.
 

@@ -223,7 +223,9 @@ class MultiheadAttention(Module):
             `attn_mask`. With ``need_weights=False`` and no
             `key_padding_mask`, the top-left causal mask (key j > query i
             hidden) replaces `attn_mask`; otherwise `attn_mask` is used as
-            given, as in torch.
+            given, as in torch. Give that causal mask: with another one,
+            torch's own paths disagree (its no_grad fast path uses
+            `attn_mask`, its other path the causal mask, as attnc here).
 
         Returns
         -------
