@@ -654,12 +654,10 @@ static attnc_status FN(run_items)(FN(grad_job) *job, idx_t n_items)
     return ATTNC_OK;
 }
 
-attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
+/* The backward on g, whose lse is the caller's own copy (attention_backward). */
+static attnc_status FN(backward_on_own_lse)(const attnc_attention_backward_args *g, idx_t n_items)
 {
     const attnc_attention_args *a = &g->forward;
-    idx_t n_items = 1; /* the gradients hold them all: no overflow */
-    for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
-    if (n_items == 0 || a->L == 0 || a->S == 0) return ATTNC_OK; /* the caller zero-filled the gradients */
     FN(grad_job) job = {.args = g, .n_key_blocks = attnc_ceil_div(a->S, BLOCK_K),
                         .n_query_tiles = attnc_ceil_div(a->L, BLOCK_Q), .pass = KEY_PASS};
     idx_t dq_elems;
@@ -694,6 +692,30 @@ attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
     if (status == ATTNC_EOVERFLOW) return status;
     if (status != ATTNC_OK || atomic_load(&job.failed)) return ATTNC_ENOMEM;
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
+}
+
+attnc_status FN(attention_backward)(const attnc_attention_backward_args *g)
+{
+    const attnc_attention_args *a = &g->forward;
+    idx_t n_items = 1; /* the gradients hold them all: no overflow */
+    for (int d = 0; d < a->batch.ndim; d++) n_items *= a->batch.shape[d];
+    if (n_items == 0 || a->L == 0 || a->S == 0) return ATTNC_OK; /* the caller zero-filled the gradients */
+    /* lse decides which rows take their own max and sum (a buffer sized
+     * for them) and which tiles are skipped, and is read again by each
+     * pass: a copy of its own, so that another thread (or a signal
+     * handler run while the call polls for Ctrl-C) writing the caller's
+     * array mid-call cannot make one read disagree with another (a row
+     * found own_stats after the first pass read a row_stats never
+     * allocated: a segfault) */
+    if ((size_t)(n_items * a->L) > SIZE_MAX / sizeof(real)) return ATTNC_EOVERFLOW; /* (n_items * L: lse's size) */
+    real *lse = attnc_malloc((size_t)(n_items * a->L) * sizeof(real));
+    if (!lse) return ATTNC_ENOMEM;
+    memcpy(lse, g->lse, (size_t)(n_items * a->L) * sizeof(real));
+    attnc_attention_backward_args own = *g;
+    own.lse = lse;
+    attnc_status status = FN(backward_on_own_lse)(&own, n_items);
+    attnc_free(lse);
+    return status;
 }
 #undef FUSED_MIN_ITEMS_PER_THREAD
 #undef SHARED_SCRATCH_MIN_ELEMS

@@ -259,3 +259,38 @@ def test_a_training_module_shared_by_threads_fails_clearly():
         for _ in grads:
             total += one
         np.testing.assert_array_equal(g, total, err_msg=name)
+
+
+def test_lse_written_by_another_thread_mid_backward_cannot_crash(tmp_path):
+    # The backward read the caller's lse once to size its per-row statistics
+    # (rows of |lse| > 128 take their own max and sum) and again in each pass:
+    # another thread (or a signal handler run at the Ctrl-C poll) writing lse
+    # in between made a row read a buffer never allocated: a segfault (a
+    # review helper, 2026-11-29). Run in a child process, so that a crash
+    # fails this test instead of ending the run. The result is the backward
+    # of the lse before the write or of the lse after it, bit for bit.
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "race.py"
+    script.write_text(
+        "import threading, time, numpy as np, attnc\n"
+        "F = attnc.functional\n"
+        "rng = np.random.default_rng(0)\n"
+        "q, k, v = (rng.standard_normal((1, 8, 2048, 64)).astype(np.float32) for _ in range(3))\n"
+        "out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)\n"
+        "go = np.ones_like(out)\n"
+        "written = np.full_like(lse, 1e4)\n"
+        "before = F.scaled_dot_product_attention_backward(go, q, k, v, out, lse)\n"
+        "after = F.scaled_dot_product_attention_backward(go, q, k, v, out, written)\n"
+        "for delay in (0.005, 0.02, 0.06):\n"
+        "    shared = lse.copy()\n"
+        "    writer = threading.Thread(target=lambda: (time.sleep(delay), shared.__setitem__(Ellipsis, 1e4)))\n"
+        "    writer.start()\n"
+        "    got = F.scaled_dot_product_attention_backward(go, q, k, v, out, shared)\n"
+        "    writer.join()\n"
+        "    assert any(all(np.array_equal(g, e, equal_nan=True) for g, e in zip(got, ref)) for ref in (before, after))\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(attnc.__file__)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=JOIN_TIMEOUT, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
