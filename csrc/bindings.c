@@ -42,6 +42,15 @@ static int poll_signals(void *ctx)
     return stop;
 }
 
+/* The error of a call that continued in a child forked from its Ctrl-C
+ * poll (os.fork() in a signal handler): its result would miss the work of
+ * the parent's pool workers. */
+static void forked_mid_call(void)
+{
+    PyErr_SetString(PyExc_RuntimeError, "the process forked during this call (os.fork() in a signal handler "
+                                        "run mid-call): this child lacks the call's worker threads; call it again");
+}
+
 /* status = call, with the GIL released and the interrupt hook installed. */
 #define RUN_KERNEL(status, call)                                  \
     do {                                                          \
@@ -52,6 +61,7 @@ static int poll_signals(void *ctx)
         (status) = (call);                                        \
         attnc_call_end(&call_);                                   \
         PyEval_RestoreThread(gil_.thread);                        \
+        if (call_.forked && !PyErr_Occurred()) forked_mid_call(); \
     } while (0)
 
 /* After RUN_KERNEL: 1 on success; else 0 with an exception set. A signal

@@ -32,6 +32,7 @@ void attnc_call_begin(attnc_call *call, const attnc_interrupt_hook *hook)
 {
     call->hook = hook && hook->poll ? *hook : (attnc_interrupt_hook){NULL, NULL};
     atomic_store(&call->stop, 0);
+    call->forked = 0;
     call->next_poll_ns = now_ns() + POLL_INTERVAL_NS;
     call->outer = current;
     call->outer_is_caller = is_caller;
@@ -48,6 +49,14 @@ void attnc_call_end(attnc_call *call)
 attnc_call *attnc_current_call(void) { return current; }
 
 void attnc_join_call(attnc_call *call) { current = call; }
+
+void attnc_stop_calls_after_fork(void)
+{
+    for (attnc_call *call = current; call; call = call->outer) {
+        call->forked = 1;
+        atomic_store(&call->stop, 1);
+    }
+}
 
 int attnc_interrupted(void)
 {

@@ -9,5 +9,7 @@
 attnc_call *attnc_current_call(void);
 /* A worker takes part in `call` (NULL: leaves it). */
 void attnc_join_call(attnc_call *call);
+/* In a child forked by this thread mid-job: stop its calls, marked forked. */
+void attnc_stop_calls_after_fork(void);
 
 #endif

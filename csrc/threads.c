@@ -66,6 +66,7 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static atomic_int requested_threads = 0; /* 0: not set, use the affinity count */
 static _Thread_local int inside_task = 0;
 static _Thread_local int thread_index = 0; /* attnc_thread_index */
+static _Thread_local int holds_job_lock = 0; /* this thread is a pool job's caller */
 
 /* The CPUs this process may run on, asked of the system (a syscall) once,
  * and again at each set_num_threads and after fork; 0: not asked yet. */
@@ -231,15 +232,23 @@ static void stop_workers(void)
 }
 
 /* The child of a fork has only the forking thread: forget the parent's
- * workers (they do not exist here) and start from unlocked state. */
+ * workers (they do not exist here) and start from unlocked state. A child
+ * forked by a job's caller (os.fork() in a Python signal handler, which the
+ * call's Ctrl-C poll runs mid-task) returns into that job: it keeps the
+ * job's lock and task counters (the arrays are the child's copies, freed by
+ * the next resize), and its calls stop, marked forked (the bindings raise),
+ * since the tasks the parent's workers held are not done here. The
+ * counters had been cleared, and the child's caller read them: a segfault. */
 static void reset_after_fork(void)
 {
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.work_ready, NULL);
     pthread_cond_init(&pool.work_done, NULL);
     pthread_mutex_init(&job_lock, NULL);
-    pool.threads = NULL;
-    pool.share_next = NULL;
+    if (holds_job_lock) {
+        pthread_mutex_lock(&job_lock);
+        attnc_stop_calls_after_fork();
+    }
     pool.n_workers = 0;
     pool.shutting_down = 0;
     pool.job_open = 0;
@@ -324,6 +333,7 @@ void attnc_parallel_for_on(idx_t n_tasks, int max_threads, attnc_task_fn fn, voi
     pthread_cond_broadcast(&pool.work_ready);
     pthread_mutex_unlock(&pool.lock);
 
+    holds_job_lock = 1;
     run_tasks(0); /* returns when every task is taken */
 
     pthread_mutex_lock(&pool.lock);
@@ -333,5 +343,6 @@ void attnc_parallel_for_on(idx_t n_tasks, int max_threads, attnc_task_fn fn, voi
     pthread_mutex_lock(&pool.lock);
     while (pool.workers_in_job > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
+    holds_job_lock = 0;
     pthread_mutex_unlock(&job_lock);
 }
