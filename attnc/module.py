@@ -653,12 +653,13 @@ class Module:
         self._grads[name] = grad, layout
         return grad
 
-    def _add_grads(self, grads):
-        """Adds {dotted parameter name: gradient} into the buffers (None:
-        skipped): every buffer made and checked first, so that a failure
-        (MemoryError, a parameter whose dtype or shape was changed in place
-        since the forward) adds nothing, and the backward can be retried."""
-        targets = []
+    def _sums_of_grads(self, grads):
+        """(buffers, sums): for {dotted parameter name: gradient} (None:
+        skipped), each buffer and the sum it is to hold, every buffer made,
+        checked and summed first (nothing written), so that a failure
+        (MemoryError, KeyboardInterrupt, a parameter whose dtype or shape was
+        changed in place since the forward) adds nothing."""
+        buffers, sums, slot = [], [], {}  # slot: a buffer's index (a tied parameter's gradients add into one)
         for key, value in grads.items():
             if value is None:
                 continue
@@ -667,9 +668,16 @@ class Module:
             if buffer.shape != value.shape or not np.can_cast(value.dtype, buffer.dtype, "same_kind"):
                 raise ValueError(f"{key}: the parameter is now {buffer.dtype} of shape {buffer.shape}, its gradient "
                                  f"{value.dtype} of shape {value.shape} (changed in place since the forward?)")
-            targets.append((buffer, value))
-        for buffer, value in targets:
-            buffer[...] += value
+            if not buffer.flags.writeable:
+                raise ValueError(f"{key}: its gradient buffer is read-only")
+            if id(buffer) in slot:
+                i = slot[id(buffer)]
+                sums[i] = np.add(sums[i], value).astype(buffer.dtype, copy=False)
+            else:
+                slot[id(buffer)] = len(buffers)
+                buffers.append(buffer)
+                sums.append(np.add(buffer, value).astype(buffer.dtype, copy=False))  # as buffer += value rounds
+        return buffers, sums
 
     def _keep_for_backward(self, state, output_shape, x, params=None):
         """What this training-mode forward's backward needs (replacing any
@@ -717,19 +725,22 @@ class Module:
         return state
 
     def _finish_backward(self, state, grads, grad_x):
-        """Adds `grads` (_add_grads) and releases the forward's kept `state`
-        (one backward per forward), both or neither: under a lock, so that
-        of two threads' backwards of one forward only one adds its
-        gradients, and a failure leaves the state for a retry. Returns
-        grad_x in the dtype of the forward's input."""
+        """Adds `grads` into their buffers and releases the forward's kept
+        `state` (one backward per forward), both or neither: under a lock, so
+        that of two threads' backwards of one forward only one adds its
+        gradients; the sums made first (_sums_of_grads), then written and the
+        state released in one C call (_C.commit_sums: no signal handler,
+        so no KeyboardInterrupt, in between), so that a failure leaves the
+        state for a retry. Returns grad_x in the dtype of the forward's
+        input."""
         with _FINISH_LOCK:
             saved = self._saved
             if saved is None or saved[0] is not state:
                 raise RuntimeError(f"{type(self).__name__}.backward: another backward used this forward's state "
                                    "meanwhile, or another forward replaced it (a training-mode module runs one "
                                    "forward and backward at a time; share it between threads in eval mode)")
-            self._add_grads(grads)
-            object.__setattr__(self, "_saved", None)
+            buffers, sums = self._sums_of_grads(grads)
+            _C.commit_sums(buffers, sums, self, "_saved")
         return grad_x.astype(saved[2], copy=False)
 
     # -- randomness ----------------------------------------------------------

@@ -1542,6 +1542,38 @@ static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs
     return PyFloat_FromDouble(p);
 }
 
+/* commit_sums(targets, sums, owner, attr) -> None: each target array <-
+ * its sum (same shape and dtype, checked for all first), then owner.attr
+ * <- None (object.__setattr__), all in one call: no Python signal handler
+ * runs in between (the eval loop runs them between bytecodes), so a
+ * KeyboardInterrupt comes before every copy or after the last and the
+ * release. Adding the gradients one buffer at a time in Python, a Ctrl-C
+ * between two left some added and the forward's state kept: the retried
+ * backward added those twice. */
+static PyObject *py_commit_sums(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"targets", "sums", "owner", "attr", NULL};
+    PyObject *targets, *sums, *owner, *attr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OU:commit_sums", kwlist, &PyList_Type, &targets, &PyList_Type,
+                                     &sums, &owner, &attr))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(targets);
+    if (PyList_GET_SIZE(sums) != n) return PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyList_GET_SIZE(sums));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(targets, i), *s = PyList_GET_ITEM(sums, i);
+        if (!PyArray_Check(t) || !PyArray_Check(s) || !PyArray_ISWRITEABLE((PyArrayObject *)t) ||
+            !PyArray_SAMESHAPE((PyArrayObject *)t, (PyArrayObject *)s) ||
+            !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)t), PyArray_DESCR((PyArrayObject *)s)))
+            return PyErr_Format(PyExc_ValueError, "commit_sums: item %zd is not a writable array and a sum of its "
+                                "shape and dtype", i);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyArray_CopyInto((PyArrayObject *)PyList_GET_ITEM(targets, i), (PyArrayObject *)PyList_GET_ITEM(sums, i)) < 0)
+            return NULL; /* (arrays of one shape and dtype: not expected) */
+    if (PyObject_GenericSetAttr(owner, attr, Py_None) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* check_rng(rng) -> rng: a numpy.random.Generator or None, else TypeError. */
 static PyObject *py_check_rng(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -1704,6 +1736,10 @@ static PyMethodDef methods[] = {
      "weights' gradients stacked), grad_bias (stacked), grad_w_out or None, grad_bias_out or None)."},
     {"probability", FN(py_probability), KW,
      "probability($module, /, p, name='p')\n--\n\np as a float in [0, 1], else TypeError/ValueError naming name."},
+    {"commit_sums", FN(py_commit_sums), KW,
+     "commit_sums($module, /, targets, sums, owner, attr)\n--\n\n"
+     "Each target array <- its sum (same shape and dtype), then owner.attr <- None, with no Python signal "
+     "handler run in between."},
     {"check_rng", FN(py_check_rng), KW,
      "check_rng($module, /, rng)\n--\n\nrng if it is a numpy.random.Generator or None, else TypeError."},
     {"as_parameter", FN(py_as_parameter), KW,

@@ -773,6 +773,62 @@ def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once(monkeypat
         np.testing.assert_array_equal(g, expected, err_msg=name)
 
 
+@pytest.mark.parametrize("make", [lambda rng: attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=rng),
+                                  lambda rng: attnc.nn.MultiheadAttention(8, 2, rng=rng)])
+def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once(make):
+    # Ctrl-C raises KeyboardInterrupt between any two lines of Python: the
+    # gradients had been added a buffer at a time, and a KeyboardInterrupt
+    # between two left some added with the forward's state kept, so the retry
+    # the docs promise added those twice (2x and 3x gradients; a review
+    # helper, 2026-11-29). Here a trace function raises it at each line of the
+    # package's Python in turn, until a backward runs through.
+    import linecache
+    import os
+    import sys
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+    package = os.path.dirname(attnc.__file__) + os.sep
+
+    def forward(module):
+        return module(x, x, x)[0] if isinstance(module, attnc.nn.MultiheadAttention) else module(x)
+
+    twin = make(np.random.default_rng(4)).train()
+    twin.backward(np.ones_like(forward(twin)))
+    for n in range(1, 10_000):
+        m = make(np.random.default_rng(4)).train()
+        y = forward(m)
+        lines = [0]
+
+        def trace(frame, event, arg):
+            if not frame.f_code.co_filename.startswith(package):
+                return None
+            # (not at a `with` line: the trace also stops there on the way out,
+            # before __exit__, where a signal's handler never runs)
+            if event == "line" and not linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip().startswith("with "):
+                lines[0] += 1
+                if lines[0] == n:
+                    raise KeyboardInterrupt
+            return trace
+
+        sys.settrace(trace)
+        try:
+            m.backward(np.ones_like(y))
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        if interrupted:
+            try:
+                m.backward(np.ones_like(y))  # the retry
+            except RuntimeError:  # the interrupt came after the gradients were added and the state released
+                pass
+        for (name, g), (_, expected) in zip(m.named_grads(), twin.named_grads()):
+            np.testing.assert_array_equal(g, expected, err_msg=f"{name}, interrupted at line {n}")
+        if not interrupted:
+            break
+    assert n > 10  # the trace saw the backward's lines
+
+
 @pytest.mark.parametrize("make, key", [
     (lambda: attnc.Linear(4, 6), "weight"),
     (lambda: attnc.SelfAttentionV3(4, dropout_rate=0.0), "output_proj.bias"),
