@@ -380,22 +380,15 @@ class MultiheadAttention(Module):
         heads = self.num_heads
         bias = None
         if attn_mask is not None:
-            mask = self._additive(attn_mask, "attn_mask")
             stacked = (n * heads, tgt_len, src_len)
-            if mask.shape == (tgt_len, src_len):
-                bias = mask
-            elif mask.shape == stacked:
-                bias = mask.reshape(n, heads, tgt_len, src_len)
-            else:
-                expected = (f"(L, S) = {(tgt_len, src_len)} or " +
-                            (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
-                raise ValueError(f"attn_mask: expected shape {expected}, got {mask.shape}")
+            expected = (f"(L, S) = {(tgt_len, src_len)} or " +
+                        (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
+            mask = self._additive(attn_mask, "attn_mask", ((tgt_len, src_len), stacked), expected)
+            bias = mask if mask.shape == (tgt_len, src_len) else mask.reshape(n, heads, tgt_len, src_len)
         if key_padding_mask is not None:
-            mask = self._additive(key_padding_mask, "key_padding_mask")
-            expected = (n, src_len) if batched else (src_len,)
-            if mask.shape != expected:
-                raise ValueError(f"key_padding_mask: expected shape {expected} ({'(N, S)' if batched else '(S,)'}), "
-                                 f"got {mask.shape}")
+            shape = (n, src_len) if batched else (src_len,)
+            mask = self._additive(key_padding_mask, "key_padding_mask", (shape,),
+                                  f"{shape} ({'(N, S)' if batched else '(S,)'})")
             padding = mask.reshape(n, 1, 1, src_len)
             bias = padding if bias is None else bias + padding
         extra = (self.bias_k is not None) + self.add_zero_attn
@@ -403,15 +396,18 @@ class MultiheadAttention(Module):
             bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
         return bias
 
-    def _additive(self, mask, name):
-        """A torch-convention mask as scores to add: bool True -> -inf, floats as given."""
+    def _additive(self, mask, name, shapes, expected):
+        """A torch-convention mask as scores to add: bool True -> -inf, floats
+        as given; TypeError for another dtype, ValueError (`expected`) for a
+        shape not in `shapes`, both before anything is converted (a wrong,
+        broadcast one of 2**40 elements raised NumPy's MemoryError)."""
         mask = as_array(mask, name)
-        if mask.dtype.kind == "b":
-            return np.where(mask, -np.inf, 0.0).astype(self.dtype)
-        if is_floating(mask.dtype):
-            return mask.astype(self.dtype)
-        raise TypeError(f"{name}: expected a bool mask (True: not allowed) or a floating one (added to the "
-                        f"scores), got dtype {mask.dtype}")
+        if mask.dtype.kind != "b" and not is_floating(mask.dtype):
+            raise TypeError(f"{name}: expected a bool mask (True: not allowed) or a floating one (added to the "
+                            f"scores), got dtype {mask.dtype}")
+        if mask.shape not in shapes:
+            raise ValueError(f"{name}: expected shape {expected}, got {mask.shape}")
+        return np.where(mask, -np.inf, 0.0).astype(self.dtype) if mask.dtype.kind == "b" else mask.astype(self.dtype)
 
     def _project(self, inputs, params):
         """The Q, K, V projections of the batch-first inputs split into heads,

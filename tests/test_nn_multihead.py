@@ -537,3 +537,17 @@ def test_nn_exports():
     assert not hasattr(attnc.nn, "MultiHeadAttention") and not hasattr(attnc, "MultiheadAttention")
     for names in (attnc.__all__, attnc.nn.__all__):   # no two names differ only by case
         assert len({name.lower() for name in names}) == len(names)
+
+
+@pytest.mark.parametrize("name", ["attn_mask", "key_padding_mask"])
+def test_a_huge_broadcast_mask_of_the_wrong_shape_is_named_before_it_is_converted(name):
+    # the masks were converted to additive floats before their shapes were
+    # checked: a wrong, broadcast (zero-strided) one of 2**42 elements raised
+    # NumPy's "Unable to allocate 16.0 TiB" MemoryError, naming nothing, and one
+    # of 2**29 took 26 s and 6 GiB before the ValueError (a review helper,
+    # 2026-11-29)
+    m = attnc.nn.MultiheadAttention(8, 2).eval()
+    x = np.zeros((3, 2, 8), np.float32)
+    huge = np.broadcast_to(np.bool_(False), (2 ** 40, 4))
+    with pytest.raises(ValueError, match=f"^{name}: expected shape"):
+        m(x, x, x, **{name: huge})
