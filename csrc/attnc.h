@@ -110,7 +110,8 @@ typedef struct attnc_call {
     long long next_poll_ns;
     struct attnc_call *outer; /* the call this one runs inside (a Python signal */
     int outer_is_caller;      /* handler's, run by the outer call's hook), or NULL */
-    int forked; /* 1 in a child forked while the call's pool job ran (stopped: its tasks on the parent's workers are lost) */
+    int forked;               /* 1 in a child forked mid-job (stopped: the parent's */
+                              /* workers' tasks are not done there) */
 } attnc_call;
 
 /* Bracket one call on the calling thread, with its state in *call; hook

@@ -1558,7 +1558,8 @@ static PyObject *py_commit_sums(PyObject *self, PyObject *args, PyObject *kwargs
                                      &sums, &owner, &attr))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(targets);
-    if (PyList_GET_SIZE(sums) != n) return PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyList_GET_SIZE(sums));
+    if (PyList_GET_SIZE(sums) != n)
+        return PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyList_GET_SIZE(sums));
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = PyList_GET_ITEM(targets, i), *s = PyList_GET_ITEM(sums, i);
         if (!PyArray_Check(t) || !PyArray_Check(s) || !PyArray_ISWRITEABLE((PyArrayObject *)t) ||
@@ -1567,9 +1568,11 @@ static PyObject *py_commit_sums(PyObject *self, PyObject *args, PyObject *kwargs
             return PyErr_Format(PyExc_ValueError, "commit_sums: item %zd is not a writable array and a sum of its "
                                 "shape and dtype", i);
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (PyArray_CopyInto((PyArrayObject *)PyList_GET_ITEM(targets, i), (PyArrayObject *)PyList_GET_ITEM(sums, i)) < 0)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyArrayObject *target = (PyArrayObject *)PyList_GET_ITEM(targets, i);
+        if (PyArray_CopyInto(target, (PyArrayObject *)PyList_GET_ITEM(sums, i)) < 0)
             return NULL; /* (arrays of one shape and dtype: not expected) */
+    }
     if (PyObject_GenericSetAttr(owner, attr, Py_None) < 0) return NULL;
     Py_RETURN_NONE;
 }

@@ -803,7 +803,8 @@ def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once
                 return None
             # (not at a `with` line: the trace also stops there on the way out,
             # before __exit__, where a signal's handler never runs)
-            if event == "line" and not linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip().startswith("with "):
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and not line.lstrip().startswith("with "):
                 lines[0] += 1
                 if lines[0] == n:
                     raise KeyboardInterrupt
