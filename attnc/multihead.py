@@ -7,6 +7,7 @@ and the attention on attnc.functional.scaled_dot_product_attention, the
 torch-convention masks turned into one additive score bias.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,20 @@ from .module import Linear, Module, _grad_dtype, _initial_values, _sized_by
 
 _PARAMETERS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "bias_k",
                "bias_v", "out_proj.weight", "out_proj.bias")
+
+
+class _Geometry(NamedTuple):
+    """The module's sizes and layout flags as a forward read them, once: a
+    user may change any between calls (or another thread during one), and
+    the backward computes with the forward's."""
+    embed_dim: int
+    num_heads: int
+    head_dim: int
+    kdim: int
+    vdim: int
+    separate: bool  # q_proj_weight, k_proj_weight and v_proj_weight, not in_proj_weight
+    batch_first: bool
+    zero_attn: bool
 
 
 def _xavier_uniform(draw, shape, sizes):
@@ -282,25 +297,28 @@ class MultiheadAttention(Module):
         need_weights, average_attn_weights = flag(need_weights, "need_weights"), flag(average_attn_weights,
                                                                                         "average_attn_weights")
         is_causal = flag(is_causal, "is_causal")
-        given, params = self._checked_parameters()
+        geometry = self._geometry()
+        given, params = self._checked_parameters(geometry)
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
         if is_causal and attn_mask is None:
             raise ValueError("is_causal: needs attn_mask (torch's hint); give the causal mask as attn_mask")
-        batched, inputs = self._inputs(query, key, value, keep=training)
+        batched, inputs = self._inputs(query, key, value, geometry, keep=training)
         n, tgt_len, src_len = inputs[0].shape[0], inputs[0].shape[1], inputs[1].shape[1]
         causal = is_causal and key_padding_mask is None and not need_weights
-        bias = self._score_bias(None if causal else attn_mask, key_padding_mask, batched, n, tgt_len, src_len)
-        q, k, v = self._project(inputs, params)
+        bias = self._score_bias(None if causal else attn_mask, key_padding_mask, batched, n, tgt_len, src_len,
+                                geometry, params)
+        q, k, v = self._project(inputs, params, geometry)
         seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
         result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
                                               return_weights=need_weights, return_lse=training)
         out_heads, *rest = result if isinstance(result, tuple) else (result,)
-        out = linear(self._merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
-        output = self._to_layout(out, batched)
+        out = linear(_merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
+        output = _to_layout(out, batched, geometry)
         if training:
             grad_dtypes = (_grad_dtype(key, self.dtype), _grad_dtype(value, self.dtype))
-            state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes)
+            state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes,
+                     geometry)
             self._keep_for_backward(state, output.shape, query, given)
         if not need_weights:
             return output, None
@@ -309,25 +327,33 @@ class MultiheadAttention(Module):
             weights = _widened(weights).mean(axis=1).astype(weights.dtype, copy=False)
         return output, weights if batched else weights[0]
 
-    def _checked_parameters(self):
-        """(given, params): the parameters by state_dict key as looked up now
-        (a user may have replaced any, or changed a size), and as computed
-        with: each in the module dtype (as_parameter: the array itself when
-        it already is one), checked against the shapes the module's sizes
-        give. TypeError or ValueError naming the first that does not fit."""
+    def _geometry(self):
+        """The sizes and flags, read once and checked (a user may have changed
+        a size): ValueError or TypeError naming the first that does not fit."""
         e = positive_int(self.embed_dim, "embed_dim")
         heads = positive_int(self.num_heads, "num_heads")
         divides(heads, e, "num_heads", "embed_dim")
-        if self.head_dim != e // heads:
+        head_dim = self.head_dim
+        if head_dim != e // heads:
             raise ValueError(f"num_heads: {heads} heads of embed_dim={e} are {e // heads} "
-                             f"wide, but head_dim is {self.head_dim}")
+                             f"wide, but head_dim is {head_dim}")
+        return _Geometry(e, heads, head_dim, positive_int(self.kdim, "kdim"), positive_int(self.vdim, "vdim"),
+                         not self._qkv_same_embed_dim, flag(self.batch_first, "batch_first"),
+                         flag(self.add_zero_attn, "add_zero_attn"))
+
+    def _checked_parameters(self, geometry):
+        """(given, params): the parameters by state_dict key as looked up now
+        (a user may have replaced any), and as computed with: each in the
+        module dtype (as_parameter: the array itself when it already is
+        one), checked against the shapes `geometry` gives. TypeError or
+        ValueError naming the first that does not fit."""
+        e, separate = geometry.embed_dim, geometry.separate
         given = dict(zip(_PARAMETERS, self._values_of(_PARAMETERS)))
-        separate = not self._qkv_same_embed_dim
         has_bias_kv = given["bias_k"] is not None or given["bias_v"] is not None
         shapes = {"in_proj_weight": None if separate else (3 * e, e),
                   "q_proj_weight": (e, e) if separate else None,
-                  "k_proj_weight": (e, self.kdim) if separate else None,
-                  "v_proj_weight": (e, self.vdim) if separate else None,
+                  "k_proj_weight": (e, geometry.kdim) if separate else None,
+                  "v_proj_weight": (e, geometry.vdim) if separate else None,
                   "in_proj_bias": (3 * e,), "bias_k": (1, 1, e), "bias_v": (1, 1, e),
                   "out_proj.weight": (e, e), "out_proj.bias": (e,)}
         optional = {"in_proj_bias", "out_proj.bias"}
@@ -347,13 +373,14 @@ class MultiheadAttention(Module):
                 raise ValueError(f"{name}: expected shape {shape}, got {params[name].shape}")
         return given, params
 
-    def _inputs(self, query, key, value, keep):
+    def _inputs(self, query, key, value, geometry, keep):
         """(batched, (query, key, value) batch first, (N, L or S, features),
         in the module dtype): views of the converted inputs, or with `keep`
         private C-contiguous copies for backward. An input given as the same
         object as another is converted (and copied) once."""
         converted = {}
-        for name, x, dim in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+        for name, x, dim in (("query", query, geometry.embed_dim), ("key", key, geometry.kdim),
+                             ("value", value, geometry.vdim)):
             if id(x) not in converted:
                 converted[id(x)] = _C.as_parameter(x, name=name, dtype=self.dtype)
             a = converted[id(x)]
@@ -364,7 +391,7 @@ class MultiheadAttention(Module):
             if a.shape[-1] != dim:
                 raise ValueError(f"{name}: expected {dim} features last, got shape {a.shape}")
         batched = converted[id(query)].ndim == 3
-        batch_first = {i: self._from_layout(a, batched) for i, a in converted.items()}
+        batch_first = {i: _from_layout(a, batched, geometry) for i, a in converted.items()}
         if keep:
             batch_first = {i: np.array(a, order="C") for i, a in batch_first.items()}
         q_in, k_in, v_in = (batch_first[id(x)] for x in (query, key, value))
@@ -374,10 +401,10 @@ class MultiheadAttention(Module):
             raise ValueError(f"key: expected query's batch size {q_in.shape[0]}, got {k_in.shape[0]}")
         return batched, (q_in, k_in, v_in)
 
-    def _score_bias(self, attn_mask, key_padding_mask, batched, n, tgt_len, src_len):
+    def _score_bias(self, attn_mask, key_padding_mask, batched, n, tgt_len, src_len, geometry, params):
         """The masks as one additive score bias broadcastable to (N, H, L, S'),
         S' = S plus the appended keys (allowed: bias 0); None without masks."""
-        heads = self.num_heads
+        heads = geometry.num_heads
         bias = None
         if attn_mask is not None:
             stacked = (n * heads, tgt_len, src_len)
@@ -391,7 +418,7 @@ class MultiheadAttention(Module):
                                   f"{shape} ({'(N, S)' if batched else '(S,)'})")
             padding = mask.reshape(n, 1, 1, src_len)
             bias = padding if bias is None else bias + padding
-        extra = (self.bias_k is not None) + self.add_zero_attn
+        extra = (params["bias_k"] is not None) + geometry.zero_attn
         if bias is not None and extra:
             bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
         return bias
@@ -409,47 +436,25 @@ class MultiheadAttention(Module):
             raise ValueError(f"{name}: expected shape {expected}, got {mask.shape}")
         return np.where(mask, -np.inf, 0.0).astype(self.dtype) if mask.dtype.kind == "b" else mask.astype(self.dtype)
 
-    def _project(self, inputs, params):
+    def _project(self, inputs, params, geometry):
         """The Q, K, V projections of the batch-first inputs split into heads,
         (N, H, L or S', head_dim), with bias_k / bias_v and then the zero key /
         value appended after the S keys / values."""
-        e = self.embed_dim
+        e = geometry.embed_dim
         biases = ((None,) * 3 if params["in_proj_bias"] is None else
                   tuple(params["in_proj_bias"][i * e:(i + 1) * e] for i in range(3)))
-        q, k, v = (linear(x, w, b) for x, w, b in zip(inputs, self._in_weights(params), biases))
+        q, k, v = (linear(x, w, b) for x, w, b in zip(inputs, _in_weights(params, geometry), biases))
         n = q.shape[0]
         keys, values = [k], [v]
         if params["bias_k"] is not None:
             keys.append(np.broadcast_to(params["bias_k"], (n, 1, e)))
             values.append(np.broadcast_to(params["bias_v"], (n, 1, e)))
-        if self.add_zero_attn:
+        if geometry.zero_attn:
             keys.append(np.zeros((n, 1, e), self.dtype))
             values.append(np.zeros((n, 1, e), self.dtype))
         if len(keys) > 1:
             k, v = np.concatenate(keys, axis=1), np.concatenate(values, axis=1)
-        return tuple(self._split_heads(t) for t in (q, k, v))
-
-    def _split_heads(self, t):
-        """(N, T, E) -> (N, H, T, head_dim), a view."""
-        n, length, _ = t.shape
-        return t.reshape(n, length, self.num_heads, self.head_dim).swapaxes(1, 2)
-
-    def _merge_heads(self, t):
-        """(N, H, T, head_dim) -> (N, T, E), a C-contiguous copy."""
-        n, _, length, _ = t.shape
-        return np.ascontiguousarray(t.swapaxes(1, 2)).reshape(n, length, self.embed_dim)
-
-    def _to_layout(self, t, batched):
-        """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E)."""
-        if not batched:
-            return t[0]
-        return t if self.batch_first else np.ascontiguousarray(t.swapaxes(0, 1))
-
-    def _from_layout(self, t, batched):
-        """The caller's layout -> (N, T, E), a view."""
-        if not batched:
-            return t[np.newaxis]
-        return t if self.batch_first else t.swapaxes(0, 1)
+        return tuple(_split_heads(t, geometry) for t in (q, k, v))
 
     # -- backward --------------------------------------------------------------
     def backward(self, grad_output):
@@ -503,13 +508,13 @@ class MultiheadAttention(Module):
         """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
-        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes) = state
-        grad_out = self._from_layout(grad_output, batched)
+        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes, geometry) = state
+        grad_out = _from_layout(grad_output, batched, geometry)
         grad_merged, grad_w_out, grad_b_out = linear_backward(
-            grad_out, self._merge_heads(out_heads), params["out_proj.weight"],
+            grad_out, _merge_heads(out_heads), params["out_proj.weight"],
             need_bias_grad=params["out_proj.bias"] is not None)
-        grad_q, grad_k, grad_v = (self._merge_heads(g) for g in scaled_dot_product_attention_backward(
-            self._split_heads(grad_merged), q, k, v, out_heads, lse, is_causal=causal, dropout_p=p,
+        grad_q, grad_k, grad_v = (_merge_heads(g) for g in scaled_dot_product_attention_backward(
+            _split_heads(grad_merged, geometry), q, k, v, out_heads, lse, is_causal=causal, dropout_p=p,
             attn_bias=bias, seed=seed))
         src_len = inputs[1].shape[1]
         grads = {}
@@ -519,22 +524,49 @@ class MultiheadAttention(Module):
             grads["bias_v"] = _widened(grad_v[:, src_len:src_len + 1]).sum(axis=0, keepdims=True).astype(grad_v.dtype)
         need_bias = params["in_proj_bias"] is not None
         projected = [linear_backward(g[:, :x.shape[1]], x, w, need_bias_grad=need_bias)  # appended rows dropped
-                     for g, x, w in zip((grad_q, grad_k, grad_v), inputs, self._in_weights(params))]
+                     for g, x, w in zip((grad_q, grad_k, grad_v), inputs, _in_weights(params, geometry))]
         grad_inputs = [part[0] for part in projected]
-        if self._qkv_same_embed_dim:
+        if not geometry.separate:
             grads["in_proj_weight"] = np.concatenate([part[1] for part in projected])
         else:
             grads.update(zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), (part[1] for part in projected)))
         if need_bias:
             grads["in_proj_bias"] = np.concatenate([part[2] for part in projected])
         grads["out_proj.weight"], grads["out_proj.bias"] = grad_w_out, grad_b_out
-        grad_query, grad_key, grad_value = (self._to_layout(g, batched) for g in grad_inputs)
+        grad_query, grad_key, grad_value = (_to_layout(g, batched, geometry) for g in grad_inputs)
         return (self._finish_backward(state, grads, grad_query), grad_key.astype(grad_dtypes[0], copy=False),
                 grad_value.astype(grad_dtypes[1], copy=False))
 
-    def _in_weights(self, params):
-        """The Q, K, V projection weights of `params`: row blocks of in_proj_weight, or the three."""
-        if self._qkv_same_embed_dim:
-            e = self.embed_dim
-            return tuple(params["in_proj_weight"][i * e:(i + 1) * e] for i in range(3))
-        return tuple(params[name] for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
+
+def _in_weights(params, geometry):
+    """The Q, K, V projection weights of `params`: row blocks of in_proj_weight, or the three."""
+    if not geometry.separate:
+        e = geometry.embed_dim
+        return tuple(params["in_proj_weight"][i * e:(i + 1) * e] for i in range(3))
+    return tuple(params[name] for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
+
+
+def _split_heads(t, geometry):
+    """(N, T, E) -> (N, H, T, head_dim), a view."""
+    n, length, _ = t.shape
+    return t.reshape(n, length, geometry.num_heads, geometry.head_dim).swapaxes(1, 2)
+
+
+def _merge_heads(t):
+    """(N, H, T, head_dim) -> (N, T, H * head_dim), a C-contiguous copy."""
+    n, heads, length, head_dim = t.shape
+    return np.ascontiguousarray(t.swapaxes(1, 2)).reshape(n, length, heads * head_dim)
+
+
+def _to_layout(t, batched, geometry):
+    """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E)."""
+    if not batched:
+        return t[0]
+    return t if geometry.batch_first else np.ascontiguousarray(t.swapaxes(0, 1))
+
+
+def _from_layout(t, batched, geometry):
+    """The caller's layout -> (N, T, E), a view."""
+    if not batched:
+        return t[np.newaxis]
+    return t if geometry.batch_first else t.swapaxes(0, 1)

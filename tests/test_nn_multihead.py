@@ -462,6 +462,28 @@ def test_backward_protocol():
         am.backward(g)
 
 
+@pytest.mark.parametrize("change", [{"batch_first": True}, {"num_heads": 1, "head_dim": 4},
+                                    {"embed_dim": 6, "head_dim": 3}, {"add_zero_attn": True}],
+                         ids=["batch_first", "num_heads", "embed_dim", "add_zero_attn"])
+def test_backward_uses_the_forward_sizes_and_layout(change):
+    """Sizes and flags changed between a forward and its backward: the backward
+    read them again, and with L == N a toggled batch_first read grad_output in
+    the other layout, giving wrong gradients silently (grad_query off by 0.58);
+    other sizes raised NumPy's reshape error. The backward now computes with
+    the forward's, as an untouched twin module does."""
+    x = np.random.default_rng(27).standard_normal((3, 3, 4))  # L == N
+    grad_output = np.random.default_rng(28).standard_normal((3, 3, 4))
+    changed, twin = (MultiheadAttention(4, 2, dtype=np.float64, rng=np.random.default_rng(29)) for _ in range(2))
+    changed(x, x, x)
+    twin(x, x, x)
+    for name, value in change.items():
+        setattr(changed, name, value)
+    for got, expected in zip(changed.backward(grad_output), twin.backward(grad_output)):
+        np.testing.assert_array_equal(got, expected)
+    for (name, got), (_, expected) in zip(changed.named_grads(), twin.named_grads()):
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
 def test_backward_gradient_dtypes():
     """Each gradient in its input's floating dtype, else the module's."""
     am = MultiheadAttention(E, HEADS, dtype=np.float64, rng=np.random.default_rng(25))
