@@ -163,11 +163,17 @@ class Optimizer:
             Naming the setting, for a hyper-parameter attribute set to
             something that is not a real number; naming the entry, with
             no parameter updated, for an entry of `state` set to a value
-            of another kind (not a dict, an array or an int).
+            of another kind (not a dict, an array or an int); naming the
+            attribute, for `module` or `state` set to something that is
+            not an attnc.Module or a dict.
         NotImplementedError
             On the base class, which has no update rule.
         """
         self._check_settings()
+        if not isinstance(self.module, Module):
+            raise TypeError(f"module: expected an attnc.Module, got {type(self.module).__name__}")
+        if not isinstance(self.state, dict):
+            raise TypeError(f"state: expected a dict of parameter names to dicts, got {type(self.state).__name__}")
         triples = [(name, param, grad) for (name, param), (_, grad)
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         for name, param, _ in triples:
@@ -206,9 +212,9 @@ class Optimizer:
         (`_state_counts`) are ints >= 0 (with counts, all of them or none). Else
         TypeError (a wrong kind) or ValueError naming the entry; checked for every
         parameter before any is updated."""
-        state = self.state.get(name)
-        if state is None:
+        if name not in self.state:
             return
+        state = self.state[name]
         where = f"state[{name!r}]"
         if not isinstance(state, dict):
             raise TypeError(f"{where}: expected a dict, got {type(state).__name__}")

@@ -242,14 +242,28 @@ def test_a_bad_state_entry_raises_naming_it_before_any_update(case, entry, make,
     assert_step_refused(module, opt, error, f"state[{last!r}][{entry!r}]:")
 
 
-@pytest.mark.parametrize("edit, error", [("not-a-dict", TypeError), ("missing-step", ValueError)])
-def test_a_bad_state_dict_raises_naming_it_before_any_update(edit, error):
-    module, opt, last, _ = stepped_once("AdamW", 6)
-    if edit == "not-a-dict":
-        opt.state[last] = 3
-    else:
+@pytest.mark.parametrize("case, edit, error", [
+    ("AdamW", "not-a-dict", TypeError), ("AdamW", "None", TypeError), ("AdamW", "missing-step", ValueError),
+    ("SGD-momentum-decay", "not-a-dict", TypeError), ("SGD-momentum-decay", "None", TypeError)])
+def test_a_bad_state_dict_raises_naming_it_before_any_update(case, edit, error):
+    """(None had been taken for an absent state: the update then failed on it with an
+    AttributeError after updating the parameters before it.)"""
+    module, opt, last, _ = stepped_once(case, 6)
+    if edit == "missing-step":
         del opt.state[last]["step"]
+    else:
+        opt.state[last] = 3 if edit == "not-a-dict" else None
     assert_step_refused(module, opt, error, f"state[{last!r}]:")
+
+
+@pytest.mark.parametrize("attribute, value", [("state", None), ("state", []), ("state", "abc"), ("module", None)])
+def test_the_optimizers_attributes_replaced_raise_naming_them(attribute, value):
+    module, opt, _, _ = stepped_once("AdamW", 7)
+    setattr(opt, attribute, value)
+    with pytest.raises(TypeError, match=f"^{attribute}: "):
+        opt.step()
+    for pname, p in module.named_parameters():  # nothing updated
+        np.testing.assert_array_equal(p, dict(stepped_once("AdamW", 7)[0].named_parameters())[pname], err_msg=pname)
 
 
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
