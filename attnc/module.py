@@ -6,6 +6,7 @@ import contextvars
 import functools
 import math
 import threading
+import weakref
 
 import numpy as np
 
@@ -16,6 +17,21 @@ from .functional import linear_backward
 
 # _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
 _FINISH_LOCK = threading.Lock()
+
+# __setstate__'s conversions of unpickled parameters: (id of the unpickled array, dtype) -> (weak
+# references to it and to its conversion). A tied parameter is one unpickled array in the states of
+# several modules (pickle keeps objects' identity); each converting it alone (a read-only out-of-band
+# buffer is copied) untied it. Weak: an entry goes with its unpickled array (_forget) and is checked
+# to refer to the very array (an id is reused once its array is gone).
+_UNPICKLED_LOCK = threading.RLock()  # (re-entered by _forget when a collection runs inside it)
+_unpickled_conversions = {}
+
+
+def _forget(key, dead):
+    """The weak reference `dead` to an unpickled array died: its entry goes."""
+    with _UNPICKLED_LOCK:
+        if _unpickled_conversions.get(key, (None,))[0] is dead:
+            del _unpickled_conversions[key]
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -199,12 +215,27 @@ class Module:
 
     def __setstate__(self, state):
         """Unpickling sets attributes without __setattr__: convert the
-        parameters here (out-of-band buffers may be read-only or unaligned)."""
+        parameters here (out-of-band buffers may be read-only or unaligned),
+        an array shared by several modules' states once (_unpickled_conversions)."""
         self.__dict__.update(state)
         for name in self._parameters:
-            self.__dict__[name] = self._as_parameter(name, self.__dict__[name])
+            self.__dict__[name] = self._unpickled_parameter(name, self.__dict__[name])
         for name, (grad, made_for) in self._grads.items():  # gradient buffers writable again
             self._grads[name] = np.require(grad, requirements="CAW"), made_for
+
+    def _unpickled_parameter(self, name, value):
+        if not isinstance(value, np.ndarray):
+            return self._as_parameter(name, value)
+        key = id(value), self.dtype
+        with _UNPICKLED_LOCK:
+            original, converted = _unpickled_conversions.get(key, (None, None))
+            result = converted() if original is not None and original() is value else None
+            if result is None:
+                result = self._as_parameter(name, value)
+                if result is not value:  # a copy: the next module given this array gets the same
+                    _unpickled_conversions[key] = weakref.ref(value, functools.partial(_forget, key)), \
+                        weakref.ref(result)
+            return result
 
     def register_parameter(self, name, value):
         """Register a parameter: the attribute `name`, set to `value`.

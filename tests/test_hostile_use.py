@@ -468,6 +468,26 @@ def test_pickle_protocol_5_out_of_band(model, kind, dtype):
     np.testing.assert_array_equal(m(x), expected[0])  # the original is untouched
 
 
+@pytest.mark.parametrize("kind", ["bytes", "unaligned", "bytearray", "in band"])
+def test_a_tied_parameter_stays_tied_through_pickle(kind):
+    """Each module converted its unpickled parameters alone: one read-only out-of-band
+    buffer shared by two modules became two copies, the tie lost (parameters() listed
+    one more, and a step moved the two apart)."""
+    m = attnc.SelfAttentionV1(DIM, rng=np.random.default_rng(9))
+    m.K_proj.weight = m.Q_proj.weight
+    buffers = []
+    if kind == "in band":
+        loaded = pickle.loads(pickle.dumps(m, protocol=5))
+    else:
+        loaded = pickle.loads(pickle.dumps(m, protocol=5, buffer_callback=buffers.append),
+                              buffers=_buffers(kind, buffers))
+    assert loaded.K_proj.weight is loaded.Q_proj.weight
+    assert len(list(loaded.parameters())) == len(list(m.parameters()))
+    for key, value in loaded.named_parameters():
+        assert _is_clean(value, np.dtype(np.float32)), key
+        np.testing.assert_array_equal(value, dict(m.named_parameters())[key], err_msg=key)
+
+
 def test_pickle_round_trip_in_band():
     m = attnc.SelfAttentionV3(DIM, rng=np.random.default_rng(8)).eval()
     loaded = pickle.loads(pickle.dumps(m, protocol=5))
