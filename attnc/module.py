@@ -746,6 +746,9 @@ class Module:
                              f"got {np.shape(grad_output)}")
         for key, (array, layout) in used.items():
             owner, name = self._owner_of(key)
+            if not hasattr(owner, name):
+                raise RuntimeError(f"{key}: the parameter was deleted after the forward; assign it again and "
+                                   "run the forward again before backward")
             if getattr(owner, name) is not array:
                 raise RuntimeError(f"{key} was replaced after the forward; its gradient would not match. "
                                    "Run the forward again before backward")
@@ -900,6 +903,8 @@ class Linear(Module):
             If `x` is complex, object or string.
         """
         weight, bias = self.weight, self.bias
+        if weight is None:  # (only the bias may be absent)
+            raise TypeError("weight: expected an array of shape (out_features, in_features), got None")
         if not self.training:
             return _C.linear(x, weight, bias, dtype=self.dtype)
         values = as_array(x, "x")  # read once, for the forward and its backward alike
