@@ -445,6 +445,7 @@ class _Grouped:
         # the forward's out is (batch, H, L, Ev), lse (batch, H, L)
         batch = _broadcast_shape(query.shape[:-3], key.shape[:-3], value.shape[:-3])
         self.result_shape = None if batch is None else batch + (heads, query.shape[-2], value.shape[-1])
+        scores = None if batch is None else batch + (heads, query.shape[-2], key.shape[-2])
         masks = []
         for name, array in (("attn_mask", attn_mask), ("attn_bias", attn_bias)):
             if array is not None:
@@ -452,6 +453,9 @@ class _Grouped:
                 if array.ndim >= 3 and array.shape[-3] not in (1, heads):
                     raise ValueError(f"{name}: its heads axis (-3) has {array.shape[-3]} entries; expected 1 or "
                                      f"the query's {heads}")
+                # named in the caller's terms here (the C layer would name the grouped view's shapes)
+                if scores is not None and (array.ndim > len(scores) or _broadcast_shape(array.shape, scores) != scores):
+                    raise ValueError(f"{name}: shape {array.shape} does not broadcast to the scores' shape {scores}")
             masks.append(self.split_heads(array, 2, name) if array is not None and array.ndim >= 3 else array)
         self.inputs = (self.split_heads(query, 2, "query"), self._shared(key, "key"), self._shared(value, "value"),
                        *masks)

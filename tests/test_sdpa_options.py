@@ -333,6 +333,23 @@ ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("name, shape", [("attn_mask", (2, 8, 5, 6)), ("attn_bias", (8, 5, 6)),
+                                         ("attn_mask", (3, 2, 8, 5, 7))])
+def test_gqa_names_a_mask_that_does_not_fit_by_the_callers_shapes(name, shape):
+    """A mask or bias that does not broadcast to the scores, with enable_gqa, was named by
+    the grouped views' shapes ("(2, 2, 4, 5, 6) does not broadcast to ... (2, 2, 4, 5, 7)",
+    a review): now by the caller's, the message the same call gives without grouping."""
+    rng = np.random.default_rng(0)
+    q, k = normal(rng, (2, 8, 5, 16), np.float32), normal(rng, (2, 2, 7, 16), np.float32)
+    mask = np.ones(shape, bool) if name == "attn_mask" else np.zeros(shape, np.float32)
+    with pytest.raises(ValueError) as ungrouped:
+        F.scaled_dot_product_attention(q, np.repeat(k, 4, axis=1), np.repeat(k, 4, axis=1), **{name: mask})
+    with pytest.raises(ValueError) as grouped:
+        F.scaled_dot_product_attention(q, k, k, enable_gqa=True, **{name: mask})
+    assert str(grouped.value) == str(ungrouped.value)
+    assert str(grouped.value).startswith(f"{name}: shape {shape} does not broadcast to the scores' shape (2, 8, 5, 7)")
+
+
 @pytest.mark.parametrize("wrong", ["query", "grad_out", "lse"])
 def test_gqa_names_an_object_input_with_a_type_error(wrong):
     """Regression (review): with enable_gqa, a None (object) query, grad_out or lse raised
