@@ -71,11 +71,26 @@ def flag(value, name):
         raise type(error)(f"{name}: {error}") from error
 
 
+def is_a_bool(value):
+    """Whether `value` is a bool: Python's, or anything of a bool dtype (NumPy's
+    bool scalars and arrays, a torch bool tensor), which convert to 0 and 1 as
+    numbers do (the C layer's is_a_bool)."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    if type(value) in (int, float):
+        return False
+    try:
+        dtype = value.dtype
+        return dtype.kind == "b" if isinstance(dtype, np.dtype) else str(dtype) == "torch.bool"
+    except Exception:  # no dtype (or one whose reading raises): not a bool
+        return False
+
+
 def integer(value, name):
     """`value` as an int, through __index__; a bool is refused (True where a
     count, an axis or a seed belongs is a slip, as NumPy's axis holds)."""
     try:
-        if isinstance(value, bool):
+        if is_a_bool(value):
             raise TypeError
         return operator.index(value)
     except TypeError as error:

@@ -117,14 +117,39 @@ static void name_the_error(const char *name)
     Py_XDECREF(tb);
 }
 
-/* obj as a double: Python and NumPy numbers, not strings or bools. TypeError naming
- * `name` (expected `what`) otherwise; an int beyond the float range is a
- * ValueError. */
+/* Whether obj is a bool where a number or an integer belongs: Python's,
+ * or anything of a bool dtype (NumPy's bool scalars and arrays, a torch
+ * bool tensor), which convert to 0 and 1 as numbers do. scale=False where
+ * the forward's order puts is_causal, or dropout=np.array(True), is a
+ * slip, not a scale of 0 or a probability of 1. */
+static int is_a_bool(PyObject *obj)
+{
+    if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) return 1;
+    if (PyLong_CheckExact(obj) || PyFloat_CheckExact(obj)) return 0; /* the usual numbers, at once */
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    if (!dtype) {
+        PyErr_Clear(); /* no dtype: not a bool (the conversion names what it is) */
+        return 0;
+    }
+    int is_bool;
+    if (PyArray_DescrCheck(dtype)) {
+        is_bool = ((PyArray_Descr *)dtype)->kind == 'b';
+    } else {
+        PyObject *text = PyObject_Str(dtype);
+        is_bool = text && PyUnicode_Check(text) && PyUnicode_CompareWithASCIIString(text, "torch.bool") == 0;
+        Py_XDECREF(text);
+        PyErr_Clear();
+    }
+    Py_DECREF(dtype);
+    return is_bool;
+}
+
+/* obj as a double: Python and NumPy numbers, not strings or bools
+ * (is_a_bool). TypeError naming `name` (expected `what`) otherwise; an int
+ * beyond the float range is a ValueError. */
 static int as_double(PyObject *obj, const char *name, const char *what, double *out)
 {
-    /* (a bool, as in as_long: scale=False where the forward's order puts
-     * is_causal is a slip, not a scale of 0) */
-    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !PyBool_Check(obj) && !PyArray_IsScalar(obj, Bool)) {
+    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !is_a_bool(obj)) {
         *out = PyFloat_AsDouble(obj);
         if (!(*out == -1.0 && PyErr_Occurred())) return 1;
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
@@ -185,10 +210,11 @@ static int scale_fits(double scale, attnc_dtype dt)
 }
 
 /* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow.
- * A bool is refused: True where a count or an axis belongs is a slip. */
+ * A bool is refused (is_a_bool): True where a count or an axis belongs is
+ * a slip. */
 static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
 {
-    PyObject *index = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
+    PyObject *index = is_a_bool(obj) ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
         PyErr_Clear();
@@ -235,7 +261,7 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
 static int seed_argument(PyObject *obj, uint64_t *seed)
 {
     if (obj == Py_None) return 1;
-    PyObject *index = PyBool_Check(obj) ? NULL : PyNumber_Index(obj);
+    PyObject *index = is_a_bool(obj) ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* __index__'s own */
         PyErr_Clear();

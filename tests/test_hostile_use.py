@@ -20,6 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import attnc
 from attnc import functional as F
@@ -524,23 +525,33 @@ def test_functional_errors_start_with_the_argument():
         assert str(info.value).startswith(name + ":"), str(info.value)
 
 
-def test_a_bool_is_not_an_integer_argument(restore_threads):
+# A bool as Python, NumPy (scalar, 0-d and 1-element arrays) and torch give it: each
+# converts to 0 or 1 as a number does (np.array(True) and torch.tensor(True) had passed
+# the checks that refused True and np.True_: a review helper, 2026-11-30).
+BOOLS = {"python": lambda truth: truth, "numpy scalar": np.bool_, "numpy 0-d": np.array,
+         "numpy 1-element": lambda truth: np.array([truth]), "torch": lambda truth: torch.tensor(truth)}
+
+
+@pytest.mark.parametrize("kind", list(BOOLS))
+def test_a_bool_is_not_an_integer_argument(kind, restore_threads):
     # True where a count, an axis, a window side or a seed belongs is a slip
     # (NumPy refuses a bool axis, torch a bool dim): set_num_threads(True),
     # manual_seed(True), F.softmax(axis=True) and Linear(True, 2) used to run
     # as 1 (a review helper, 2026-11-24)
     q = np.ones((2, 3))
+    true, false = BOOLS[kind](True), BOOLS[kind](False)
     cases = [
-        (lambda: attnc.set_num_threads(True), "n"),
-        (lambda: attnc.manual_seed(True), "manual_seed: n="),
-        (lambda: attnc.manual_seed(np.bool_(False)), "manual_seed: n="),
-        (lambda: F.softmax(q, axis=True), "axis"),
-        (lambda: F.softmax_backward(q, q, axis=True), "axis"),
-        (lambda: F.scaled_dot_product_attention(q, q, q, window=(True, 1)), "window"),
-        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=True), "seed"),
-        (lambda: attnc.Linear(True, 2), "in_features"),
-        (lambda: attnc.MultiHeadAttention(4, True), "head_num"),
-        (lambda: attnc.nn.MultiheadAttention(4, num_heads=True), "num_heads"),
+        (lambda: attnc.set_num_threads(true), "n"),
+        (lambda: attnc.manual_seed(true), "manual_seed: n="),
+        (lambda: attnc.manual_seed(false), "manual_seed: n="),
+        (lambda: F.softmax(q, axis=true), "axis"),
+        (lambda: F.softmax_backward(q, q, axis=true), "axis"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, window=(true, 1)), "window"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=true), "seed"),
+        (lambda: attnc.Linear(true, 2), "in_features"),
+        (lambda: attnc.MultiHeadAttention(4, true), "head_num"),
+        (lambda: attnc.nn.MultiheadAttention(4, num_heads=true), "num_heads"),
+        (lambda: attnc.nn.MultiheadAttention(true, 1), "embed_dim"),
     ]
     before = attnc.get_num_threads()
     for call, name in cases:
@@ -550,7 +561,8 @@ def test_a_bool_is_not_an_integer_argument(restore_threads):
     assert attnc.get_num_threads() == before
 
 
-def test_a_bool_is_not_a_number_argument():
+@pytest.mark.parametrize("kind", list(BOOLS))
+def test_a_bool_is_not_a_number_argument(kind):
     # scale=False ran as a scale of 0 (uniform weights), scale=True as 1: the
     # backward's positional order (attn_mask, is_causal, scale, dropout_p)
     # differs from the forward's (attn_mask, dropout_p, is_causal, scale), so
@@ -560,14 +572,17 @@ def test_a_bool_is_not_a_number_argument():
     q = np.ones((2, 3, 4))
     out, lse = F.scaled_dot_product_attention(q, q, q, return_lse=True)
     bwd = F.scaled_dot_product_attention_backward
+    true, false = BOOLS[kind](True), BOOLS[kind](False)
     cases = [
-        (lambda: F.scaled_dot_product_attention(q, q, q, scale=False), "scale"),
-        (lambda: F.scaled_dot_product_attention(q, q, q, scale=np.bool_(True)), "scale"),
-        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=True), "dropout_p"),
-        (lambda: bwd(out, q, q, q, out, lse, None, 0.0, False), "scale"),
-        (lambda: bwd(out, q, q, q, out, lse, scale=True), "scale"),
-        (lambda: attnc.Dropout(True), "p"),
-        (lambda: attnc.MultiHeadAttention(4, 2, dropout=True), "dropout"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, scale=false), "scale"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, scale=true), "scale"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=true), "dropout_p"),
+        (lambda: bwd(out, q, q, q, out, lse, None, 0.0, false), "scale"),
+        (lambda: bwd(out, q, q, q, out, lse, scale=true), "scale"),
+        (lambda: bwd(out, q, q, q, out, lse, dropout_p=true), "dropout_p"),
+        (lambda: attnc.Dropout(true), "p"),
+        (lambda: attnc.MultiHeadAttention(4, 2, dropout=true), "dropout"),
+        (lambda: attnc.nn.MultiheadAttention(4, 2, dropout=true), "dropout"),
     ]
     for call, name in cases:
         with pytest.raises(TypeError) as info:
