@@ -1121,7 +1121,10 @@ def test_gqa_on_as_many_axes_as_numpy_allows_names_the_argument(name):
     arrays = {"query": q, "key": k, "attn_mask": mask}
     deep = dict(arrays)
     deep[name] = arrays[name].reshape((1,) * (64 - arrays[name].ndim) + arrays[name].shape)
-    with pytest.raises(ValueError, match=f"^{name}: enable_gqa views it with its heads axis split in two"):
+    # (a mask on more axes than the scores does not broadcast to them, as without grouping)
+    expected = (r"attn_mask: shape \(1, 1, .* does not broadcast to the scores' shape \(4, 3, 5\)"
+                if name == "attn_mask" else f"{name}: enable_gqa views it with its heads axis split in two")
+    with pytest.raises(ValueError, match="^" + expected):
         F.scaled_dot_product_attention(deep["query"], deep["key"], deep["key"] if name == "key" else k,
                                        attn_mask=deep["attn_mask"], enable_gqa=True)
     fewer = {key: a.reshape((1,) * (63 - a.ndim) + a.shape) for key, a in arrays.items()}  # all on 63 axes
