@@ -224,6 +224,8 @@ class Module:
             self._grads[name] = np.require(grad, requirements="CAW"), made_for
 
     def _unpickled_parameter(self, name, value):
+        """`value` unpickled as parameter `name`, converted (_as_parameter);
+        an array another module converted already, that module's conversion."""
         if not isinstance(value, np.ndarray):
             return self._as_parameter(name, value)
         key = id(value), self.dtype
