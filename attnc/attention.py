@@ -101,8 +101,8 @@ class _Attention(Module):
         -------
         ndarray
             The gradient with respect to the forward's `x`: `x`'s shape,
-            and `x`'s dtype when `x` was a floating array (as torch's
-            ``x.grad``), else the module's.
+            and `x`'s dtype when `x` was a floating array of 16 bits or
+            more (as torch's ``x.grad``), else the module's.
 
         Raises
         ------

@@ -715,8 +715,8 @@ class Module:
     def _keep_for_backward(self, state, output_shape, x, params=None):
         """What this training-mode forward's backward needs (replacing any
         earlier forward's), with the shape its grad_output must have, the
-        dtype of the gradient it returns (x's when x is a floating array, as
-        torch's x.grad, else the module's), and the parameters the forward
+        dtype of the gradient it returns (_grad_dtype: x's when x is a floating
+        array of 16 bits or more, as torch's x.grad, else the module's), and the parameters the forward
         used ({dotted name: array or None}) with their shapes and dtypes, and
         the module dtype. A parameter that is not an ndarray (a list put in
         the instance dict, which a forward converts) has no gradient buffer
@@ -933,8 +933,8 @@ class Linear(Module):
         -------
         ndarray, shape (..., in_features)
             The gradient with respect to the forward's `x`: `x`'s shape,
-            and `x`'s dtype when `x` was a floating array (as torch's
-            ``x.grad``), else the module's.
+            and `x`'s dtype when `x` was a floating array of 16 bits or
+            more (as torch's ``x.grad``), else the module's.
 
         Raises
         ------
@@ -1072,7 +1072,7 @@ class Dropout(Module):
         -------
         ndarray
             The forward input's shape; its dtype when it was a floating
-            array, else the module's.
+            array of 16 bits or more, else the module's.
 
         Raises
         ------

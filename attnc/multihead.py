@@ -478,8 +478,8 @@ class MultiheadAttention(Module):
         -------
         grad_query, grad_key, grad_value : ndarray
             Always three arrays, each of its input's shape and dtype (the
-            input's own when it was a floating array, as torch's
-            ``.grad``, else the module's). For self-attention,
+            input's own when it was a floating array of 16 bits or more,
+            as torch's ``.grad``, else the module's). For self-attention,
             ``mha(x, x, x)``, the gradient with respect to `x` is their
             sum.
 
