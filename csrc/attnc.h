@@ -107,7 +107,10 @@ typedef struct {
 typedef struct attnc_call {
     attnc_interrupt_hook hook;
     atomic_int stop;
-    long long next_poll_ns;
+    long long next_poll_ns;   /* the caller's clock: when to poll the hook next, */
+    long long last_clock_ns;  /* when it last read the clock, */
+    int questions;            /* questions since, */
+    int questions_per_clock;  /* and how many to let pass between readings */
     struct attnc_call *outer; /* the call this one runs inside (a Python signal */
     int outer_is_caller;      /* handler's, run by the outer call's hook), or NULL */
     int forked;               /* 1 in a child forked mid-job (stopped: the parent's */

@@ -14,17 +14,29 @@
 
 /* Ctrl-C should stop a call within a fraction of the 0.2 s users notice. */
 #define POLL_INTERVAL_NS 20000000LL
-/* Reading the clock costs about as much as a short row: look at it only
- * every this many questions. */
-#define QUESTIONS_PER_CLOCK 16
+/* A question may come after as little work as a short row or after
+ * milliseconds of it (a key tile for a thousand queries; many times that
+ * under a sanitizer or on a loaded CPU). The caller reads the clock (Linux's
+ * coarse one: about 10 ns, in ticks of a few ms) every questions_per_clock
+ * questions: doubled while readings come less than CLOCK_GAP_NS apart (up
+ * to MAX_QUESTIONS_PER_CLOCK), halved while they come further apart. The
+ * clock then costs a negligible share of the work, and a poll comes at
+ * most a few ms and one question late. */
+#define CLOCK_GAP_NS 1000000LL
+#define MAX_QUESTIONS_PER_CLOCK 4096
+#ifdef CLOCK_MONOTONIC_COARSE
+#define POLL_CLOCK CLOCK_MONOTONIC_COARSE
+#else
+#define POLL_CLOCK CLOCK_MONOTONIC
+#endif
 
 static _Thread_local attnc_call *current;
-static _Thread_local int is_caller, questions;
+static _Thread_local int is_caller;
 
 static long long now_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(POLL_CLOCK, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
@@ -33,7 +45,10 @@ void attnc_call_begin(attnc_call *call, const attnc_interrupt_hook *hook)
     call->hook = hook && hook->poll ? *hook : (attnc_interrupt_hook){NULL, NULL};
     atomic_store(&call->stop, 0);
     call->forked = 0;
-    call->next_poll_ns = now_ns() + POLL_INTERVAL_NS;
+    call->last_clock_ns = now_ns();
+    call->next_poll_ns = call->last_clock_ns + POLL_INTERVAL_NS;
+    call->questions = 0;
+    call->questions_per_clock = 1;
     call->outer = current;
     call->outer_is_caller = is_caller;
     current = call;
@@ -63,8 +78,15 @@ int attnc_interrupted(void)
     attnc_call *call = current;
     if (!call) return 0;
     if (atomic_load_explicit(&call->stop, memory_order_relaxed)) return 1;
-    if (!is_caller || !call->hook.poll || ++questions % QUESTIONS_PER_CLOCK) return 0;
+    if (!is_caller || !call->hook.poll || ++call->questions < call->questions_per_clock) return 0;
+    call->questions = 0;
     long long t = now_ns();
+    if (t - call->last_clock_ns < CLOCK_GAP_NS) {
+        if (call->questions_per_clock < MAX_QUESTIONS_PER_CLOCK) call->questions_per_clock *= 2;
+    } else if (call->questions_per_clock > 1) {
+        call->questions_per_clock /= 2;
+    }
+    call->last_clock_ns = t;
     if (t < call->next_poll_ns) return 0;
     if (call->hook.poll(call->hook.ctx)) atomic_store(&call->stop, 1);
     call->next_poll_ns = now_ns() + POLL_INTERVAL_NS;

@@ -352,6 +352,48 @@ def test_sigint_skips_the_weights_rows_left():
     assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
 
 
+
+def test_sigint_is_one_slow_question_late_not_sixteen():
+    """The caller read the clock only every 16th question (a key tile, or a
+    row), so when questions were slow (a head of 16384: 19 ms each here, far
+    more under ASan on a loaded CPU) Ctrl-C came 7-10 of them late. The
+    clock is now read more often as questions take longer: about two
+    questions' time, whatever they cost (interrupt.c)."""
+    out = _run_child("""
+        import os, signal, threading, time
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        attnc.set_num_threads(1)  # the caller's questions only: no worker's to wait for
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 1, 768, 16384), dtype=np.float32)
+        k = rng.standard_normal((1, 1, 4096, 16384), dtype=np.float32)
+        # one question's work: one query tile (96 rows) against one key tile (192 keys)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(q[..., :96, :], k[..., :192, :], k[..., :192, :])
+            times.append(time.perf_counter() - start)
+        question = min(times)
+        for _ in range(4):
+            sent = []
+            def interrupt():
+                time.sleep(0.03)
+                sent.append(time.perf_counter())
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Thread(target=interrupt, daemon=True).start()
+            try:
+                F.scaled_dot_product_attention(q, k, k)
+            except KeyboardInterrupt:
+                print("questions", (time.perf_counter() - sent[0]) / question)
+            else:
+                raise SystemExit("the call ended without an interrupt")
+    """, timeout=300)
+    late = [float(line.split()[1]) for line in out.splitlines() if line.startswith("questions")]
+    assert len(late) == 4 and max(late) < 4, f"KeyboardInterrupt {max(late):.1f} questions' time after SIGINT"
+
+
 # ============================================================================
 # finding 5: extra memory bounded by max(64 MiB, 2 x (inputs + outputs))
 
