@@ -18,12 +18,13 @@
  * milliseconds of it (a key tile for a thousand queries; many times that
  * under a sanitizer or on a loaded CPU). The caller reads the clock (Linux's
  * coarse one: about 10 ns, in ticks of a few ms) every questions_per_clock
- * questions: doubled while readings come less than CLOCK_GAP_NS apart (up
- * to MAX_QUESTIONS_PER_CLOCK), halved while they come further apart. The
- * clock then costs a negligible share of the work, and a poll comes at
- * most a few ms and one question late. */
+ * questions: doubled, up to MAX_QUESTIONS_PER_CLOCK, while readings come
+ * less than CLOCK_GAP_NS apart, and back to 1 as soon as two come further
+ * apart. Cheap questions then pay a reading every 16, and slow ones are
+ * polled about one question late (at most 16 where a call turns from cheap
+ * questions to slow ones). */
 #define CLOCK_GAP_NS 1000000LL
-#define MAX_QUESTIONS_PER_CLOCK 4096
+#define MAX_QUESTIONS_PER_CLOCK 16
 #ifdef CLOCK_MONOTONIC_COARSE
 #define POLL_CLOCK CLOCK_MONOTONIC_COARSE
 #else
@@ -81,11 +82,10 @@ int attnc_interrupted(void)
     if (!is_caller || !call->hook.poll || ++call->questions < call->questions_per_clock) return 0;
     call->questions = 0;
     long long t = now_ns();
-    if (t - call->last_clock_ns < CLOCK_GAP_NS) {
-        if (call->questions_per_clock < MAX_QUESTIONS_PER_CLOCK) call->questions_per_clock *= 2;
-    } else if (call->questions_per_clock > 1) {
-        call->questions_per_clock /= 2;
-    }
+    if (t - call->last_clock_ns >= CLOCK_GAP_NS)
+        call->questions_per_clock = 1;
+    else if (call->questions_per_clock < MAX_QUESTIONS_PER_CLOCK)
+        call->questions_per_clock *= 2;
     call->last_clock_ns = t;
     if (t < call->next_poll_ns) return 0;
     if (call->hook.poll(call->hook.ctx)) atomic_store(&call->stop, 1);
