@@ -106,15 +106,17 @@ typedef struct {
  * workers that help it; the caller's (on its stack), opaque to it. */
 typedef struct attnc_call {
     attnc_interrupt_hook hook;
-    atomic_int stop;
-    long long next_poll_ns;   /* the caller's clock: when to poll the hook next, */
-    long long last_clock_ns;  /* when it last read the clock, */
-    int questions;            /* questions since, */
-    int questions_per_clock;  /* and how many to let pass between readings */
+    atomic_int stop;          /* read by every thread of the call at each question */
     struct attnc_call *outer; /* the call this one runs inside (a Python signal */
     int outer_is_caller;      /* handler's, run by the outer call's hook), or NULL */
     int forked;               /* 1 in a child forked mid-job (stopped: the parent's */
                               /* workers' tasks are not done there) */
+    /* the caller's alone, written at its questions: on a cache line of their
+     * own, so that the workers' reads of `stop` do not miss */
+    _Alignas(64) long long next_poll_ns; /* the caller's clock: when to poll the hook next, */
+    long long last_clock_ns;             /* when it last read the clock, */
+    int questions;                       /* questions since, */
+    int questions_per_clock;             /* and how many to let pass between readings */
 } attnc_call;
 
 /* Bracket one call on the calling thread, with its state in *call; hook

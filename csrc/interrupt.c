@@ -19,10 +19,11 @@
  * under a sanitizer or on a loaded CPU). The caller reads the clock (Linux's
  * coarse one: about 10 ns, in ticks of a few ms) every questions_per_clock
  * questions: doubled, up to MAX_QUESTIONS_PER_CLOCK, while readings come
- * less than CLOCK_GAP_NS apart, and back to 1 as soon as two come further
- * apart. Cheap questions then pay a reading every 16, and slow ones are
- * polled about one question late (at most 16 where a call turns from cheap
- * questions to slow ones). */
+ * less than CLOCK_GAP_NS apart (with the coarse clock: in the same tick),
+ * and back to 1 as soon as two come further apart. Cheap questions then pay
+ * a reading every 16, and slow ones are polled about one question after
+ * the interval (at most 16 where a call turns from cheap questions to slow
+ * ones, as when the stride was always 16). */
 #define CLOCK_GAP_NS 1000000LL
 #define MAX_QUESTIONS_PER_CLOCK 16
 #ifdef CLOCK_MONOTONIC_COARSE
