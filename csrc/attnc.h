@@ -299,7 +299,7 @@ typedef struct {
 } attnc_kernels;
 
 /* ------------------------------------------------------------------------ */
-/* cpu.c: the kernel table, one row per ISA level, chosen at import          */
+/* cpu.c: the kernel table (one row per ISA level) and the L1's ways       */
 
 /* The kernels of dtype dt at the active ISA level. */
 const attnc_kernels *attnc_kernels_for(attnc_dtype dt);
@@ -311,6 +311,11 @@ const char *attnc_level_name(int level);
 /* Use at most level `name` (tests): 0 if this CPU has no such level. */
 int attnc_set_level(const char *name);
 const char *attnc_active_level(void);
+/* The ways of a set of this CPU's L1 data cache, 0 if unknown (read at
+ * import); tests may set it to take the GEMM's other orders. */
+#define ATTNC_MAX_L1D_WAYS 64
+int attnc_l1d_ways(void);
+void attnc_set_l1d_ways(int ways);
 
 /* ------------------------------------------------------------------------ */
 /* self_attention.c: a whole module forward in one call                      */

@@ -1714,6 +1714,19 @@ static PyObject *py_simd_level(PyObject *self, PyObject *unused)
     return PyUnicode_FromString(attnc_active_level());
 }
 
+static PyObject *py_l1d_ways(PyObject *self, PyObject *unused) { return PyLong_FromLong(attnc_l1d_ways()); }
+
+static PyObject *py_set_l1d_ways(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"ways", NULL};
+    int ways;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i:set_l1d_ways", kwlist, &ways)) return NULL;
+    if (ways < 0 || ways > ATTNC_MAX_L1D_WAYS)
+        return PyErr_Format(PyExc_ValueError, "ways: expected 0 to %d, got %d", ATTNC_MAX_L1D_WAYS, ways);
+    attnc_set_l1d_ways(ways);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"n", NULL};
@@ -1812,6 +1825,10 @@ static PyMethodDef methods[] = {
     {"set_simd_level", FN(py_set_simd_level), KW,
      "set_simd_level($module, /, level)\n--\n\nUse the kernels of at most `level` (one of simd_levels())."},
     {"simd_level", py_simd_level, METH_NOARGS, "simd_level($module, /)\n--\n\nThe kernel ISA level in use."},
+    {"l1d_ways", py_l1d_ways, METH_NOARGS,
+     "l1d_ways($module, /)\n--\n\nThe ways of a set of this CPU's L1 data cache as the GEMM counts them (0: unknown)."},
+    {"set_l1d_ways", FN(py_set_l1d_ways), KW,
+     "set_l1d_ways($module, /, ways)\n--\n\nTesting hook: the GEMM counts `ways` ways (0: unknown), as on another CPU."},
     {"fail_alloc_after", FN(py_fail_alloc_after), KW,
      "fail_alloc_after($module, /, n)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails (n < 0: never)."},
     {NULL, NULL, 0, NULL},
@@ -1835,5 +1852,6 @@ PyMODINIT_FUNC PyInit__C(void)
     attnc_select_kernels();
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "GEMM_KC", ATTNC_GEMM_KC) < 0) Py_CLEAR(m);
+    if (m && PyModule_AddIntConstant(m, "MAX_L1D_WAYS", ATTNC_MAX_L1D_WAYS) < 0) Py_CLEAR(m);
     return m;
 }

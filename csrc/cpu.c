@@ -1,9 +1,12 @@
 /* The kernel table: one row per ISA level (each row is one translation
  * unit's kernels, kernel_bundle.h), and the run-time choice among them:
  * the best level the CPU has, chosen once at import; tests may cap it
- * (attnc_set_level) to run every level this CPU has. */
+ * (attnc_set_level) to run every level this CPU has. Beside it, the one
+ * other fact of the CPU the kernels choose by: the ways of its L1 data
+ * cache. */
 #include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attnc.h"
 
@@ -65,13 +68,22 @@ static const struct {
 
 static int n_runnable = 1;         /* levels [0, n_runnable) run on this CPU */
 static atomic_int active_level = 0;
+static atomic_int l1d_ways = 0;    /* 0: unknown */
 
 void attnc_select_kernels(void)
 {
     n_runnable = 1;
     while (n_runnable < N_LEVELS && levels[n_runnable].cpu_has()) n_runnable++;
     atomic_store(&active_level, n_runnable - 1);
+#ifdef _SC_LEVEL1_DCACHE_ASSOC /* glibc: from CPUID; 0 when it cannot tell */
+    long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+    atomic_store(&l1d_ways, ways > 0 && ways <= ATTNC_MAX_L1D_WAYS ? (int)ways : 0);
+#endif
 }
+
+int attnc_l1d_ways(void) { return atomic_load_explicit(&l1d_ways, memory_order_relaxed); }
+
+void attnc_set_l1d_ways(int ways) { atomic_store(&l1d_ways, ways); }
 
 const attnc_kernels *attnc_kernels_for(attnc_dtype dt)
 {

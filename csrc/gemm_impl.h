@@ -189,7 +189,15 @@
  * in the streamed order, 0.74x the time of (50, 1024) -> 3072 on 1 and 2
  * threads, 0.66-0.79x (200, 1024) -> 1024, module (1, 50, 1024) 0.83-0.89x;
  * the weights instead of the transposed order, (32, 1024) -> 3072 0.93x
- * (1 thread), 0.885x (2) (benchmarks/NOTES.md). */
+ * (1 thread), 0.885x (2), where the MR rows are more than the set's ways
+ * (rows_evict_each_other: Zen 4's L1 has 8, AVX-512's MR is 12). Where
+ * they are not, the transposed order keeps the weights in place: on a
+ * Xeon whose L1 has 12 ways (family 6 model 207), against packing them,
+ * (32, 1024) -> 3072 0.67-0.74x the time on 1 thread, 0.73-0.84x on 2,
+ * (32, 4096) -> 4096 0.64-0.66x, at AVX2 (MR 6) (16, 1024) -> 3072
+ * 0.62-0.66x; x read in place in the streamed order there measured no
+ * faster than packed ((200, 1024) -> 1024 0.98-1.15x), so x stays
+ * packed at any ways (benchmarks/NOTES.md). */
 #define GEMM_SET_ALIASING_BYTES 4096
 /* How far ahead the micro-kernel asks for its B sliver's rows: a (KC, NR)
  * sliver is 96 KB of float at NR = 32 (48 at 16) and streams from L2 once
@@ -219,6 +227,15 @@
  * blocks gets the same work within a sliver: the 22 slivers of a (256, 256)
  * weight in 4 blocks were 6, 6, 5, 5 (12 for the caller's two blocks, 10
  * for the worker's) and are 5, 6, 5, 6. */
+/* Whether `rows` rows, `rs_bytes` apart, each read in place a line at a
+ * time over many steps, evict each other's lines from L1: all in one set
+ * (GEMM_SET_ALIASING_BYTES) and more than its ways (attnc_l1d_ways; 0,
+ * unknown, counts as too few). */
+static inline int rows_evict_each_other(idx_t rs_bytes, int rows)
+{
+    return rs_bytes % GEMM_SET_ALIASING_BYTES == 0 && rows > attnc_l1d_ways();
+}
+
 static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, idx_t b)
 {
     idx_t slivers = attnc_ceil_div(count, width), per = slivers / n_blocks, extra = slivers % n_blocks;
@@ -1039,14 +1056,15 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * rows). But A's rows are then the tiles' columns, NR wide: when that
      * pads A more than the other orders' edge tiles do (whole
      * GEMM_MR_STEP rows) plus GEMM_PACKING_ROWS, packing contiguous
-     * weights costs less, and so it does when their rows share an L1 set
-     * (GEMM_SET_ALIASING_BYTES) (weights with a column stride pack one
-     * element at a time: not measured, so they keep the transposed order). */
+     * weights costs less, and so it does when a tile's MR rows of them
+     * evict each other from L1 (rows_evict_each_other) (weights with a
+     * column stride pack one element at a time: not measured, so they keep
+     * the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_TRANSPOSED_X_BYTES &&
                      (b.cs != 1 || (transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
-                                    (b.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0));
+                                    !rows_evict_each_other(b.rs * (idx_t)sizeof(real), GEMM_MR)));
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&

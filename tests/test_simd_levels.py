@@ -139,13 +139,28 @@ def test_linear_streamed_x_in_place_every_level(m, dtype, simd_mode, restore_thr
     np.testing.assert_array_equal(F.linear(x[m - 16:], w, b), out[m - 16:])
 
 
+ATTNC_MAX_L1D_WAYS = attnc._C.MAX_L1D_WAYS
+
+
+@pytest.fixture(params=[0, ATTNC_MAX_L1D_WAYS], ids=["ways_unknown", "ways_many"])
+def l1d_ways(request):
+    """The GEMM counts an L1 of unknown ways (as too few: rows in one set are
+    packed) or of the most it knows (they are read in place where a tile's
+    rows fit), whatever this CPU has; restored after."""
+    before = attnc._C.l1d_ways()
+    attnc._C.set_l1d_ways(request.param)
+    yield request.param
+    attnc._C.set_l1d_ways(before)
+
+
 @pytest.mark.parametrize("m", [8, 32, 50])
-def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, restore_threads):
+def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, l1d_ways, restore_threads):
     """Rows a multiple of 4 KB apart share an L1 set: here the first
     multiple of 4 KB past a K block (2048 floats, 1536 doubles, 2048 16-bit
     elements at K_BLOCK 1024), so the GEMM packs what it would read in place: x's slivers
     in the streamed order (50 rows), the weights instead of the transposed
-    order (32 float rows at AVX-512); and the few-rows order (8 rows at
+    order (32 float rows at AVX-512) unless the L1 has a way for each of a
+    tile's rows (l1d_ways); and the few-rows order (8 rows at
     AVX-512's floats) loads the weights' rows whole, not by 16-byte blocks.
     A second K block added. Against float64, on 1
     and 2 threads, each row's bits as when alone (the few-rows order) and as
@@ -159,6 +174,19 @@ def test_linear_rows_4_kb_apart_every_level(m, dtype, simd_mode, restore_threads
     apart = np.empty((m + 130, k + 16), dtype)[:, :k]
     apart[:m], apart[m:] = x, w
     np.testing.assert_array_equal(F.linear(apart[:m], apart[m:], b), out)
+
+
+def test_l1d_ways_is_the_cpus():
+    """The ways the GEMM counts are the L1 data cache's as the C library
+    reports them (0 where it cannot tell); the testing hook takes 0 to
+    ATTNC_MAX_L1D_WAYS and names its argument otherwise."""
+    got = subprocess.run(["getconf", "LEVEL1_DCACHE_ASSOC"], capture_output=True, text=True).stdout.strip()
+    reported = int(got) if got.isdigit() else 0  # "" or "undefined" where the C library cannot tell
+    assert attnc._C.l1d_ways() == (reported if 0 < reported <= ATTNC_MAX_L1D_WAYS else 0)
+    for bad in (-1, ATTNC_MAX_L1D_WAYS + 1):
+        with pytest.raises(ValueError, match="ways"):
+            attnc._C.set_l1d_ways(bad)
+    assert attnc._C.l1d_ways() == (reported if 0 < reported <= ATTNC_MAX_L1D_WAYS else 0)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
