@@ -299,7 +299,7 @@ typedef struct {
 } attnc_kernels;
 
 /* ------------------------------------------------------------------------ */
-/* cpu.c: the kernel table (one row per ISA level) and the L1's ways       */
+/* cpu.c: the kernel table (one row per ISA level) and the CPU's caches     */
 
 /* The kernels of dtype dt at the active ISA level. */
 const attnc_kernels *attnc_kernels_for(attnc_dtype dt);
@@ -316,6 +316,8 @@ const char *attnc_active_level(void);
 #define ATTNC_MAX_L1D_WAYS 64
 int attnc_l1d_ways(void);
 void attnc_set_l1d_ways(int ways);
+/* Whether this CPU is Intel's (read at import): its L3 is farther than Zen's. */
+int attnc_cpu_is_intel(void);
 
 /* ------------------------------------------------------------------------ */
 /* self_attention.c: a whole module forward in one call                      */

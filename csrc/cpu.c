@@ -1,9 +1,9 @@
 /* The kernel table: one row per ISA level (each row is one translation
  * unit's kernels, kernel_bundle.h), and the run-time choice among them:
  * the best level the CPU has, chosen once at import; tests may cap it
- * (attnc_set_level) to run every level this CPU has. Beside it, the one
- * other fact of the CPU the kernels choose by: the ways of its L1 data
- * cache. */
+ * (attnc_set_level) to run every level this CPU has. Beside it, the two
+ * other facts of the CPU the kernels choose by: the ways of its L1 data
+ * cache, and whether it is Intel's. */
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -69,6 +69,7 @@ static const struct {
 static int n_runnable = 1;         /* levels [0, n_runnable) run on this CPU */
 static atomic_int active_level = 0;
 static atomic_int l1d_ways = 0;    /* 0: unknown */
+static int is_intel = 0;
 
 void attnc_select_kernels(void)
 {
@@ -79,7 +80,13 @@ void attnc_select_kernels(void)
     long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
     atomic_store(&l1d_ways, ways > 0 && ways <= ATTNC_MAX_L1D_WAYS ? (int)ways : 0);
 #endif
+#ifdef ATTNC_X86
+    __builtin_cpu_init();
+    is_intel = __builtin_cpu_is("intel");
+#endif
 }
+
+int attnc_cpu_is_intel(void) { return is_intel; }
 
 int attnc_l1d_ways(void) { return atomic_load_explicit(&l1d_ways, memory_order_relaxed); }
 

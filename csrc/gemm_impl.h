@@ -59,8 +59,20 @@
  * on 1 and 2 threads, `linear` (1024, 512, 512) 0.94-0.97x, (768, 768,
  * 2304) 0.95x / 0.98x (1 / 2 threads); at 4 MB (1024, 1024, 1024) 1.03x. Not
  * at AVX2, whose 16-column slivers read A twice as often: (2048, 256, 768)
- * 1.10x, (1024, 512, 512) 1.08x on 2 threads (benchmarks/NOTES.md). */
+ * 1.10x, (1024, 512, 512) 1.08x on 2 threads (benchmarks/NOTES.md). Zen's
+ * L3 is near (a core complex's); on Intel's server cores A beyond L2
+ * comes across a mesh, and there 1.25 MB at AVX-512
+ * (GEMM_STREAMED_A_BYTES_FAR_L3): on a Xeon family 6 model 207 (2 MB of
+ * L2), against 3 MB (best blocks), 1 MB took 0.72-0.96x the time of
+ * `linear` (1024, 512) -> 1536 on 1 thread and 0.71-0.80x on 2, (1024,
+ * 512) -> 512 0.74-0.88x and 0.72-0.87x, (512, 768) -> 2304 0.89-0.93x,
+ * module (8, 128, 512) 0.85-0.94x on 2 threads, (1, 512, 768) 0.75-0.93x,
+ * but (256, 1024) -> 3072 (1.08 MB of A) 1.06-1.07x, module (1, 256, 1024)
+ * 1.15x; 512 KB (256, 768) -> 2304 1.12x on 1 thread. Taken for every
+ * Intel core at AVX-512 (Ice Lake-SP had measured 1 MB as well; client
+ * cores, whose L3 is a ring, not measured) (benchmarks/NOTES.md). */
 #define GEMM_STREAMED_A_BYTES ((SIMD_BYTES == 64 ? 3 : 2) * 1024 * 1024)
+#define GEMM_STREAMED_A_BYTES_FAR_L3 (SIMD_BYTES == 64 ? 5 * 256 * 1024 : GEMM_STREAMED_A_BYTES)
 /* Tasks per thread of a streamed pass 2 (a task per column block of B),
  * when B has the slivers; with fewer than two slivers a thread, the
  * blocked order splits the rows instead. */
@@ -220,13 +232,6 @@
  * rows, for 256: the last one's 8 padding rows cost 3 % of the product. */
 #define GEMM_MR_STEP (GEMM_MR % 3 == 0 ? GEMM_MR / 3 : GEMM_MR / 2)
 
-/* The first of `count` rows (or columns) in block b of n_blocks: the blocks
- * cut them in whole slivers of `width`, as evenly as whole slivers go, the
- * slivers left over spread evenly among the blocks (block b starts after
- * extra * b / n_blocks of them), so that each thread's share of consecutive
- * blocks gets the same work within a sliver: the 22 slivers of a (256, 256)
- * weight in 4 blocks were 6, 6, 5, 5 (12 for the caller's two blocks, 10
- * for the worker's) and are 5, 6, 5, 6. */
 /* Whether `rows` rows, `rs_bytes` apart, each read in place a line at a
  * time over many steps, evict each other's lines from L1: all in one set
  * (GEMM_SET_ALIASING_BYTES) and more than its ways (attnc_l1d_ways; 0,
@@ -236,6 +241,13 @@ static inline int rows_evict_each_other(idx_t rs_bytes, int rows)
     return rs_bytes % GEMM_SET_ALIASING_BYTES == 0 && rows > attnc_l1d_ways();
 }
 
+/* The first of `count` rows (or columns) in block b of n_blocks: the blocks
+ * cut them in whole slivers of `width`, as evenly as whole slivers go, the
+ * slivers left over spread evenly among the blocks (block b starts after
+ * extra * b / n_blocks of them), so that each thread's share of consecutive
+ * blocks gets the same work within a sliver: the 22 slivers of a (256, 256)
+ * weight in 4 blocks were 6, 6, 5, 5 (12 for the caller's two blocks, 10
+ * for the worker's) and are 5, 6, 5, 6. */
 static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, idx_t b)
 {
     idx_t slivers = attnc_ceil_div(count, width), per = slivers / n_blocks, extra = slivers % n_blocks;
@@ -1068,7 +1080,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
-                   attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <= GEMM_STREAMED_A_BYTES;
+                   attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <=
+                       (attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES);
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
     if (transposed) {
         /* the job's rows are B's: two blocks of them per thread */
