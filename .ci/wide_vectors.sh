@@ -15,7 +15,7 @@ for bytes in 64 32; do
     # avx512bf16 is AVX-512 with the bfloat16 dot products: the same 64-byte shapes
     native=$([ "$bytes" = 64 ] && echo avx512 || echo avx2)
     if [ "${best%bf16}" = "$native" ]; then
-        echo "-- $bytes-byte vectors: skipped, this CPU's best level ($native) ran the whole suite natively"
+        echo "-- $bytes-byte vectors: skipped, this CPU's best level ($best) ran the whole suite natively at that width"
         continue
     fi
     copy="$(mktemp -d)/attnc"
