@@ -182,11 +182,12 @@ def test_l1d_ways_is_the_cpus():
     ATTNC_MAX_L1D_WAYS and names its argument otherwise."""
     got = subprocess.run(["getconf", "LEVEL1_DCACHE_ASSOC"], capture_output=True, text=True).stdout.strip()
     reported = int(got) if got.isdigit() else 0  # "" or "undefined" where the C library cannot tell
-    assert attnc._C.l1d_ways() == (reported if 0 < reported <= ATTNC_MAX_L1D_WAYS else 0)
+    expected = reported if reported <= ATTNC_MAX_L1D_WAYS else 0
+    assert attnc._C.l1d_ways() == expected
     for bad in (-1, ATTNC_MAX_L1D_WAYS + 1):
         with pytest.raises(ValueError, match="ways"):
             attnc._C.set_l1d_ways(bad)
-    assert attnc._C.l1d_ways() == (reported if 0 < reported <= ATTNC_MAX_L1D_WAYS else 0)
+    assert attnc._C.l1d_ways() == expected
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8])
