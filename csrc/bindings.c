@@ -15,7 +15,9 @@
 #include <numpy/arrayobject.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attnc.h"
 
@@ -459,18 +461,95 @@ static int convert_in_place(PyArrayObject **arr, attnc_dtype dt, int contiguous,
     return converted != NULL;
 }
 
+/* A view of arr with each axis of stride 0 (a broadcast, one element
+ * repeated along it) but the last cut to length 1, or arr itself (a new
+ * reference either way; NULL on failure). Empty arrays keep their shape. */
+static PyArrayObject *repeats_cut(PyArrayObject *arr)
+{
+    int nd = PyArray_NDIM(arr), cut = 0;
+    npy_intp dims[NPY_MAXDIMS];
+    for (int d = 0; d < nd; d++) {
+        dims[d] = PyArray_DIM(arr, d);
+        if (d < nd - 1 && PyArray_STRIDE(arr, d) == 0 && dims[d] > 1 && PyArray_SIZE(arr) > 0) {
+            dims[d] = 1;
+            cut = 1;
+        }
+    }
+    if (!cut) {
+        Py_INCREF(arr);
+        return arr;
+    }
+    PyArray_Descr *descr = PyArray_DESCR(arr);
+    Py_INCREF(descr);
+    PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, PyArray_STRIDES(arr),
+                                                                PyArray_DATA(arr), 0, NULL);
+    Py_INCREF(arr);
+    if (view && PyArray_SetBaseObject(view, (PyObject *)arr) < 0) { /* steals arr */
+        Py_DECREF(view);
+        return NULL;
+    }
+    if (!view) Py_DECREF(arr);
+    return view;
+}
+
+/* Whether arr, written out in dt, would fit in this machine's memory (1 if
+ * the memory is unknown); MemoryError if not. */
+static int fits_in_memory(PyArrayObject *arr, attnc_dtype dt)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double bytes = (double)PyArray_SIZE(arr) * (double)attnc_dtype_size(dt), memory = (double)pages * (double)page;
+    if (pages <= 0 || page <= 0 || bytes <= memory) return 1;
+    char message[160]; /* (PyErr_Format has no %g) */
+    snprintf(message, sizeof message, "a broadcast of %.3g GiB in the call's dtype, more than this machine's memory "
+             "(%.3g GiB)", bytes / (1 << 30), memory / (1 << 30));
+    PyErr_SetString(PyExc_MemoryError, message);
+    return 0;
+}
+
 /* As convert_in_place, and the last axis has unit stride (each row is a
- * plain vector; the other axes keep their strides). */
+ * plain vector; the other axes keep their strides). A broadcast stays
+ * one: its repeated rows or items are converted once and read in place
+ * (stride 0), and a repeated last axis is written out for one row. Where
+ * that took a copy, a broadcast larger than the machine's memory (written
+ * out) raises MemoryError, as the copy of the whole of it did; before, a
+ * key of np.broadcast_to(np.float32(1), (2**26, 64)) was copied whole, 16
+ * GiB, and the process was killed out of memory. */
 static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt, const char *name)
 {
-    if (!convert_in_place(arr, dt, 0, name)) return 0;
-    int nd = PyArray_NDIM(*arr);
-    if (nd > 0 && PyArray_DIM(*arr, nd - 1) > 1 && PyArray_STRIDE(*arr, nd - 1) != PyArray_ITEMSIZE(*arr)) {
-        PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
-        Py_DECREF(*arr);
-        *arr = copy;
-        if (!copy) name_the_error(name);
+    PyArrayObject *full = *arr, *rows = repeats_cut(full);
+    int cut = rows != full, copied = 0, named = 0;
+    *arr = rows;
+    if (rows) {
+        Py_INCREF(rows);
+        if (convert_in_place(arr, dt, 0, name))
+            copied = *arr != rows;
+        else
+            named = 1;
+        Py_DECREF(rows);
     }
+    int nd = *arr ? PyArray_NDIM(*arr) : 0;
+    if (*arr && nd > 0 && PyArray_DIM(*arr, nd - 1) > 1 && PyArray_STRIDE(*arr, nd - 1) != PyArray_ITEMSIZE(*arr)) {
+        PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
+        Py_SETREF(*arr, copy);
+        copied = 1;
+    }
+    if (*arr && cut && copied && !fits_in_memory(full, dt)) Py_CLEAR(*arr);
+    if (*arr && cut) { /* back to the full shape: stride 0 on the cut axes */
+        npy_intp strides[NPY_MAXDIMS];
+        for (int d = 0; d < nd; d++)
+            strides[d] = PyArray_DIM(*arr, d) == PyArray_DIM(full, d) ? PyArray_STRIDE(*arr, d) : 0;
+        PyArray_Descr *descr = PyArray_DESCR(*arr);
+        Py_INCREF(descr);
+        PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, PyArray_DIMS(full),
+                                                                    strides, PyArray_DATA(*arr), 0, NULL);
+        if (view && PyArray_SetBaseObject(view, (PyObject *)*arr) < 0) /* steals *arr */
+            Py_CLEAR(view);
+        else if (!view)
+            Py_DECREF(*arr);
+        *arr = view;
+    }
+    Py_DECREF(full);
+    if (!*arr && !named) name_the_error(name);
     return *arr != NULL;
 }
 

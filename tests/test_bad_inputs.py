@@ -551,8 +551,10 @@ def test_sdpa_scale_zero_gives_uniform_weights():
 
 
 def _layouts(x):
-    """name -> an array in an odd memory layout, equal to x except for
-    "zero-stride-seq" (every row is x's first row)."""
+    """name -> an array in an odd memory layout, equal to x except for the
+    broadcasts "zero-stride-seq" (every row is x's first row),
+    "zero-stride-features" (every row repeats its first element) and
+    "one-value" (every element is x's first)."""
     rng = np.random.default_rng(8)
     yield "fortran", np.asfortranarray(x)
     yield "reversed", np.ascontiguousarray(x[::-1, ::-1, ::-1])[::-1, ::-1, ::-1]
@@ -570,6 +572,8 @@ def _layouts(x):
     if x.shape[0] == 1:
         yield "broadcast-batch", np.broadcast_to(x, (1,) + x.shape[1:])
     yield "zero-stride-seq", np.broadcast_to(x[:, :1], x.shape)
+    yield "zero-stride-features", np.broadcast_to(x[..., :1], x.shape)
+    yield "one-value", np.broadcast_to(x.flat[0], x.shape)
     del rng
 
 

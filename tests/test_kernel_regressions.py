@@ -431,6 +431,45 @@ def test_peak_memory_is_bounded_by_the_data(case):
 
 
 @pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+@pytest.mark.parametrize("case", ["one_value", "converted_rows", "repeated_features"])
+def test_broadcast_keys_and_values_are_read_in_place(case):
+    """A key and value broadcast from a few values to (2, 2**24, 4) (512 MiB
+    each if written out) were copied whole before the kernel ran: a (2**26,
+    64) one was 16 GiB, and the process was killed out of memory. Their
+    repeated rows are now converted once and read with stride 0. The oracle
+    is hand-derived: equal keys give every key the same weight 1 / S, and the
+    output is the value row (v's rows are all equal)."""
+    out = _run_child(f"""
+        import resource
+        import numpy as np
+        from attnc import functional as F
+        case, S = {case!r}, 1 << 24
+        row = np.array([0.5, -2.0, 0.25, 1.0])
+        if case == "one_value":            # every element one float32
+            k = np.broadcast_to(np.float32(0.75), (2, S, 4))
+            v = np.broadcast_to(np.float32(0.5), (2, S, 4))
+            expected = np.full(4, 0.5)
+        elif case == "converted_rows":     # int8 and float16 rows converted to float32
+            k = np.broadcast_to(np.array([1, -2, 3, 0], np.int8), (2, S, 4))
+            v = np.broadcast_to(row[::-1].astype(np.float16), (2, S, 4))
+            expected = row[::-1]
+        else:                              # an element per item, repeated along S and E
+            k = np.broadcast_to(np.array([0.5, -1.0], np.float32)[:, None, None], (2, S, 4))
+            v = np.broadcast_to(np.float32(-1.5), (2, S, 4))
+            expected = np.full(4, -1.5)
+        q = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        got = F.scaled_dot_product_attention(q, k, v)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        assert got.dtype == np.float32 and got.shape == (2, 3, 4)
+        assert np.allclose(got, np.broadcast_to(expected, got.shape), rtol=1e-4, atol=1e-6), got
+        print("extra", peak - base)
+    """)
+    extra = int(out.split("extra")[1].split()[0])
+    assert extra <= 64 << 20, f"{case}: {extra / 2**20:.0f} MiB beyond the inputs' memory for a 4 KiB output"
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
 @pytest.mark.parametrize("case", ["grouped_query_heads", "shared_cache"])
 def test_backward_peak_memory_over_a_shared_key_value_is_bounded_by_the_data(case):
     """The backward over a key/value shared by G query items computed every item's
