@@ -653,7 +653,7 @@ static void FN(transposed_block)(const FN(gemm_job) *job, idx_t i0, idx_t i1, co
                             attnc_min(GEMM_MR, job->M - start), GEMM_MR, job->p0, job->kc);
     }
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
-    for (idx_t i = i0; i < i1; i += GEMM_MR) {
+    for (idx_t i = i0; i < i1 && !attnc_interrupted(); i += GEMM_MR) { /* a task may be long: all of N */
         idx_t m = attnc_min(GEMM_MR, job->M - i), chunk = (i - i0) / GEMM_PANEL_ROWS * GEMM_PANEL_ROWS;
         int slot = 0;
         while (slot < job->n_irregular && job->irregular[slot] != i) slot++;
@@ -714,7 +714,7 @@ static void FN(multiply_task)(void *ctx, idx_t t)
         return;
     }
     real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
-    for (idx_t j = j0; j < j1; j += GEMM_NR) {
+    for (idx_t j = j0; j < j1 && !attnc_interrupted(); j += GEMM_NR) { /* a task may be long: a few rows, all of N */
         if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
         const real *b = job->streamed ? sliver : packed_b + j * job->steps;
         for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j, packed_a, b);

@@ -38,6 +38,12 @@
  * off its caller's CPU (leave_caller_cpu). Still short next to the pause
  * a benchmark leaves before the next library runs on these cores. */
 #define SPIN_SECONDS 500e-6
+/* The caller, its tasks done, waits for the workers' last ones no longer
+ * than this between two asks for Ctrl-C (the call's poll, interrupt.c):
+ * no one else polls, and a worker's task may be long (a few rows of x
+ * times a weight of millions of rows: 0.5-0.7 s, during which Ctrl-C had
+ * waited). */
+#define CALLER_WAIT_NS 10000000L
 
 typedef struct {
     pthread_mutex_t lock;
@@ -160,6 +166,30 @@ static int workers_busy(unsigned long unused)
 {
     (void)unused;
     return atomic_load(&pool.workers_in_job) > 0;
+}
+
+/* The caller's wait for the workers of its job: it spins, then sleeps,
+ * and every CALLER_WAIT_NS asks whether the call is interrupted (a yes
+ * stops the workers at their next question). */
+static void wait_for_workers(void)
+{
+    spin_while(workers_busy, 0);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.workers_in_job > 0) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_nsec += CALLER_WAIT_NS;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&pool.work_done, &pool.lock, &deadline) != 0 && pool.workers_in_job > 0) {
+            pthread_mutex_unlock(&pool.lock); /* (the poll may run Python code) */
+            (void)attnc_interrupted();
+            pthread_mutex_lock(&pool.lock);
+        }
+    }
+    pthread_mutex_unlock(&pool.lock);
 }
 
 /* A worker that finds itself on the CPU its caller was on steps off it.
@@ -339,10 +369,7 @@ void attnc_parallel_for_on(idx_t n_tasks, int max_threads, attnc_task_fn fn, voi
     pthread_mutex_lock(&pool.lock);
     pool.job_open = 0;
     pthread_mutex_unlock(&pool.lock);
-    spin_while(workers_busy, 0);
-    pthread_mutex_lock(&pool.lock);
-    while (pool.workers_in_job > 0) pthread_cond_wait(&pool.work_done, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
+    wait_for_workers();
     holds_job_lock = 0;
     pthread_mutex_unlock(&job_lock);
 }

@@ -264,8 +264,12 @@ def test_module_bits_do_not_depend_on_weights_or_batch(name, dim, seq, dtype, si
 # finding 4: Ctrl-C stops a long call within 0.2 s, frees everything, the next call works
 
 
-@pytest.mark.parametrize("call", ["sdpa", "sdpa_weights", "linear", "module", "softmax"])
+@pytest.mark.parametrize("call", ["sdpa", "sdpa_weights", "linear", "linear_strided_weight", "module", "softmax"])
 def test_sigint_interrupts_a_long_call(call):
+    """linear_strided_weight: a weight whose elements are not contiguous along
+    K is packed sliver by sliver inside each task; with a few rows of x a task
+    (all of N / 8 columns) took 0.5-0.7 s here, and Ctrl-C waited for it. The
+    tasks now ask between slivers."""
     out = _run_child(f"""
         import os, signal, threading, time
         import numpy as np
@@ -286,6 +290,12 @@ def test_sigint_interrupts_a_long_call(call):
         elif call == "linear":
             x = rng.standard_normal((8192, 4096), dtype=np.float32)
             w = rng.standard_normal((8192, 4096), dtype=np.float32)
+            run = lambda: [F.linear(x, w) for _ in range(20)]
+        elif call == "linear_strided_weight":  # (2**22, 1024), rows and columns 2 floats apart
+            from numpy.lib.stride_tricks import as_strided
+            x = rng.standard_normal((4, 1024), dtype=np.float32)
+            w = as_strided(rng.standard_normal(2 * (1 << 22) + 2048, dtype=np.float32), ((1 << 22), 1024), (8, 8),
+                           writeable=False)
             run = lambda: [F.linear(x, w) for _ in range(20)]
         elif call == "module":
             x = rng.standard_normal((1, 24576, 256), dtype=np.float32)
