@@ -3,6 +3,12 @@
 
 /* Rows per task: enough work per task to pay for handing it out. */
 #define SOFTMAX_ELEMENTS_PER_TASK 65536
+/* A row is taken this many elements at a time, with a question for
+ * Ctrl-C between chunks: one row of 2**29 floats had run 4-6 s with no
+ * question. A multiple of ROW_LANES and of every VLANES, so the chunks
+ * compute what the whole row would (vexp.h). */
+#define SOFTMAX_CHUNK ((idx_t)1 << 20)
+_Static_assert(SOFTMAX_CHUNK % ROW_LANES == 0 && SOFTMAX_CHUNK % VLANES == 0, "chunks of whole lanes and vectors");
 
 typedef struct {
     elem *out;
@@ -11,8 +17,39 @@ typedef struct {
     atomic_int failed;
 } FN(softmax_job);
 
-/* Row r = (o, c) of (outer, n, inner) is gathered into a contiguous buffer,
- * so the same stable row code serves every axis. */
+/* The chunk of a row from element j0: its length */
+static inline idx_t FN(chunk_at)(idx_t n, idx_t j0) { return attnc_min(SOFTMAX_CHUNK, n - j0); }
+
+/* out <- the softmax of in, one row of n elements `inner` apart, through
+ * the contiguous buffer `row` (so the same stable row code serves every
+ * axis), in three passes of chunks: max, exp and sum, scale. 0 if the
+ * call was interrupted (the row then unfinished). */
+static int FN(softmax_row)(real *row, elem *out, const elem *in, idx_t n, idx_t inner)
+{
+    real max_lanes[ROW_LANES], sum_lanes[ROW_LANES];
+    FN(lanes_fill)(max_lanes, -(real)INFINITY);
+    FN(lanes_fill)(sum_lanes, 0);
+    for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
+        if (j0 && attnc_interrupted()) return 0;
+        for (idx_t j = j0; j < j0 + FN(chunk_at)(n, j0); j++) row[j] = to_real(in[j * inner]);
+        FN(max_into_lanes)(max_lanes, row + j0, FN(chunk_at)(n, j0));
+    }
+    real shift = FN(lanes_max)(max_lanes);
+    for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
+        if (j0 && attnc_interrupted()) return 0;
+        FN(exp_shift)(row + j0, FN(chunk_at)(n, j0), shift);
+        FN(sum_into_lanes)(sum_lanes, row + j0, FN(chunk_at)(n, j0));
+    }
+    real factor = 1 / FN(lanes_sum)(sum_lanes);
+    for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
+        if (j0 && attnc_interrupted()) return 0;
+        FN(scale_row)(row + j0, FN(chunk_at)(n, j0), factor);
+        for (idx_t j = j0; j < j0 + FN(chunk_at)(n, j0); j++) out[j * inner] = to_elem(row[j]);
+    }
+    return 1;
+}
+
+/* Row r = (o, c) of (outer, n, inner) starts at (r / inner) * n * inner + r % inner. */
 static void FN(softmax_task)(void *ctx, idx_t task)
 {
     FN(softmax_job) *job = ctx;
@@ -26,9 +63,7 @@ static void FN(softmax_task)(void *ctx, idx_t task)
     idx_t last = first + job->rows_per_task < job->n_rows ? first + job->rows_per_task : job->n_rows;
     for (idx_t r = first; r < last; r++) {
         idx_t base = (r / inner) * n * inner + r % inner;
-        for (idx_t j = 0; j < n; j++) row[j] = to_real(job->in[base + j * inner]);
-        FN(scale_row)(row, n, 1 / FN(exp_shift_sum)(row, n, FN(row_max)(row, n)));
-        for (idx_t j = 0; j < n; j++) job->out[base + j * inner] = to_elem(row[j]);
+        if (!FN(softmax_row)(row, job->out + base, job->in + base, n, inner)) break;
     }
     attnc_free(row);
 }
@@ -49,3 +84,4 @@ attnc_status FN(softmax)(void *out, const void *in, idx_t outer, idx_t n, idx_t 
 }
 
 #undef SOFTMAX_ELEMENTS_PER_TASK
+#undef SOFTMAX_CHUNK

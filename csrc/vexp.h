@@ -129,43 +129,79 @@ static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const 
     for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * (factor ? factor[i] : 1);
 }
 
-/* Largest element of x (n), in MAX_LANES lanes the compiler vectorises.
- * NaN is skipped here and reaches the result through the exp-sum, as in
- * PyTorch. -inf for an empty or all -inf row. */
-#define MAX_LANES 16
-static inline real FN(row_max)(const real *x, idx_t n)
+/* A row's running max and sum are kept in ROW_LANES fixed lanes that the
+ * compiler vectorises (element j of a whole group of ROW_LANES in lane j %
+ * ROW_LANES, the row's last elements past whole groups in lane 0), so that
+ * the result is the same for any thread count, and a long row may be taken
+ * a chunk at a time (each but the last a multiple of ROW_LANES long) with
+ * the same operations in the same order as all at once (softmax_impl.h). */
+#define ROW_LANES 16
+
+static inline void FN(lanes_fill)(real *lanes, real value)
 {
-    real lanes[MAX_LANES];
-    for (int u = 0; u < MAX_LANES; u++) lanes[u] = -(real)INFINITY;
+    for (int u = 0; u < ROW_LANES; u++) lanes[u] = value;
+}
+
+/* lanes <- their max with x (n). NaN is skipped here and reaches the
+ * result through the exp-sum, as in PyTorch. */
+static inline void FN(max_into_lanes)(real *lanes, const real *x, idx_t n)
+{
     idx_t j = 0;
-    for (; j + MAX_LANES <= n; j += MAX_LANES)
-        for (int u = 0; u < MAX_LANES; u++) lanes[u] = x[j + u] > lanes[u] ? x[j + u] : lanes[u];
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int u = 0; u < ROW_LANES; u++) lanes[u] = x[j + u] > lanes[u] ? x[j + u] : lanes[u];
     for (; j < n; j++) lanes[0] = x[j] > lanes[0] ? x[j] : lanes[0];
+}
+
+static inline real FN(lanes_max)(const real *lanes)
+{
     real m = lanes[0];
-    for (int u = 1; u < MAX_LANES; u++) m = lanes[u] > m ? lanes[u] : m;
+    for (int u = 1; u < ROW_LANES; u++) m = lanes[u] > m ? lanes[u] : m;
     return m;
 }
-#undef MAX_LANES
 
-/* x (n) <- exp(x - shift); returns the sum, accumulated in SUM_LANES
- * fixed lanes (so the same for any thread count) that the compiler can
- * vectorise. A key excluded with -inf gives exactly 0. */
-#define SUM_LANES 16
-static inline real FN(exp_shift_sum)(real *x, idx_t n, real shift)
+/* lanes += x (n) */
+static inline void FN(sum_into_lanes)(real *lanes, const real *x, idx_t n)
+{
+    idx_t j = 0;
+    for (; j + ROW_LANES <= n; j += ROW_LANES)
+        for (int u = 0; u < ROW_LANES; u++) lanes[u] += x[j + u];
+    for (; j < n; j++) lanes[0] += x[j];
+}
+
+static inline real FN(lanes_sum)(const real *lanes)
+{
+    real sum = 0;
+    for (int u = 0; u < ROW_LANES; u++) sum += lanes[u];
+    return sum;
+}
+
+/* x (n) <- exp(x - shift), whole vectors at once, the rest one by one. A
+ * key excluded with -inf gives exactly 0. */
+static inline void FN(exp_shift)(real *x, idx_t n, real shift)
 {
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) vstoreu(x + i, FN(vexp_lanes)(vloadu(x + i) - vset1(shift), 0));
     for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift);
-    real lanes[SUM_LANES] = {0};
-    idx_t j = 0;
-    for (; j + SUM_LANES <= n; j += SUM_LANES)
-        for (int u = 0; u < SUM_LANES; u++) lanes[u] += x[j + u];
-    for (; j < n; j++) lanes[0] += x[j];
-    real sum = 0;
-    for (int u = 0; u < SUM_LANES; u++) sum += lanes[u];
-    return sum;
 }
-#undef SUM_LANES
+
+/* Largest element of x (n): -inf for an empty or all -inf row. */
+static inline real FN(row_max)(const real *x, idx_t n)
+{
+    real lanes[ROW_LANES];
+    FN(lanes_fill)(lanes, -(real)INFINITY);
+    FN(max_into_lanes)(lanes, x, n);
+    return FN(lanes_max)(lanes);
+}
+
+/* x (n) <- exp(x - shift); returns the sum. */
+static inline real FN(exp_shift_sum)(real *x, idx_t n, real shift)
+{
+    real lanes[ROW_LANES];
+    FN(lanes_fill)(lanes, 0);
+    FN(exp_shift)(x, n, shift);
+    FN(sum_into_lanes)(lanes, x, n);
+    return FN(lanes_sum)(lanes);
+}
 
 /* x (n) <- x * factor */
 static inline void FN(scale_row)(real *x, idx_t n, real factor)

@@ -362,6 +362,41 @@ def test_sigint_skips_the_weights_rows_left():
     assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
 
 
+def test_sigint_stops_one_long_softmax_row():
+    """A softmax row was computed whole between two questions: one row of
+    2**29 floats ran 4-6 s past Ctrl-C. The row is now taken 2**20 elements
+    at a time with a question between chunks (the same bits: the chunks keep
+    the row's lanes). SIGINT 20 ms into a call of one 2**26 row, which takes
+    about 0.25 s here, must stop it long before its end."""
+    out = _run_child("""
+        import os, signal, threading, time
+        import numpy as np
+        from attnc import functional as F
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        x = np.random.default_rng(0).standard_normal((1, 1 << 26), dtype=np.float32)
+        start = time.perf_counter()
+        F.softmax(x)
+        whole = time.perf_counter() - start
+        for _ in range(3):
+            sent = []
+            def interrupt():
+                time.sleep(0.02)
+                sent.append(time.perf_counter())
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Thread(target=interrupt, daemon=True).start()
+            try:
+                F.softmax(x)
+            except KeyboardInterrupt:
+                print("delay", time.perf_counter() - sent[0], "whole", whole)
+            else:
+                raise SystemExit("the call ended without an interrupt")
+    """, timeout=300)
+    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
+    assert len(runs) == 3
+    for _, delay, _, whole in runs:
+        assert float(delay) < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
+
+
 def test_sigint_is_one_slow_question_late_not_sixteen():
     """The caller read the clock only every 16th question (a key tile, or a
     row), so when questions were slow (a head of 16384: one query tile
