@@ -649,12 +649,12 @@ class Module:
             the sum of a tied array's buffers.
         """
         if not flag(remove_duplicate, "remove_duplicate"):
-            for name, _, owner, attribute in self._every_parameter_slot(prefix):
-                yield name, owner._grad(attribute, name)
+            for name, value, owner, attribute in self._every_parameter_slot(prefix):
+                yield name, owner._grad(attribute, name, value)
             return
-        for name, _, slots in self._shared_parameters(prefix):
-            buffers = list({id(buffer): buffer
-                            for buffer in (owner._grad(attribute, name) for owner, attribute in slots)}.values())
+        for name, value, slots in self._shared_parameters(prefix):
+            made = (owner._grad(attribute, name, value) for owner, attribute in slots)
+            buffers = list({id(buffer): buffer for buffer in made}.values())
             yield name, buffers[0] if len(buffers) == 1 else sum(buffers[1:], buffers[0])
 
     def zero_grad(self):
@@ -662,15 +662,18 @@ class Module:
 
         A buffer changed in place (reshaped, restrided, retyped, made read-only) is
         replaced by a new one instead."""
-        for name, _, owner, attribute in self._every_parameter_slot(""):
-            owner._grad(attribute, name, renew=True).fill(0)
+        for name, value, owner, attribute in self._every_parameter_slot(""):
+            owner._grad(attribute, name, value, renew=True).fill(0)
 
-    def _grad(self, name, key, renew=False):
-        """The gradient buffer of parameter `name` (dotted `key`), made on
-        first use and again after the parameter changed shape or dtype.
-        ValueError naming `key` if the buffer itself was changed in place
-        (unless `renew`: a new one then)."""
-        param = getattr(self, name)
+    def _grad(self, name, key, param, renew=False):
+        """The gradient buffer of parameter `name` (dotted `key`), whose
+        value the caller read once (`param`: another thread may set the
+        attribute meanwhile; reading it again had raised AttributeError on
+        None), made on first use and again after the parameter changed
+        shape or dtype. ValueError naming `key` if the buffer itself was
+        changed in place (unless `renew`: a new one then)."""
+        if not isinstance(param, np.ndarray):  # set by another thread since the caller checked it
+            raise RuntimeError(f"{key}: the parameter is {type(param).__name__}, not an array (set while this ran?)")
         layout = param.shape, param.dtype
         grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
         if grad is not None and made_for == layout:
@@ -697,7 +700,7 @@ class Module:
             if value is None:
                 continue
             owner, name = self._owner_of(key)
-            buffer = owner._grad(name, key)
+            buffer = owner._grad(name, key, getattr(owner, name))
             if buffer.shape != value.shape or not np.can_cast(value.dtype, buffer.dtype, "same_kind"):
                 raise ValueError(f"{key}: the parameter is now {buffer.dtype} of shape {buffer.shape}, its gradient "
                                  f"{value.dtype} of shape {value.shape} (changed in place since the forward?)")

@@ -295,3 +295,35 @@ def test_lse_written_by_another_thread_mid_backward_cannot_crash(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(attnc.__file__)))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=JOIN_TIMEOUT, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_named_grads_and_zero_grad_use_the_parameters_they_enumerated():
+    """named_grads() and zero_grad() read each parameter again to make its
+    buffer: another thread setting a parameter to None in between made them
+    raise AttributeError ('NoneType' object has no attribute 'shape'). They now
+    use the value they enumerated. The race is made certain here: every
+    parameter is set to None right after it is enumerated, as another thread
+    might. Oracle: each buffer has the shape and dtype of the parameter the
+    call saw, and zero_grad leaves zeros."""
+    for make_race in (False, True):
+        m = attnc.MultiHeadAttention(8, 2, dtype=np.float64)
+        seen = {name: (p.shape, p.dtype) for name, p in m.named_parameters()}
+        for _, buffer in m.named_grads():
+            buffer += 1.5  # a gradient in every buffer
+        original = m._every_parameter_slot
+
+        def racing(prefix, original=original):
+            for name, value, owner, attribute in original(prefix):
+                if make_race:
+                    setattr(owner, attribute, None)  # "another thread", between the read and the buffer
+                yield name, value, owner, attribute
+
+        m._every_parameter_slot = racing
+        m.zero_grad()
+        m._every_parameter_slot = original
+        if make_race:  # the parameters back, for the next read
+            for owner in (m.query_linear, m.key_linear, m.value_linear, m.output_linear):
+                owner.weight, owner.bias = np.ones((8, 8)), np.ones(8)
+        grads = dict(m.named_grads(remove_duplicate=False))
+        assert {name: (g.shape, g.dtype) for name, g in grads.items()} == seen
+        assert all(not g.any() for g in grads.values()), "zero_grad left a gradient"
