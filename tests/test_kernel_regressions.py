@@ -20,9 +20,37 @@ from toolkit import MODEL_IDS, MODELS, assert_close, make_module, ref_attend, sc
 UNDER_ASAN = os.environ.get("ATTNC_SANITIZER") == "asan"
 
 
-def _run_child(code, timeout=120):
-    """Runs `code` in a fresh interpreter (same environment); returns its stdout."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+# The Ctrl-C of the child scripts that need one: Python's handler installed (Python leaves
+# SIGINT ignored when it starts ignored, as in a background job of a non-interactive shell:
+# `nohup ... &`); sigint_after(seconds) starts a thread that sends the process SIGINT after
+# `seconds` and returns a list that then holds the time it was sent; sigint_delay(seconds,
+# call) is the time from that SIGINT, sent into call(), to its KeyboardInterrupt.
+_SIGINT_AFTER = """
+import os, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+def sigint_after(seconds):
+    sent = []
+    def send():
+        time.sleep(seconds)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=send, daemon=True).start()
+    return sent
+def sigint_delay(seconds, call):
+    sent = sigint_after(seconds)
+    try:
+        call()
+    except KeyboardInterrupt:
+        return time.perf_counter() - sent[0]
+    raise SystemExit("the call ended without an interrupt")
+"""
+
+
+def _run_child(code, timeout=120, sigint=False):
+    """Runs `code` in a fresh interpreter (same environment), after
+    _SIGINT_AFTER with `sigint`; returns its stdout."""
+    code = (_SIGINT_AFTER if sigint else "") + textwrap.dedent(code)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -271,13 +299,9 @@ def test_sigint_interrupts_a_long_call(call):
     (all of N / 8 columns) took 0.5-0.7 s here, and Ctrl-C waited for it. The
     tasks now ask between slivers."""
     out = _run_child(f"""
-        import os, signal, threading, time
         import numpy as np
         import attnc
         from attnc import functional as F
-        # Python leaves SIGINT ignored when it starts ignored (a background job of a
-        # non-interactive shell, as `nohup ... &`): install the handler Ctrl-C gets
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         attnc.set_num_threads(2)
         rng = np.random.default_rng(0)
         call = {call!r}
@@ -304,12 +328,7 @@ def test_sigint_interrupts_a_long_call(call):
         else:
             x = rng.standard_normal((4096, 1 << 16), dtype=np.float32)
             run = lambda: [F.softmax(x) for _ in range(50)]
-        sent = []
-        def interrupt():
-            time.sleep(1.0)
-            sent.append(time.perf_counter())
-            os.kill(os.getpid(), signal.SIGINT)
-        threading.Thread(target=interrupt, daemon=True).start()
+        sent = sigint_after(1.0)
         start = time.perf_counter()
         try:
             run()
@@ -324,7 +343,7 @@ def test_sigint_interrupts_a_long_call(call):
         w = np.exp(s - s.max(-1, keepdims=True)); w /= w.sum(-1, keepdims=True)
         np.testing.assert_allclose(F.scaled_dot_product_attention(q, q, q), w @ q, rtol=1e-5, atol=1e-6)
         print("next call ok")
-    """, timeout=300)
+    """, timeout=300, sigint=True)
     delay = float(out.split("delay")[1].split()[0])
     assert "next call ok" in out
     assert delay < (1.0 if UNDER_ASAN else 0.2), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
@@ -336,28 +355,16 @@ def test_sigint_skips_the_weights_rows_left():
     keys each): 65536 keys made that 50 M elements per thread, and their
     pages, after the interrupt. It now stops at once (a poll every 20 ms)."""
     out = _run_child("""
-        import os, signal, threading, time
         import numpy as np
         import attnc
         from attnc import functional as F
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         attnc.set_num_threads(2)
         rng = np.random.default_rng(0)
         q = rng.standard_normal((1, 8, 768, 64), dtype=np.float32)
         k = rng.standard_normal((1, 8, 65536, 64), dtype=np.float32)
-        sent = []
-        def interrupt():
-            time.sleep(0.02)  # inside every thread's first pass of products
-            sent.append(time.perf_counter())
-            os.kill(os.getpid(), signal.SIGINT)
-        threading.Thread(target=interrupt, daemon=True).start()
-        try:
-            F.scaled_dot_product_attention(q, k, k, return_weights=True)
-        except KeyboardInterrupt:
-            print("delay", time.perf_counter() - sent[0])
-        else:
-            raise SystemExit("the call ended without an interrupt")
-    """, timeout=300)
+        # SIGINT inside every thread's first pass of products
+        print("delay", sigint_delay(0.02, lambda: F.scaled_dot_product_attention(q, k, k, return_weights=True)))
+    """, timeout=300, sigint=True)
     delay = float(out.split("delay")[1].split()[0])
     assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT"
 
@@ -369,28 +376,15 @@ def test_sigint_stops_one_long_softmax_row():
     the row's lanes). SIGINT 20 ms into a call of one 2**26 row, which takes
     about 0.25 s here, must stop it long before its end."""
     out = _run_child("""
-        import os, signal, threading, time
         import numpy as np
         from attnc import functional as F
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         x = np.random.default_rng(0).standard_normal((1, 1 << 26), dtype=np.float32)
         start = time.perf_counter()
         F.softmax(x)
         whole = time.perf_counter() - start
         for _ in range(3):
-            sent = []
-            def interrupt():
-                time.sleep(0.02)
-                sent.append(time.perf_counter())
-                os.kill(os.getpid(), signal.SIGINT)
-            threading.Thread(target=interrupt, daemon=True).start()
-            try:
-                F.softmax(x)
-            except KeyboardInterrupt:
-                print("delay", time.perf_counter() - sent[0], "whole", whole)
-            else:
-                raise SystemExit("the call ended without an interrupt")
-    """, timeout=300)
+            print("delay", sigint_delay(0.02, lambda: F.softmax(x)), "whole", whole)
+    """, timeout=300, sigint=True)
     runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
     assert len(runs) == 3
     for _, delay, _, whole in runs:
@@ -405,11 +399,9 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
     as questions take longer: the poll comes within its interval (20 ms) and
     a tick of the clock, plus about one question (interrupt.c)."""
     out = _run_child("""
-        import os, signal, threading, time
         import numpy as np
         import attnc
         from attnc import functional as F
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         attnc.set_num_threads(1)  # the caller's questions only: no worker's to wait for
         rng = np.random.default_rng(0)
         q = rng.standard_normal((1, 1, 768, 16384), dtype=np.float32)
@@ -422,19 +414,8 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
             times.append(time.perf_counter() - start)
         question = min(times)
         for _ in range(4):
-            sent = []
-            def interrupt():
-                time.sleep(0.03)
-                sent.append(time.perf_counter())
-                os.kill(os.getpid(), signal.SIGINT)
-            threading.Thread(target=interrupt, daemon=True).start()
-            try:
-                F.scaled_dot_product_attention(q, k, k)
-            except KeyboardInterrupt:
-                print("delay", time.perf_counter() - sent[0], "question", question)
-            else:
-                raise SystemExit("the call ended without an interrupt")
-    """, timeout=300)
+            print("delay", sigint_delay(0.03, lambda: F.scaled_dot_product_attention(q, k, k)), "question", question)
+    """, timeout=300, sigint=True)
     runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
     assert len(runs) == 4
     for _, delay, _, question in runs:
