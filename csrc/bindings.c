@@ -462,15 +462,17 @@ static int convert_in_place(PyArrayObject **arr, attnc_dtype dt, int contiguous,
 }
 
 /* A view of arr with each axis of stride 0 (a broadcast, one element
- * repeated along it) but the last cut to length 1, or arr itself (a new
- * reference either way; NULL on failure). Empty arrays keep their shape. */
-static PyArrayObject *repeats_cut(PyArrayObject *arr)
+ * repeated along it) cut to length 1, but the last unless `cut_last`, or
+ * arr itself (a new reference either way; NULL on failure). An empty array
+ * keeps its shape: any strides are legal for it (NumPy never reads it), and
+ * cutting its empty axis would make it non-empty. */
+static PyArrayObject *repeats_cut(PyArrayObject *arr, int cut_last)
 {
     int nd = PyArray_NDIM(arr), cut = 0;
     npy_intp dims[NPY_MAXDIMS];
     for (int d = 0; d < nd; d++) {
         dims[d] = PyArray_DIM(arr, d);
-        if (d < nd - 1 && PyArray_STRIDE(arr, d) == 0 && dims[d] > 1 && PyArray_SIZE(arr) > 0) {
+        if ((cut_last || d < nd - 1) && PyArray_STRIDE(arr, d) == 0 && dims[d] > 1 && PyArray_SIZE(arr) > 0) {
             dims[d] = 1;
             cut = 1;
         }
@@ -516,7 +518,7 @@ static int fits_in_memory(PyArrayObject *arr, attnc_dtype dt)
  * GiB, and the process was killed out of memory. */
 static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt, const char *name)
 {
-    PyArrayObject *full = *arr, *rows = repeats_cut(full);
+    PyArrayObject *full = *arr, *rows = repeats_cut(full, 0);
     int cut = rows != full, copied = 0, named = 0;
     *arr = rows;
     if (rows) {
@@ -729,26 +731,9 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
         Py_DECREF(raw);
         return 0;
     }
-    /* an empty array keeps its shape: any strides are legal for it (NumPy
-     * never reads it), and collapsing its empty axis would make it non-empty */
-    int empty = PyArray_SIZE(raw) == 0;
-    npy_intp dims[NPY_MAXDIMS], strides[NPY_MAXDIMS];
-    for (int d = 0; d < md; d++) {
-        strides[d] = PyArray_STRIDE(raw, d);
-        dims[d] = strides[d] == 0 && !empty ? 1 : PyArray_DIM(raw, d);
-    }
-    PyArray_Descr *raw_descr = PyArray_DESCR(raw);
-    Py_INCREF(raw_descr);
-    PyArrayObject *collapsed = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, raw_descr, md, dims, strides,
-                                                                      PyArray_DATA(raw), 0, NULL);
-    if (!collapsed) {
-        Py_DECREF(raw);
-        return 0;
-    }
-    if (PyArray_SetBaseObject(collapsed, (PyObject *)raw) < 0) { /* steals raw */
-        Py_DECREF(collapsed);
-        return 0;
-    }
+    PyArrayObject *collapsed = repeats_cut(raw, 1);
+    Py_DECREF(raw);
+    if (!collapsed) return 0;
     PyArray_Descr *descr = dt ? dtype_descr(*dt) : PyArray_DescrFromType(NPY_BOOL);
     m->keep = descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, descr, 0, 0,
                                                        NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST,

@@ -31,20 +31,23 @@ static int FN(softmax_row)(real *row, elem *out, const elem *in, idx_t n, idx_t 
     FN(lanes_fill)(sum_lanes, 0);
     for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
         if (j0 && attnc_interrupted()) return 0;
-        for (idx_t j = j0; j < j0 + FN(chunk_at)(n, j0); j++) row[j] = to_real(in[j * inner]);
-        FN(max_into_lanes)(max_lanes, row + j0, FN(chunk_at)(n, j0));
+        idx_t end = j0 + FN(chunk_at)(n, j0);
+        for (idx_t j = j0; j < end; j++) row[j] = to_real(in[j * inner]);
+        FN(max_into_lanes)(max_lanes, row + j0, end - j0);
     }
     real shift = FN(lanes_max)(max_lanes);
     for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
         if (j0 && attnc_interrupted()) return 0;
-        FN(exp_shift)(row + j0, FN(chunk_at)(n, j0), shift);
-        FN(sum_into_lanes)(sum_lanes, row + j0, FN(chunk_at)(n, j0));
+        idx_t length = FN(chunk_at)(n, j0);
+        FN(exp_shift)(row + j0, length, shift);
+        FN(sum_into_lanes)(sum_lanes, row + j0, length);
     }
     real factor = 1 / FN(lanes_sum)(sum_lanes);
     for (idx_t j0 = 0; j0 < n; j0 += SOFTMAX_CHUNK) {
         if (j0 && attnc_interrupted()) return 0;
-        FN(scale_row)(row + j0, FN(chunk_at)(n, j0), factor);
-        for (idx_t j = j0; j < j0 + FN(chunk_at)(n, j0); j++) out[j * inner] = to_elem(row[j]);
+        idx_t end = j0 + FN(chunk_at)(n, j0);
+        FN(scale_row)(row + j0, end - j0, factor);
+        for (idx_t j = j0; j < end; j++) out[j * inner] = to_elem(row[j]);
     }
     return 1;
 }
