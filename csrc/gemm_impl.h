@@ -820,7 +820,12 @@ static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *
  * row, when rows are a multiple of 64 bytes apart) are aligned: a (1,
  * 4096) x (4096, 4096)^T `linear` whose rows start 16 bytes past a line
  * (NumPy's alignment) took 1.2-1.3x the time with every load split over two
- * lines (benchmarks/NOTES.md). A lane past n repeats the last output and
+ * lines. Loaded by blocks, the boundary is a 16-byte block's (no block of
+ * a 16-byte aligned row straddles a line), so NumPy's rows need no lead:
+ * it had taken 6.5 % of `linear` (8, 768) -> 2304 on a Xeon core (a call,
+ * its accumulators in memory), and the product 0.94-0.98x the time on 1
+ * thread without it, (1, 768) -> 2304 at AVX2 0.94x (benchmarks/NOTES.md).
+ * A lane past n repeats the last output and
  * is not stored. Each element gets the packed path's operations in its
  * order: from the bias, the multiply-adds of a K block one step after
  * another, then the K blocks' sums added. */
@@ -833,13 +838,13 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
     real bias[FEW_ROWS_CHAINS][VLANES], sums[FEW_ROWS_CHAINS * GEMM_FEW_ROWS][VLANES];
     for (int c = 0; c < chains; c++)
         for (int l = 0; l < VLANES; l++) bias[c][l] = FN(bias_at)(g, j0 + attnc_min(c * VLANES + l, n - 1));
-    const size_t vector_bytes = VLANES * sizeof(elem);
+    const size_t align_bytes = by_blocks ? 16 : VLANES * sizeof(elem);
     for (idx_t p0 = 0; p0 < K; p0 += ATTNC_GEMM_KC) {
         idx_t p = p0, end = attnc_min(K, p0 + ATTNC_GEMM_KC);
         vreal acc[FEW_ROWS_CHAINS * GEMM_FEW_ROWS];
         for (int c = 0; c < chains; c++)
             for (int m = 0; m < M; m++) acc[c * M + m] = p0 == 0 ? vloadu(bias[c]) : vzero();
-        int lead = (int)((vector_bytes - (uintptr_t)(rows[0] + p) % vector_bytes) % vector_bytes / sizeof(elem));
+        int lead = (int)((align_bytes - (uintptr_t)(rows[0] + p) % align_bytes) % align_bytes / sizeof(elem));
         if (lead && p + VLANES <= end) {
             vreal lead_acc[FEW_ROWS_CHAINS * GEMM_FEW_ROWS]; /* (acc's address kept to itself: its rows stay in registers) */
             for (int i = 0; i < chains * M; i++) lead_acc[i] = acc[i];
