@@ -247,9 +247,10 @@ def test_module_few_rows_parts_every_level(positions, dtype, simd_mode):
 def test_linear_weights_at_any_alignment(m, k, offset, dtype, simd_mode):
     """The few-rows order (1, 3 and 8 rows) starts each K block with the steps
     up to the first weight row's next vector boundary (a whole turned
-    block, only those steps used), so that its other loads are aligned (by
-    16-byte blocks, as AVX2 loads from 1 row and AVX-512 from 6, the
-    block's boundary: 16-byte offsets need none); so
+    block, only those steps used), so that its other loads are aligned
+    (rows loaded a 16-byte block at a time, from 1 row at AVX2 and from 6
+    at AVX-512, only up to the next 16-byte boundary: offsets of whole
+    blocks take no such steps); so
     does the packing of whole slivers in the packed orders (50 rows), whose
     last block ends at the K block's end, over steps already stored. Weights
     whose rows start `offset` elements past a 64-byte boundary (a view into
