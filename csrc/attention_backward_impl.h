@@ -143,7 +143,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
 static __attribute__((noinline)) void FN(tile_add_keys)(idx_t m, idx_t kc, const real *a, const real *b, real *c,
                                                         idx_t c_rs)
 {
-    FN(gemm_tile_rows)(m, kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
+    FN(gemm_tile_rows)(m, GEMM_NR, kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries

@@ -190,18 +190,18 @@ static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, 
                                               real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
     else
-        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
 static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
                                             real *c, idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
     else
-        FN(gemm_tile_rows)(m, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- k_pack .

@@ -166,6 +166,19 @@
  * benchmarks/NOTES.md). The transposed order is taken only where it pads A
  * by at most this much more than the packed orders. */
 #define GEMM_PACKING_ROWS (SIMD_BYTES / 16)
+/* A tile of one vector of columns (gemm_tile_rows at C's right edge)
+ * loads a broadcast of A for each multiply-add, where two vectors load one
+ * for two: the transposed order counts its last tile, when it is one
+ * vector (x's rows are its columns), as this many rows of padding more.
+ * VLANES / 8: 2 at AVX-512's float, where against the streamed order, on a
+ * Xeon family 6 model 207 (1 thread / 2, best / median), `linear` (12, 512)
+ * -> 1536 in one-vector tiles took 1.24 / 1.05x the time and 1.19 / 1.22x,
+ * (13, 512) -> 1536 0.78 / 0.91x and 0.79 / 0.97x, (14, 768) -> 2304 0.70 /
+ * 0.71x and 0.69 / 0.87x, (16, 512) -> 512 0.79 / 0.95x and 0.93 / 0.90x,
+ * module (1, 14, 768) 0.72 / 0.72x and 0.97 / 0.93x, (48, 768) -> 2304 1.01
+ * / 1.04x and 0.90 / 1.03x; 1 at AVX2 and AVX-512's double, 0 at 16 bytes
+ * (not measured) (benchmarks/NOTES.md). */
+#define GEMM_ONE_VECTOR_TILE_ROWS (VLANES / 8)
 /* The transposed order's rows at most, at AVX2 and AVX-512: its loop
  * broadcasts from the weight rows read in place (at AVX2 their offsets
  * partly reloaded from the stack), and it ran behind the packed order from
@@ -276,24 +289,25 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
 /* ------------------------------------------------------------------------ */
 /* the micro-kernel                                                          */
 
-/* c (rows, NR) = init (rows, NR) + a (rows, kc) . b (kc, NR), rows <= MR (a
- * constant: gemm_tile_rows picks it), or c += a . b when
+/* c (rows, w) = init (rows, w) + a (rows, kc) . b (kc, w), w = vectors x
+ * VLANES, rows <= MR and vectors 1 or 2 (constants: gemm_tile_rows picks
+ * them; w is NR but at C's right edge), or c += a . b when
  * init is NULL (a constant NULL compiles the loads away); init's rows are
  * init_rs apart (0: one row for all). With a scale (not NULL, with init
  * only), c = *scale * (init + a . b), rounded as a multiply after the sum.
- * b is a packed sliver: NR contiguous elements per step, aligned to the
- * vector size. a's
+ * b is a packed sliver: NR contiguous elements per step (of which the
+ * first w are read), aligned to the vector size. a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
- * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, 2 vector
- * loads of B and 2 * rows FMAs. c's rows are c_rs apart. With stream_b (a
+ * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, `vectors`
+ * vector loads of B and vectors * rows FMAs. c's rows are c_rs apart. With stream_b (a
  * constant: the GEMM's tiles), b is a sliver KC steps deep, larger than L1,
  * whose rows GEMM_PREFETCH_STEPS ahead are asked for while these compute,
  * and C is in memory. With pairs
  * (a constant; BF16_PAIRS only), a step is two of the product's: every
  * element of a and b is a pair of bfloat16 (storage.h), multiplied by
  * vdot_pairs. */
-static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t kc, const real *a, idx_t a_rs,
-                                                                idx_t a_step,
+static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int vectors, idx_t kc, const real *a,
+                                                                idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
                                                                 const real *init, idx_t init_rs, const real *scale,
                                                                 int stream_b, int pairs)
@@ -301,14 +315,14 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t 
     vreal acc[GEMM_MR][2], factor = scale ? vset1(*scale) : vzero(); /* read once: c may alias it */
     _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
         acc[i][0] = init ? vloadu(init + i * init_rs) : vzero();
-        acc[i][1] = init ? vloadu(init + i * init_rs + VLANES) : vzero();
+        acc[i][1] = init && vectors == 2 ? vloadu(init + i * init_rs + VLANES) : vzero();
         /* start loading C's row (it may straddle cache lines) while the K
          * loop runs, when it is added to or is the GEMM's (in memory):
          * waiting for it at the end cost a sixth of the time. Attention's
          * score tiles (only stored, in L2) take 0.99x the time without. */
         if (!init || stream_b) {
             __builtin_prefetch(c + i * c_rs);
-            __builtin_prefetch(c + i * c_rs + GEMM_NR - 1);
+            __builtin_prefetch(c + i * c_rs + vectors * VLANES - 1);
         }
     }
     /* A's rows in groups of four from a base each: element (i, p) at
@@ -321,47 +335,55 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, idx_t 
     GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += GEMM_NR) {
         if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
             __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
-            if (GEMM_NR * sizeof(real) > 64) __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
+            if (vectors == 2 && GEMM_NR * sizeof(real) > 64)
+                __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
         }
-        vreal b0 = vload(b), b1 = vload(b + VLANES);
+        vreal b0 = vload(b), b1 = vectors == 2 ? vload(b + VLANES) : vzero();
         _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
             vreal ai = vset1(group[i / 4][offset[i % 4]]);
             acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
-            acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
+            if (vectors == 2) acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
         }
         for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] += a_step;
     }
     _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++, c += c_rs) {
-        if (!init) {
-            acc[i][0] = vadd(vloadu(c), acc[i][0]);
-            acc[i][1] = vadd(vloadu(c + VLANES), acc[i][1]);
-        } else if (scale) {
-            acc[i][0] = acc[i][0] * factor;
-            acc[i][1] = acc[i][1] * factor;
+        for (int v = 0; v < vectors; v++) {
+            if (!init)
+                acc[i][v] = vadd(vloadu(c + v * VLANES), acc[i][v]);
+            else if (scale)
+                acc[i][v] = acc[i][v] * factor;
+            vstoreu(c + v * VLANES, acc[i][v]);
         }
-        vstoreu(c, acc[i][0]);
-        vstoreu(c + VLANES, acc[i][1]);
     }
 }
 
 /* The micro-kernel on the tile whose first row has m rows left below it
- * (from 1): MR or more run a whole tile; fewer (C's bottom edge, a key or
- * query tile's last rows) run on the fewest whole GEMM_MR_STEP rows that
- * hold them (rows past m computed from the zero padding and stored like
- * the rest; rows past those neither computed nor written), not on MR rows
- * of which the rest are padding. */
-static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, idx_t kc, const real *a, idx_t a_rs,
-                                                                     idx_t a_step, const real *b, real *c, idx_t c_rs,
-                                                                     const real *init, idx_t init_rs,
+ * and whose first column has n columns left right of it (both from 1): MR
+ * or more run a whole tile; fewer (C's bottom edge, a key or query tile's
+ * last rows) run on the fewest whole GEMM_MR_STEP rows that hold them (rows
+ * past m computed from the zero padding and stored like the rest; rows past
+ * those neither computed nor written), not on MR rows of which the rest
+ * are padding. Likewise n up to VLANES (C's right edge) runs on one vector
+ * of columns, not NR: the columns past it neither computed nor written. */
+static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, idx_t n, idx_t kc, const real *a,
+                                                                     idx_t a_rs, idx_t a_step, const real *b, real *c,
+                                                                     idx_t c_rs, const real *init, idx_t init_rs,
                                                                      const real *scale, int stream_b, int pairs)
 {
     idx_t steps = attnc_ceil_div(m, GEMM_MR_STEP);
-    if (steps == 1)
-        FN(gemm_tile)(GEMM_MR_STEP, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
-    else if (steps == 2 && 2 * GEMM_MR_STEP < GEMM_MR)
-        FN(gemm_tile)(2 * GEMM_MR_STEP, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
-    else
-        FN(gemm_tile)(GEMM_MR, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs);
+    int rows = steps == 1 ? GEMM_MR_STEP : steps == 2 && 2 * GEMM_MR_STEP < GEMM_MR ? 2 * GEMM_MR_STEP : GEMM_MR;
+#define GEMM_TILE_OF(ROWS, VECTORS) \
+    FN(gemm_tile)(ROWS, VECTORS, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs)
+    if (n <= VLANES) {
+        if (rows == GEMM_MR_STEP) GEMM_TILE_OF(GEMM_MR_STEP, 1);
+        else if (rows == 2 * GEMM_MR_STEP) GEMM_TILE_OF(2 * GEMM_MR_STEP, 1);
+        else GEMM_TILE_OF(GEMM_MR, 1);
+    } else {
+        if (rows == GEMM_MR_STEP) GEMM_TILE_OF(GEMM_MR_STEP, 2);
+        else if (rows == 2 * GEMM_MR_STEP) GEMM_TILE_OF(2 * GEMM_MR_STEP, 2);
+        else GEMM_TILE_OF(GEMM_MR, 2);
+    }
+#undef GEMM_TILE_OF
 }
 
 /* ------------------------------------------------------------------------ */
@@ -607,10 +629,10 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     if (m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         if (first)
-            FN(gemm_tile)(GEMM_MR, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
+            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
                           NULL, 1, BF16_PAIRS);
         else
-            FN(gemm_tile)(GEMM_MR, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
+            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -618,7 +640,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
     if (bias)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
-    FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, bias ? init : FN(gemm_zeros), 0, NULL, 1,
+    FN(gemm_tile_rows)(m, n, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, bias ? init : FN(gemm_zeros), 0, NULL, 1,
                        BF16_PAIRS);
     for (idx_t r = 0; r < m; r++)
         for (idx_t s = 0; s < n; s++) {
@@ -665,7 +687,7 @@ static void FN(transposed_block)(const FN(gemm_job) *job, idx_t i0, idx_t i1, co
         for (idx_t r = 0; bias && r < GEMM_MR; r++)
             for (idx_t s = 0; s < GEMM_NR; s++) init[r * GEMM_NR + s] = r < m ? bias[i + r] : 0;
         for (idx_t j = 0; j < job->N; j += GEMM_NR)
-            FN(gemm_tile_rows)(m, job->steps, a, a_rs, a_step, packed_b + j * job->steps,
+            FN(gemm_tile_rows)(m, job->N - j, job->steps, a, a_rs, a_step, packed_b + j * job->steps,
                                panel + (i - i0 - chunk) * job->panel_stride + j, job->panel_stride,
                                bias ? init : FN(gemm_zeros), bias ? GEMM_NR : 0, NULL, 1, BF16_PAIRS);
         if (i + GEMM_MR >= i1 || i + GEMM_MR - i0 - chunk == GEMM_PANEL_ROWS)
@@ -1070,17 +1092,21 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * read in place by the micro-kernel's broadcasts and only A is packed,
      * into a block that stays in L2 (GEMM_TRANSPOSED_X_BYTES)
      * (packing the weights cost more than multiplying them by a few dozen
-     * rows). But A's rows are then the tiles' columns, NR wide: when that
+     * rows). But A's rows are then the tiles' columns, whole vectors of
+     * them (the last tile one vector or two; one counts
+     * GEMM_ONE_VECTOR_TILE_ROWS more): when that
      * pads A more than the other orders' edge tiles do (whole
      * GEMM_MR_STEP rows) plus GEMM_PACKING_ROWS, packing contiguous
      * weights costs less, and so it does when a tile's MR rows of them
      * evict each other from L1 (rows_evict_each_other) (weights with a
      * column stride pack one element at a time: not measured, so they keep
      * the transposed order). */
-    idx_t transposed_rows = attnc_ceil_div(M, GEMM_NR) * GEMM_NR;
+    idx_t transposed_rows = attnc_ceil_div(M, VLANES) * VLANES;
+    int one_vector_last = M % GEMM_NR != 0 && M % GEMM_NR <= VLANES;
     int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_TRANSPOSED_X_BYTES &&
-                     (b.cs != 1 || (transposed_rows <= attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
+                     (b.cs != 1 || (transposed_rows + one_vector_last * GEMM_ONE_VECTOR_TILE_ROWS <=
+                                        attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
                                     !rows_evict_each_other(b.rs * (idx_t)sizeof(real), GEMM_MR)));
     /* A whole packed A that stays in L2, and B slivers for every thread:
      * the streamed order (see the top) */

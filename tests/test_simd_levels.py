@@ -88,8 +88,10 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
     transposed at every level (the weights read in place; x's rows the
     tiles' columns), 12 rows transposed where the tiles' columns pad them
-    little and streamed where padding would cost more than packing the
-    weights (AVX-512 float: 32 columns), 64 and 96 float rows on either
+    little (16 columns of AVX-512's double; 12 at the 16-byte level, the
+    last tile one vector of 4 lanes) and streamed where padding would cost
+    more than packing the weights (16 columns of AVX-512's float, one
+    vector; of AVX2's float, two), 64 and 96 float rows on either
     side of the cap on the transposed order at AVX2 and AVX-512 (64
     transposed, 96 streamed; both transposed at the 16-byte level), 400
     streamed (the weights a sliver at a time, x read in place but for a last
@@ -112,13 +114,29 @@ def test_linear_transposed_panels_every_level(m, dtype, simd_mode, restore_threa
     cut at 301), and
     K = K_BLOCK + 1 two K blocks (the second, of one step, added to C through the
     same panels). x's 16 or 32 rows are the panels' columns; every level
-    and dtype takes the order for one of them at least (32 float rows at
-    AVX-512, where 16 would be padded to 32 columns; 16 double rows, where
-    32 would not fit the order's L2 block). Against float64, on 1 and 2
+    and dtype takes the order for one of them at least (both at AVX-512's
+    float, 16 rows in one-vector tiles; 16 double rows, where 32 would not
+    fit the order's L2 block). Against float64, on 1 and 2
     threads, and each row's bits as when alone."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, K_BLOCK + 1), dtype), _r(rng, (301, K_BLOCK + 1), dtype), _r(rng, (301,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
+@pytest.mark.parametrize("m,k", [(14, K_BLOCK + 1), (16, K_BLOCK + 1), (23, 300), (47, 300)])
+def test_linear_one_vector_edge_tiles_every_level(m, k, dtype, simd_mode, restore_threads):
+    """A tile at C's right edge with at most a vector's lanes of columns
+    left runs on one vector of them, not two. The transposed order takes
+    such tiles for x's last rows (its tiles' columns): 14 and 16 float rows
+    at AVX-512 (one vector of 16 lanes, over two K blocks: the second adds
+    to C through the same tiles), 47 (two vectors and one of 15 lanes), 23
+    at AVX2 and AVX-512's double (two vectors and one of 7 of 8 lanes); the
+    packed orders for the weights' last columns (301 = 9 x 32 + 13 at
+    AVX-512's float, whose 23 rows are streamed). Against float64, on 1
+    and 2 threads, and each row's bits as when alone."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, k), dtype), _r(rng, (301, k), dtype), _r(rng, (301,), dtype)
+    _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m} K={k}")
 
 
 @pytest.mark.parametrize("m", [200, 401])
