@@ -4,6 +4,7 @@ enters, naming the argument. Everything a call passes (arrays, dropout
 probabilities, scale, axis, rng, thread counts) is checked once, in
 attnc/_C (csrc/bindings.c)."""
 import operator
+import sys
 
 import numpy as np
 
@@ -24,8 +25,13 @@ def bfloat16():
 
 def as_array(value, name):
     """np.asarray(value), a torch tensor that requires grad by its values (detached): NumPy
-    refuses it, and attnc never differentiates through it. The rule of attnc._C's conversions,
-    whose errors name the argument as this one's do."""
+    refuses it, and attnc never differentiates through it; a numpy.ma.MaskedArray with an
+    element masked refused (ValueError): attnc reads every element, masked or not. The rule of
+    attnc._C's conversions, whose errors name the argument as this one's do."""
+    ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
+    if ma is not None and isinstance(value, ma.MaskedArray) and ma.is_masked(value):
+        raise ValueError(f"{name}: a masked array with masked elements; attnc reads every element, masked or "
+                         f"not: pass {name}.filled(value)")
     try:
         return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
     except (TypeError, ValueError) as error:

@@ -380,6 +380,36 @@ static PyObject *without_grad(PyObject *obj)
     return obj;
 }
 
+/* Whether obj is a numpy.ma.MaskedArray with an element masked: attnc
+ * reads every element's value, masked or not, so it refuses such an array
+ * (ValueError naming `name`) rather than compute with the values under its
+ * mask. 1 with that error, -1 with another, 0 otherwise (a masked array
+ * with nothing masked is read as its data). numpy.ma is looked up only if
+ * imported: before, no masked array exists. */
+static int has_masked_elements(PyObject *obj, const char *name)
+{
+    if (!PyArray_Check(obj) || PyArray_CheckExact(obj)) return 0;
+    PyObject *ma_name = PyUnicode_FromString("numpy.ma");
+    PyObject *ma = ma_name ? PyImport_GetModule(ma_name) : NULL;
+    Py_XDECREF(ma_name);
+    if (!ma) return PyErr_Occurred() ? -1 : 0;
+    PyObject *cls = PyObject_GetAttrString(ma, "MaskedArray");
+    int is_masked_array = cls ? PyObject_IsInstance(obj, cls) : -1, masked = 0;
+    Py_XDECREF(cls);
+    if (is_masked_array > 0) {
+        PyObject *any = PyObject_CallMethod(ma, "is_masked", "O", obj);
+        masked = any ? PyObject_IsTrue(any) : -1;
+        Py_XDECREF(any);
+    }
+    Py_DECREF(ma);
+    if (is_masked_array < 0 || masked < 0) return -1;
+    if (masked)
+        PyErr_Format(PyExc_ValueError,
+                     "%s: a masked array with masked elements; attnc reads every element, masked or not: "
+                     "pass %s.filled(value)", name, name);
+    return masked;
+}
+
 /* obj as an ndarray of real numbers (obj itself for an ndarray): bool,
  * integers and floats: NumPy's, and those of other packages that NumPy
  * casts to float32 safely (bfloat16, and ml_dtypes' float8 and narrower,
@@ -387,6 +417,11 @@ static PyObject *without_grad(PyObject *obj)
  * object, strings, void, datetimes. A new reference. */
 static PyArrayObject *real_values(PyObject *obj, const char *name)
 {
+    int masked = has_masked_elements(obj, name);
+    if (masked) {
+        if (masked < 0) name_the_error(name);
+        return NULL;
+    }
     PyObject *value = without_grad(obj);
     PyArrayObject *arr = value ? (PyArrayObject *)PyArray_FROM_O(value) : NULL;
     Py_XDECREF(value);
@@ -1300,6 +1335,11 @@ static int module_param(PyObject *obj, PyObject *name, attnc_dtype dt, npy_intp 
         PyObject *want = shape_tuple(nd, expected);
         if (want) PyErr_Format(PyExc_TypeError, "%s: expected an array of shape %R, got None", cname, want);
         Py_XDECREF(want);
+        return 0;
+    }
+    int masked = has_masked_elements(obj, cname);
+    if (masked) {
+        if (masked < 0) name_the_error(cname);
         return 0;
     }
     if (PyArray_Check(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {

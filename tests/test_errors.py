@@ -76,6 +76,69 @@ def test_object_array_of_numbers_is_rejected():
         attnc.SelfAttentionV1(2)(x)
 
 
+def _masked_at_one_element(data):
+    """data as a numpy.ma.MaskedArray with its first element masked (data not copied)."""
+    mask = np.zeros(data.shape, bool)
+    mask.flat[0] = True
+    return np.ma.array(data, mask=mask)
+
+
+MASKED_REFUSAL = "a masked array with masked elements"
+
+
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_masked_input_with_masked_elements_is_refused(case):
+    """attnc reads every element's value, masked or not: a masked array with an element
+    masked raises ValueError naming the argument rather than compute with the values under
+    the mask; the array and its mask are left as they were."""
+    data = np.arange(2 * 3 * DIM, dtype=np.float32).reshape(2, 3, DIM)
+    x = _masked_at_one_element(data.copy())
+    with pytest.raises(ValueError, match=f"^x: {MASKED_REFUSAL}"):
+        case.make(DIM)(x)
+    np.testing.assert_array_equal(x.data, data)
+    assert x.mask.sum() == 1 and x.mask.flat[0]
+
+
+def test_masked_arrays_with_masked_elements_are_refused_by_every_entry():
+    """The functional layer's arrays, a module's parameter assignment and an attention mask
+    given as a masked array: each a ValueError naming its argument."""
+    q = np.ones((1, 2, 3, 4), np.float32)
+    w = np.ones((5, 4), np.float32)
+    calls = {
+        "x": lambda: F.linear(_masked_at_one_element(q.copy()), w),
+        "weight": lambda: F.linear(q, _masked_at_one_element(w.copy())),
+        "bias": lambda: F.linear(q, w, _masked_at_one_element(np.ones(5, np.float32))),
+        "query": lambda: F.scaled_dot_product_attention(_masked_at_one_element(q.copy()), q, q),
+        "key": lambda: F.scaled_dot_product_attention(q, _masked_at_one_element(q.copy()), q),
+        "value": lambda: F.scaled_dot_product_attention(q, q, _masked_at_one_element(q.copy())),
+        "attn_mask": lambda: F.scaled_dot_product_attention(q, q, q,
+                                                            attn_mask=_masked_at_one_element(np.ones((3, 3), bool))),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=f"^{name}: {MASKED_REFUSAL}"):
+            call()
+    m = attnc.MultiHeadAttention(4, 2)
+    before = m.query_linear.weight.copy()
+    with pytest.raises(ValueError, match=f"^weight: {MASKED_REFUSAL}"):
+        m.query_linear.weight = _masked_at_one_element(before.copy())
+    np.testing.assert_array_equal(m.query_linear.weight, before)
+
+
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_masked_array_with_nothing_masked_is_read_as_its_data(case):
+    """A masked array none of whose elements is masked holds exactly its data: input and
+    parameter alike give the bits the plain arrays give."""
+    m = case.make(DIM).eval()
+    x = np.random.default_rng(0).standard_normal((2, 3, DIM)).astype(np.float32)
+    expected = m(x)
+    np.testing.assert_array_equal(m(np.ma.array(x, mask=np.zeros(x.shape, bool))), expected)
+    name, value = next(iter(m.state_dict().items()))
+    m.load_state_dict({**m.state_dict(), name: np.ma.array(value)})
+    np.testing.assert_array_equal(m(x), expected)
+    np.testing.assert_array_equal(F.linear(np.ma.array(x), np.ma.array(np.eye(DIM, dtype=np.float32))),
+                                  F.linear(x, np.eye(DIM, dtype=np.float32)))
+
+
 # ----------------------------------------------------------------------------
 # shapes
 
