@@ -1337,12 +1337,8 @@ static int module_param(PyObject *obj, PyObject *name, attnc_dtype dt, npy_intp 
         Py_XDECREF(want);
         return 0;
     }
-    int masked = has_masked_elements(obj, cname);
-    if (masked) {
-        if (masked < 0) name_the_error(cname);
-        return 0;
-    }
-    if (PyArray_Check(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
+    /* (an ndarray itself, not a subclass: a masked array's check is real_values') */
+    if (PyArray_CheckExact(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
         Py_INCREF(obj); /* held for the call: another thread may rebind the attribute */
         *arr = (PyArrayObject *)obj;
     } else if (!(*arr = real_input(obj, cname, dt, 1))) {

@@ -122,6 +122,10 @@ def test_masked_arrays_with_masked_elements_are_refused_by_every_entry():
     with pytest.raises(ValueError, match=f"^weight: {MASKED_REFUSAL}"):
         m.query_linear.weight = _masked_at_one_element(before.copy())
     np.testing.assert_array_equal(m.query_linear.weight, before)
+    # placed past the assignment's check: the forward's conversion of the parameter refuses it
+    object.__setattr__(m.query_linear, "weight", _masked_at_one_element(before.copy()))
+    with pytest.raises(ValueError, match=f"^query_linear.weight: {MASKED_REFUSAL}"):
+        m(np.ones((1, 3, 4), np.float32))
 
 
 @pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
