@@ -34,8 +34,8 @@ def as_array(value, name):
                          f"not: pass {name}.filled(value)")
     try:
         return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
-    except (TypeError, ValueError) as error:
-        if type(error) not in (TypeError, ValueError):  # a subclass may take other arguments: as raised
+    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: torch's
+        if type(error) not in (TypeError, ValueError, RuntimeError):  # a subclass may take other arguments: as raised
             raise
         raise type(error)(f"{name}: {error}") from error
 
@@ -71,8 +71,8 @@ def flag(value, name):
     as the C layer's flags do."""
     try:
         return bool(value)
-    except (TypeError, ValueError) as error:
-        if type(error) not in (TypeError, ValueError):  # a subclass may take other arguments: as raised
+    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: torch's, for several elements
+        if type(error) not in (TypeError, ValueError, RuntimeError):  # a subclass may take other arguments: as raised
             raise
         raise type(error)(f"{name}: {error}") from error
 

@@ -92,15 +92,17 @@ static int kernel_ok(attnc_status status, const char *function)
 /* ======================================================================== */
 /* scalar arguments                                                         */
 
-/* Replaces a TypeError or ValueError being raised by one of the same type
- * whose message starts with `name` (the original becomes its __cause__). */
+/* Replaces a TypeError, ValueError or RuntimeError (torch's, for a tensor
+ * of several elements asked for its truth) being raised by one of the same
+ * type whose message starts with `name` (the original becomes its
+ * __cause__). */
 static void name_the_error(const char *name)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     /* a MemoryError of any kind (NumPy's own takes other arguments) as a
      * plain one */
-    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError ? type
+    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_RuntimeError ? type
                       : type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ? PyExc_MemoryError
                                                                                     : NULL;
     if (!named) {
@@ -741,7 +743,8 @@ typedef struct {
  * array of type_num of its own (un-broadcast) size: zero-stride axes of a
  * non-empty array are collapsed to length 1 before casting, so a broadcast
  * view is never expanded. A mask (NPY_BOOL): nonzero (NaN included) keeps a position,
- * as bool(x) does; a bias: the values, cast. */
+ * as bool(x) does; a bias: the values, cast (bools refused, however given:
+ * a mask passed as a bias would be added as 0 and 1). */
 static int scores_operand(PyObject *obj, const char *name, int nd, const npy_intp *scores_shape,
                           const attnc_dtype *dt, mask_view *m)
 {
@@ -749,6 +752,12 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
     if (obj == NULL || obj == Py_None) return 1;
     PyArrayObject *raw = real_array(obj, name);
     if (!raw) return 0;
+    if (dt && PyArray_ISBOOL(raw)) { /* as converted: a torch bool tensor, a list of bools, True */
+        PyErr_Format(PyExc_TypeError, "%s: expected floats added to the scores, got bools (a mask of keys to keep "
+                     "is attn_mask; torch's True-means-hidden masks become a -inf bias)", name);
+        Py_DECREF(raw);
+        return 0;
+    }
     int md = PyArray_NDIM(raw);
     int fits = md <= nd;
     for (int d = 0; fits && d < md; d++) {
@@ -1058,11 +1067,6 @@ static int attention_operands(PyObject *const *objs, const score_options *o, int
     for (int d = 0; d < nb; d++) shape[d] = a->batch.shape[d];
     shape[nb] = L;
     shape[nb + 1] = S;
-    if (o->bias != Py_None && PyArray_Check(o->bias) && PyArray_ISBOOL((PyArrayObject *)o->bias)) {
-        PyErr_Format(PyExc_TypeError, "attn_bias: expected floats added to the scores, got a bool array (a mask "
-                     "of keys to keep is attn_mask; torch's True-means-hidden masks become a -inf bias)");
-        return 0;
-    }
     if (!scores_operand(o->mask, "attn_mask", nb + 2, shape, NULL, mask) ||
         !scores_operand(o->bias, "attn_bias", nb + 2, shape, dt, bias))
         return 0;

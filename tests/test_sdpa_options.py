@@ -475,6 +475,45 @@ def test_bool_bias_is_refused_and_numpy_seeds_are_taken():
     np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=np.uint64(7)), plain)
 
 
+@pytest.mark.parametrize("form", ["torch", "torch_strided", "list", "python_true", "numpy_scalar"])
+def test_bool_bias_is_refused_however_it_is_given(form):
+    """Regression (docs audit): only a NumPy bool array was refused as attn_bias; a torch bool
+    tensor, a list of bools or True was converted to 0/1 and added to the scores, so a key
+    marked False stayed attended (a silently wrong answer). Forward and backward."""
+    rng = np.random.default_rng(43)
+    q = normal(rng, (2, 5, 4), np.float64)
+    keep = np.ones((5, 5), bool)
+    keep[:, -1] = False
+    bias = {"torch": torch.from_numpy(keep), "torch_strided": torch.from_numpy(np.ascontiguousarray(keep.T)).T,
+            "list": keep.tolist(), "python_true": True, "numpy_scalar": np.bool_(True)}[form]
+    with pytest.raises(TypeError) as info:
+        F.scaled_dot_product_attention(q, q, q, attn_bias=bias)
+    assert str(info.value).startswith("attn_bias"), str(info.value)
+    out, lse = F.scaled_dot_product_attention(q, q, q, return_lse=True)
+    with pytest.raises(TypeError) as info:
+        F.scaled_dot_product_attention_backward(np.ones_like(out), q, q, q, out, lse, attn_bias=bias)
+    assert str(info.value).startswith("attn_bias"), str(info.value)
+    # the same values as floats are a bias: the oracle is torch's float attn_mask
+    floats = keep.astype(np.float64)
+    expected = TF.scaled_dot_product_attention(*(torch.from_numpy(q),) * 3, attn_mask=torch.from_numpy(floats))
+    assert_close(F.scaled_dot_product_attention(q, q, q, attn_bias=floats), expected.numpy(), np.float64)
+
+
+def test_flag_given_a_torch_tensor_of_several_elements_names_the_argument():
+    """Regression (docs audit): torch raises RuntimeError for the truth of a tensor of several
+    elements, and that error passed through without the argument's name (TypeError and
+    ValueError were named)."""
+    q = np.ones((3, 4))
+    two = torch.tensor([True, False])
+    for call, name in ((lambda: F.scaled_dot_product_attention(q, q, q, is_causal=two), "is_causal"),
+                       (lambda: F.scaled_dot_product_attention(q, q, q, return_weights=two), "return_weights"),
+                       (lambda: attnc.SelfAttentionV1(4).train(two), "mode")):
+        with pytest.raises(RuntimeError) as info:
+            call()
+        assert str(info.value).startswith(name + ":"), str(info.value)
+        assert "ambiguous" in str(info.value)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64], ids=["f32", "f16", "f64"])
 def test_scale_beyond_float32_is_refused_where_the_kernels_compute_in_float32(dtype):
     """scale=1e39 passed the finite check and became inf in the float32 kernels: every score
