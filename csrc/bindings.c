@@ -1007,16 +1007,18 @@ static int band_arguments(const score_options *o, idx_t L, idx_t S, attnc_band *
     int windowed = o->window && o->window != Py_None;
     *band = (attnc_band){o->is_causal || windowed, bottom_right ? S - L : 0, ATTNC_UNBOUNDED, ATTNC_UNBOUNDED};
     if (windowed) {
-        PyObject *sides = PySequence_Check(o->window) && !PyUnicode_Check(o->window)
-                              ? PySequence_Fast(o->window, "window") : NULL;
-        if (!sides || PySequence_Fast_GET_SIZE(sides) != 2) {
+        /* a tuple of its own, holding both sides: a list's items are borrowed,
+         * and one side's __index__ could empty the list and free the other */
+        PyObject *sides = PySequence_Check(o->window) && !PyUnicode_Check(o->window) ? PySequence_Tuple(o->window)
+                                                                                      : NULL;
+        if (!sides || PyTuple_GET_SIZE(sides) != 2) {
             Py_XDECREF(sides);
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "window: expected None or a pair (left, right), got %R", o->window);
             return 0;
         }
-        int ok = window_side(PySequence_Fast_GET_ITEM(sides, 0), &band->left) &&
-                 window_side(PySequence_Fast_GET_ITEM(sides, 1), &band->right);
+        int ok = window_side(PyTuple_GET_ITEM(sides, 0), &band->left) &&
+                 window_side(PyTuple_GET_ITEM(sides, 1), &band->right);
         Py_DECREF(sides);
         if (!ok) return 0;
     }

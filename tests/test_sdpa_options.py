@@ -248,6 +248,45 @@ def test_huge_window_sides_are_unbounded(huge):
         check(lse, r_lse, np.float64, "lse", elementwise=True)
 
 
+@pytest.mark.parametrize("call", ["forward", "backward", "gqa"])
+def test_window_list_changed_by_its_own_side_is_read_as_given(call):
+    """Regression (fuzzing): a window list was read through borrowed items, so a side whose
+    __index__ emptied the list (or replaced the other side) freed the item being read: a
+    segfault. The sides are now read from a tuple of their own: as given at the call."""
+    rng = np.random.default_rng(9)
+    q, k, v = normal(rng, (1, 6, 4), np.float64), normal(rng, (1, 7, 4), np.float64), normal(rng, (1, 7, 3), np.float64)
+
+    def run(window):
+        if call == "gqa":
+            return F.scaled_dot_product_attention(q[None], k[None], v[None], window=window, enable_gqa=True)[0]
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, window=(1, 2))
+        if call == "backward":
+            return F.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, out, lse, window=window)[0]
+        return F.scaled_dot_product_attention(q, k, v, window=window)
+
+    window = []
+
+    class Empties:
+        def __index__(self):
+            window.clear()
+            return 1
+
+    window += [Empties(), 2]
+    np.testing.assert_array_equal(run(window), run((1, 2)))
+    r_out, _, _ = reference(q, k, v, **ref_kwargs({"window": (1, 2)}))
+    if call == "forward":
+        check(run((1, 2)), r_out, np.float64, "out")
+
+    class Replaces:
+        def __index__(self):
+            window[0] = None
+            return -1
+
+    window[:] = [Replaces(), 2]
+    with pytest.raises(ValueError, match="^window: each side must be None or an integer >= 0"):
+        run(window)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("window", [None, (300, None)], ids=["nowindow", "window300"])
 @pytest.mark.parametrize("L", [1, 4, 16])
