@@ -440,7 +440,10 @@ class Module:
             a shared parameter under each of its names, as in torch;
             the keys of the torch twin's ``state_dict()``.
         """
-        return {name: value.copy() for name, value in self.named_parameters(remove_duplicate=False)}
+        # a parameter placed past __setattr__ (a list, a torch tensor: the forward converts it) as the
+        # assignment would convert it, named by its key: its own copy() may be none or a shallow one
+        return {name: (value if isinstance(value, np.ndarray) else owner._as_parameter(name, value)).copy()
+                for name, value, owner, _ in self._every_parameter_slot("")}
 
     def load_state_dict(self, state_dict, strict=True):
         """Copy parameter values from a mapping, all or nothing.
@@ -672,8 +675,8 @@ class Module:
         None), made on first use and again after the parameter changed
         shape or dtype. ValueError naming `key` if the buffer itself was
         changed in place (unless `renew`: a new one then)."""
-        if not isinstance(param, np.ndarray):  # set by another thread since the caller checked it
-            raise RuntimeError(f"{key}: the parameter is {type(param).__name__}, not an array (set while this ran?)")
+        if not isinstance(param, np.ndarray):  # placed past __setattr__, or set to None by another thread
+            raise TypeError(f"{key}: the parameter is {type(param).__name__}, not an array: assign it again")
         layout = param.shape, param.dtype
         grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
         if grad is not None and made_for == layout:

@@ -218,6 +218,34 @@ def test_parameter_mutation_works_or_names_the_parameter(model_name, key, mutati
     _assert_works(m, x)
 
 
+@pytest.mark.parametrize("form", ["torch", "tuple", "list"])
+def test_parameter_placed_past_assignment_state_dict_and_training_name_it(form):
+    """Regression (fuzzing): a parameter put in the instance dict as a torch tensor or a tuple
+    made state_dict() raise AttributeError ('Tensor' object has no attribute 'copy'), naming
+    nothing, and a list's state_dict entry was a list; named_grads(), zero_grad() and an
+    optimizer's step() raised a RuntimeError blaming another thread. state_dict now converts
+    it as the assignment would (a copy of its own), and the gradient paths raise TypeError
+    naming the parameter."""
+    m = attnc.SelfAttentionV1(2, rng=np.random.default_rng(3))
+    values = m.Q_proj.weight.astype(np.float64) + 0.5
+    placed = {"torch": torch.from_numpy(values.copy()), "tuple": tuple(map(tuple, values.tolist())),
+              "list": values.tolist()}[form]
+    m.Q_proj.__dict__["weight"] = placed
+    state = m.state_dict()
+    entry = state["Q_proj.weight"]
+    assert type(entry) is np.ndarray and entry.dtype == m.dtype
+    np.testing.assert_array_equal(entry, values.astype(m.dtype))
+    if form == "torch":
+        assert not np.shares_memory(entry, placed.numpy())
+    for call in (lambda: dict(m.named_grads()), m.zero_grad, lambda: attnc.optim.SGD(m, lr=0.1).step()):
+        with pytest.raises(TypeError, match=r"^Q_proj\.weight: the parameter is "):
+            call()
+    m.Q_proj.weight = placed  # assigned, it is converted, and everything works
+    np.testing.assert_array_equal(m.state_dict()["Q_proj.weight"], values.astype(m.dtype))
+    m.zero_grad()
+    assert not dict(m.named_grads())["Q_proj.weight"].any()
+
+
 def test_issue_examples_of_finding_1():
     x = _x(shape=(2, 3, 64))
     m = attnc.MultiHeadAttention(64, 8)
