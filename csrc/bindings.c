@@ -1345,8 +1345,11 @@ static int module_param(PyObject *obj, PyObject *name, attnc_dtype dt, npy_intp 
     }
     /* (an ndarray itself, not a subclass: a masked array's check is real_values') */
     if (PyArray_CheckExact(obj) && has_dtype((PyArrayObject *)obj, dt) && PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
-        Py_INCREF(obj); /* held for the call: another thread may rebind the attribute */
-        *arr = (PyArrayObject *)obj;
+        /* a view of its own, held for the call (another thread may rebind the
+         * attribute), which holds the memory's owner: a parameter that is a
+         * view of another array had left that array free to be resized by a
+         * callback or a thread during the call */
+        if (!(*arr = (PyArrayObject *)PyArray_View((PyArrayObject *)obj, NULL, &PyArray_Type))) return 0;
     } else if (!(*arr = real_input(obj, cname, dt, 1))) {
         return 0;
     }
@@ -1613,7 +1616,7 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
         !seed_argument(seed_obj, &seed))
         return NULL;
     module_call c = {.held = {NULL}};
-    PyArrayObject *grad = NULL;
+    PyArrayObject *grad = NULL, *kept_views[3] = {NULL};
     PyObject *grads[5] = {NULL}, *result = NULL;
     if (!module_setup(&c, params, spec_obj, dtype_obj, p_obj, 1, scale_obj) ||
         !module_input(&c, x_obj, mask_obj, 0))
@@ -1621,14 +1624,19 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     npy_intp shape[NPY_MAXDIMS], kept_shape[3][2];
     static const char *kept_names[3] = {"qkv", "merged", "lse"};
     kept_shapes(&c, kept_shape);
+    /* views of their own, which hold the memory's owners: the tuple's items
+     * are borrowed, and grad_output's conversion (or another thread, while
+     * the kernel runs) could otherwise resize them */
     for (int i = 0; i < 3; i++)
-        if (!kept_array(kept[i], kept_names[i], i == 2 ? compute_dtype(c.dt) : c.dt, kept_shape[i])) goto done;
+        if (!kept_array(kept[i], kept_names[i], i == 2 ? compute_dtype(c.dt) : c.dt, kept_shape[i]) ||
+            !(kept_views[i] = (PyArrayObject *)PyArray_View((PyArrayObject *)kept[i], NULL, &PyArray_Type)))
+            goto done;
     int nd = module_output_shape(&c, shape);
     if (!(grad = real_input(grad_obj, "grad_output", c.dt, 1)) || !check_shape(grad, "grad_output", nd, shape))
         goto done;
     attnc_self_attention_backward_args g = {
-        .forward = c.s, .qkv = PyArray_DATA((PyArrayObject *)kept[0]),
-        .merged = PyArray_DATA((PyArrayObject *)kept[1]), .lse = PyArray_DATA((PyArrayObject *)kept[2]),
+        .forward = c.s, .qkv = PyArray_DATA(kept_views[0]), .merged = PyArray_DATA(kept_views[1]),
+        .lse = PyArray_DATA(kept_views[2]),
         .grad_out = PyArray_DATA(grad),
     };
     g.forward.seed = seed;
@@ -1653,6 +1661,7 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
                            grads[4] ? grads[4] : Py_None);
 done:
     for (int i = 0; i < 5; i++) Py_XDECREF(grads[i]);
+    for (int i = 0; i < 3; i++) Py_XDECREF(kept_views[i]);
     Py_XDECREF(grad);
     module_call_release(&c);
     return result;
@@ -1685,28 +1694,42 @@ static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs
 static PyObject *py_commit_sums(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"targets", "sums", "owner", "attr", NULL};
-    PyObject *targets, *sums, *owner, *attr;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OU:commit_sums", kwlist, &PyList_Type, &targets, &PyList_Type,
-                                     &sums, &owner, &attr))
+    PyObject *target_list, *sum_list, *owner, *attr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OU:commit_sums", kwlist, &PyList_Type, &target_list,
+                                     &PyList_Type, &sum_list, &owner, &attr))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(targets);
-    if (PyList_GET_SIZE(sums) != n)
-        return PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyList_GET_SIZE(sums));
+    /* tuples of their own: a copy runs other code (an object array's
+     * __del__; another thread, while NumPy's copy lets the GIL go) that
+     * could change the lists and free their items */
+    PyObject *targets = PyList_AsTuple(target_list), *sums = targets ? PyList_AsTuple(sum_list) : NULL,
+             *result = NULL;
+    if (!sums) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(targets);
+    if (PyTuple_GET_SIZE(sums) != n) {
+        PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyTuple_GET_SIZE(sums));
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(targets, i), *s = PyList_GET_ITEM(sums, i);
+        PyObject *t = PyTuple_GET_ITEM(targets, i), *s = PyTuple_GET_ITEM(sums, i);
         if (!PyArray_Check(t) || !PyArray_Check(s) || !PyArray_ISWRITEABLE((PyArrayObject *)t) ||
             !PyArray_SAMESHAPE((PyArrayObject *)t, (PyArrayObject *)s) ||
-            !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)t), PyArray_DESCR((PyArrayObject *)s)))
-            return PyErr_Format(PyExc_ValueError, "commit_sums: item %zd is not a writable array and a sum of its "
-                                "shape and dtype", i);
+            !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)t), PyArray_DESCR((PyArrayObject *)s))) {
+            PyErr_Format(PyExc_ValueError, "commit_sums: item %zd is not a writable array and a sum of its shape "
+                         "and dtype", i);
+            goto done;
+        }
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyArrayObject *target = (PyArrayObject *)PyList_GET_ITEM(targets, i);
-        if (PyArray_CopyInto(target, (PyArrayObject *)PyList_GET_ITEM(sums, i)) < 0)
-            return NULL; /* (arrays of one shape and dtype: not expected) */
-    }
-    if (PyObject_GenericSetAttr(owner, attr, Py_None) < 0) return NULL;
-    Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyArray_CopyInto((PyArrayObject *)PyTuple_GET_ITEM(targets, i), (PyArrayObject *)PyTuple_GET_ITEM(sums, i)) <
+            0)
+            goto done; /* (arrays of one shape and dtype: not expected) */
+    if (PyObject_GenericSetAttr(owner, attr, Py_None) < 0) goto done;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(targets);
+    Py_XDECREF(sums);
+    return result;
 }
 
 /* check_rng(rng) -> rng: a numpy.random.Generator or None, else TypeError. */
@@ -1748,18 +1771,27 @@ static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwarg
  * another kind. */
 static PyObject *py_result_dtype(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    Py_ssize_t n = kwargs ? PyDict_GET_SIZE(kwargs) : 0, pos = 0, i = 0;
-    if (PyTuple_GET_SIZE(args) != 0 || n > 8)
-        return PyErr_Format(PyExc_TypeError, "result_dtype: expected at most 8 arrays, by name");
+    /* (key, value) pairs of their own: an argument's __array__ could change
+     * the dict being walked, and free a name or an array still to come */
+    PyObject *items = kwargs ? PyDict_Items(kwargs) : PyList_New(0), *pairs = items ? PyList_AsTuple(items) : NULL;
+    Py_XDECREF(items);
+    if (!pairs) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(pairs), i = 0;
     PyArrayObject *arrays[8] = {NULL};
-    PyObject *key, *value, *result = NULL;
-    while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
-        const char *name = PyUnicode_AsUTF8(key);
-        if (!name || !(arrays[i++] = real_values(value, name))) goto done;
+    PyObject *result = NULL;
+    if (PyTuple_GET_SIZE(args) != 0 || n > 8) {
+        PyErr_Format(PyExc_TypeError, "result_dtype: expected at most 8 arrays, by name");
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(pairs, i);
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0));
+        if (!name || !(arrays[i] = real_values(PyTuple_GET_ITEM(pair, 1), name))) goto done;
     }
     result = (PyObject *)dtype_descr(result_dtype(arrays, (int)n));
 done:
-    for (i = 0; i < n; i++) Py_XDECREF(arrays[i]);
+    for (i = 0; i < n && i < 8; i++) Py_XDECREF(arrays[i]);
+    Py_DECREF(pairs);
     return result;
 }
 

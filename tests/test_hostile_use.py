@@ -1496,3 +1496,102 @@ def test_parameters_too_big_to_allocate_raise_a_named_memory_error():
         _initial_values(refuse, (2, 3), "out_features, in_features")
     with _sized_by("dim_in, dim_k, dim_v"), pytest.raises(MemoryError, match=r"^dim_in, dim_k, dim_v: no parameter"):
         _initial_values(refuse, (2, 3), "out_features, in_features")
+
+
+# ============================================================================
+# memory a callback could free or resize during a call (a C audit's findings)
+
+
+def test_backward_holds_the_kept_arrays_against_a_resize():
+    """Regression (C audit): self_attention_backward read the forward's kept arrays through
+    the saved tuple's borrowed items, and grad_output's conversion could resize them (only
+    the tuple held them, so refcheck passed): a segfault. It now holds views of them."""
+    net = attnc.SelfAttentionV1(8, rng=np.random.default_rng(4))
+    x = np.random.default_rng(5).standard_normal((2, 64, 8)).astype(np.float32)
+    out = net(x)
+    saved, params, mask, p = net._saved[0]
+    grad = np.random.default_rng(6).standard_normal(out.shape).astype(np.float32)
+    refused = []
+
+    class ResizesTheKeptQKV:
+        def __array__(self, dtype=None, copy=None):
+            try:
+                saved[1].resize((1,), refcheck=True)
+            except ValueError:
+                refused.append(True)
+            return grad
+
+    def backward(grad_output):
+        return attnc._C.self_attention_backward(grad_output, saved, params=params, spec=net._spec,
+                                                attention_mask=mask, dtype=net.dtype, dropout_p=p)
+
+    got = backward(ResizesTheKeptQKV())
+    assert refused == [True]
+    for a, b in zip(got, backward(grad)):
+        np.testing.assert_array_equal(a, b)
+    reference = attnc.SelfAttentionV1(8, rng=np.random.default_rng(4))
+    reference(x)
+    np.testing.assert_array_equal(got[0], reference.backward(grad))  # the public backward's bits
+
+
+def test_a_parameter_that_is_a_view_holds_its_owner_during_the_call():
+    """Regression (C audit): a module's parameter used in place was held by itself only; a
+    parameter that is a view of another array left that array free to be resized by x's
+    __array__ during the call (freed memory read: wrong results, or a segfault)."""
+    net = attnc.SelfAttentionV1(64, rng=np.random.default_rng(7)).eval()
+    plain = np.random.default_rng(8).standard_normal((2, 16, 64)).astype(np.float32)
+    expected = net(plain)
+    owner = np.zeros((128, 64), np.float32)
+    owner[:64] = net.Q_proj.weight
+    net.Q_proj.weight = owner[:64]
+    del owner
+    assert net.Q_proj.weight.base is not None  # used in place, not converted
+    refused = []
+
+    class ResizesTheOwner:
+        def __array__(self, dtype=None, copy=None):
+            try:
+                net.Q_proj.weight.base.resize((1,), refcheck=True)
+            except ValueError:
+                refused.append(True)
+            return plain
+
+    np.testing.assert_array_equal(net(ResizesTheOwner()), expected)
+    assert refused == [True]
+
+
+def test_commit_sums_keeps_its_items_while_copying():
+    """Regression (C audit): commit_sums read its lists' borrowed items across the copies,
+    which can run other code (an object array's __del__ here) that empties the lists: a
+    segfault. It now reads tuples of its own."""
+    targets, sums = [], []
+
+    class EmptiesTheLists:
+        def __del__(self):
+            targets.clear()
+            sums.clear()
+
+    first, second = np.empty(1, object), np.empty(1, object)
+    first[0] = EmptiesTheLists()
+    targets += [first, second]
+    sums += [np.array([1], object), np.array([2], object)]
+    owner = types.SimpleNamespace(_saved="kept")
+    attnc._C.commit_sums(targets, sums, owner, "_saved")
+    assert (first[0], second[0], owner._saved) == (1, 2, None)
+
+
+def test_result_dtype_reads_its_arguments_as_given():
+    """Regression (C audit): result_dtype walked its keyword dict while converting the values
+    (user code), and wrote one slot a key into a stack array of 8: an __array__ that grew the
+    dict wrote past it (a segfault). It now walks (name, value) pairs of its own."""
+    import gc
+
+    class GrowsTheDict:
+        def __array__(self, dtype=None, copy=None):
+            for found in gc.get_objects():
+                if type(found) is dict and "marker_a" in found and len(found) < 40:
+                    for k in range(30):
+                        found[f"extra{k}"] = np.ones(3, np.float64)
+            return np.ones(3, np.float16)
+
+    assert attnc._C.result_dtype(marker_a=GrowsTheDict(), marker_b=np.ones(2, np.float16)) == np.float16
