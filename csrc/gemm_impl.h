@@ -229,6 +229,20 @@
  * per A sliver; on an Ice Lake core, 2 threads, asking took 0.92-0.99x the
  * time, 1 thread unchanged (benchmarks/NOTES.md). */
 #define GEMM_PREFETCH_STEPS 8
+/* The streamed order packs each B sliver (the weights' next NR rows) just
+ * before its tiles, from L3 when the weights outsize L2: 24 % of `linear`
+ * (50, 1024) -> 3072 on a Xeon core. Its first full tiles of a sliver
+ * ask, as they run, for the rows of the task's next sliver, this many rows
+ * a tile (a line of each every line's worth of steps, into L2), so that
+ * its packing reads them from L2. On a Xeon family 6 model 207, the same
+ * bits, best / median: `linear` (50, 1024) -> 3072 0.91 / 0.92x the time
+ * on 1 thread and 0.91 / 0.87x on 2, (50, 1024) -> 1024 0.92 / 0.98x and
+ * 0.93 / 0.92x, module (1, 50, 1024) 0.91 / 0.96x and 0.90 / 0.90x; (77,
+ * 512) -> 1536 0.98 / 0.94x and 1.03 / 1.03x. 16 rows a tile (half the
+ * tiles asking, twice as much each) measured even to 1.10x. Weights that
+ * stay in L2 from call to call ((256, 256) -> 768) measured even
+ * (benchmarks/NOTES.md). */
+#define GEMM_NEXT_SLIVER_ROWS 8
 /* Packing an element takes about as long as this many of the micro-kernel's
  * flops (one Zen 4 core packed a (256, 256) A, 67.6K elements, in 10 us,
  * where the micro-kernel runs 100 GFLOP/s: 15): the packing pass's work in
@@ -305,12 +319,17 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * and C is in memory. With pairs
  * (a constant; BF16_PAIRS only), a step is two of the product's: every
  * element of a and b is a pair of bfloat16 (storage.h), multiplied by
- * vdot_pairs. */
+ * vdot_pairs. With next_rows (not NULL: the streamed order's first tiles
+ * of a sliver), GEMM_NEXT_SLIVER_ROWS rows of elements, next_rs bytes
+ * apart, from the K block's first step: a line of each is asked for into
+ * L2 every line's worth of steps (the next sliver's weights, for its
+ * pack_sliver). */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int vectors, idx_t kc, const real *a,
                                                                 idx_t a_rs, idx_t a_step,
                                                                 const real *b, real *c, idx_t c_rs,
                                                                 const real *init, idx_t init_rs, const real *scale,
-                                                                int stream_b, int pairs)
+                                                                int stream_b, int pairs, const char *next_rows,
+                                                                idx_t next_rs)
 {
     vreal acc[GEMM_MR][2], factor = scale ? vset1(*scale) : vzero(); /* read once: c may alias it */
     _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
@@ -332,12 +351,16 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int ve
     const real *group[(GEMM_MR + 3) / 4];
     for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] = 4 * g < rows ? a + 4 * g * a_rs : a;
     idx_t offset[4] = {0, a_rs, 2 * a_rs, 3 * a_rs};
+    const size_t step_bytes = sizeof(elem) * (pairs ? 2 : 1); /* a step of next_rows */
     GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += GEMM_NR) {
         if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
             __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
             if (vectors == 2 && GEMM_NR * sizeof(real) > 64)
                 __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
         }
+        if (next_rows && p % (64 / step_bytes) == 0) /* a line of each of the next sliver's rows */
+            for (int r = 0; r < GEMM_NEXT_SLIVER_ROWS; r++)
+                __builtin_prefetch(next_rows + r * next_rs + p * step_bytes, 0, 2);
         vreal b0 = vload(b), b1 = vectors == 2 ? vload(b + VLANES) : vzero();
         _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
             vreal ai = vset1(group[i / 4][offset[i % 4]]);
@@ -373,7 +396,7 @@ static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, id
     idx_t steps = attnc_ceil_div(m, GEMM_MR_STEP);
     int rows = steps == 1 ? GEMM_MR_STEP : steps == 2 && 2 * GEMM_MR_STEP < GEMM_MR ? 2 * GEMM_MR_STEP : GEMM_MR;
 #define GEMM_TILE_OF(ROWS, VECTORS) \
-    FN(gemm_tile)(ROWS, VECTORS, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs)
+    FN(gemm_tile)(ROWS, VECTORS, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs, NULL, 0)
     if (n <= VLANES) {
         if (rows == GEMM_MR_STEP) GEMM_TILE_OF(GEMM_MR_STEP, 1);
         else if (rows == 2 * GEMM_MR_STEP) GEMM_TILE_OF(2 * GEMM_MR_STEP, 1);
@@ -613,7 +636,8 @@ static void FN(store_panel_transposed)(const FN(gemm_job) *job, const real *pane
  * slivers a streamed job reads in place. A tile cut by the bottom or right
  * edge of C is computed in a buffer first, with the same operations in the
  * same order. */
-static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b)
+static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b,
+                         const char *next_rows)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
     /* (GEMM_STREAMED_A_IN_PLACE again, though a_packed_from is 0 without
@@ -628,11 +652,13 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     int first = job->p0 == 0;
     if (m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
+        idx_t next_rs = job->b.rs * (idx_t)sizeof(elem);
         if (first)
             FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
-                          NULL, 1, BF16_PAIRS);
+                          NULL, 1, BF16_PAIRS, next_rows, next_rs);
         else
-            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS);
+            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS,
+                          next_rows, next_rs);
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
@@ -709,6 +735,23 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
     return copy;
 }
 
+/* The weight rows the streamed order's tile `tile` of sliver j asks for
+ * (gemm_tile's next_rows): GEMM_NEXT_SLIVER_ROWS rows of the next sliver
+ * a tile, from the K block's first element, while there are rows left for
+ * the first tiles of the sliver to ask for (the next task's first sliver
+ * after a task's last: the same thread's, but for its share's last); NULL
+ * where the rows are not contiguous runs of elements one part holds
+ * (pack_sliver then reads them as before). */
+static const char *FN(next_sliver_rows)(const FN(gemm_job) *job, idx_t tile, idx_t j)
+{
+    idx_t first = j + GEMM_NR + tile * GEMM_NEXT_SLIVER_ROWS, last = first + GEMM_NEXT_SLIVER_ROWS - 1;
+    if (tile >= GEMM_NR / GEMM_NEXT_SLIVER_ROWS || last >= job->N || job->b.cs != 1) return NULL;
+    int q = 0;
+    while (q < job->b.n_parts - 1 && first >= job->b.ends[q]) q++;
+    if (last >= job->b.ends[q]) return NULL; /* the rows span two parts */
+    return (const char *)(FN(operand_row)(&job->b, first) + job->p0);
+}
+
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
  * tasks share a column block, so its B slivers stay in cache. A streamed
  * job has one row block, so t is its column block: the task packs each B
@@ -739,7 +782,8 @@ static void FN(multiply_task)(void *ctx, idx_t t)
     for (idx_t j = j0; j < j1 && !attnc_interrupted(); j += GEMM_NR) { /* a task may be long: a few rows, all of N */
         if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
         const real *b = job->streamed ? sliver : packed_b + j * job->steps;
-        for (idx_t i = i0; i < i1; i += GEMM_MR) FN(run_tile)(job, i, j, packed_a, b);
+        for (idx_t i = i0; i < i1; i += GEMM_MR)
+            FN(run_tile)(job, i, j, packed_a, b, job->streamed ? FN(next_sliver_rows)(job, (i - i0) / GEMM_MR, j) : NULL);
     }
 }
 
