@@ -73,7 +73,8 @@ def _initial_values(make, shape, sizes):
     constructor making the layer: _sized_by)."""
     try:
         return make(shape)
-    except (ValueError, MemoryError) as error:  # NumPy's _ArrayMemoryError is a MemoryError
+    except (ValueError, MemoryError, OverflowError) as error:  # NumPy's _ArrayMemoryError is a MemoryError;
+        # OverflowError: a size past any float, in the scale of the values make draws
         kind = MemoryError if isinstance(error, MemoryError) else ValueError
         sizes = _constructor_sizes.get() or sizes
         raise kind(f"{sizes}: no parameter of shape {shape} can be made ({error})") from error
@@ -208,9 +209,15 @@ class Module:
 
     def __getstate__(self):
         """What a training-mode forward kept for backward is not pickled
-        (nor copied by copy.deepcopy): it belongs to that forward."""
+        (nor copied by copy.deepcopy or copy.copy): it belongs to that
+        forward. The registries are the state's own: copy.copy shares the
+        state's values, and a submodule assigned to a shallow copy had gone
+        into the original's registry too (its forward then used the copy's
+        submodule, not the one its attribute names)."""
         state = dict(self.__dict__)
         state["_saved"] = None
+        state["_parameters"], state["_modules"], state["_grads"] = \
+            list(self._parameters), dict(self._modules), dict(self._grads)
         return state
 
     def __setstate__(self, state):
@@ -875,13 +882,16 @@ class Linear(Module):
         self.in_features = positive_int(in_features, "in_features", allow_zero=True)
         self.out_features = positive_int(out_features, "out_features", allow_zero=True)
         bias = flag(bias, "bias")
-        bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
         draw = self._generator()
-        self.register_parameter("weight", _initial_values(lambda shape: draw.uniform(-bound, bound, shape),
-                                                          (self.out_features, self.in_features),
+
+        def uniform(shape):  # the bound inside: an in_features past any float fails as a shape does
+            bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
+            return draw.uniform(-bound, bound, shape)
+
+        self.register_parameter("weight", _initial_values(uniform, (self.out_features, self.in_features),
                                                           "out_features, in_features"))
-        self.register_parameter("bias", _initial_values(lambda shape: draw.uniform(-bound, bound, shape),
-                                                        (self.out_features,), "out_features") if bias else None)
+        self.register_parameter("bias", _initial_values(uniform, (self.out_features,), "out_features")
+                                if bias else None)
 
     def forward(self, x):
         """Compute ``x @ weight.T + bias`` over the leading dims of `x`.

@@ -41,16 +41,22 @@ class _Geometry(NamedTuple):
 def _xavier_uniform(draw, shape, sizes):
     """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out));
     `sizes`: the constructor's arguments that size it (_initial_values)."""
-    receptive = math.prod(shape[2:])
-    bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
-    return _initial_values(lambda size: draw.uniform(-bound, bound, size), shape, sizes)
+    def uniform(size):  # the bound inside: a size past any float fails as a shape does (_initial_values)
+        receptive = math.prod(shape[2:])
+        bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
+        return draw.uniform(-bound, bound, size)
+
+    return _initial_values(uniform, shape, sizes)
 
 
 def _xavier_normal(draw, shape, sizes):
     """torch.nn.init.xavier_normal_: normal with std sqrt(2 / (fan_in + fan_out))."""
-    receptive = math.prod(shape[2:])
-    std = math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive))
-    return _initial_values(lambda size: draw.normal(0.0, std, size), shape, sizes)
+    def normal(size):  # the scale inside, as _xavier_uniform's bound
+        receptive = math.prod(shape[2:])
+        std = math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive))
+        return draw.normal(0.0, std, size)
+
+    return _initial_values(normal, shape, sizes)
 
 
 @shared_docs

@@ -1440,8 +1440,15 @@ def test_errors_that_named_an_internal_argument_or_none():
     (lambda: attnc.nn.MultiheadAttention(2 ** 40, 1), "embed_dim"),
     (lambda: attnc.nn.MultiheadAttention(8, 2, kdim=2 ** 62), "embed_dim, kdim"),
     (lambda: attnc.nn.MultiheadAttention(8, 2, vdim=2 ** 62), "embed_dim, vdim"),
+    # past any float (regression, fuzzing: the init's scale raised a bare OverflowError first)
+    (lambda: attnc.Linear(2 ** 1024, 2), "out_features, in_features"),
+    (lambda: attnc.SelfAttentionV1(2 ** 1024), "hidden_dim"),
+    (lambda: attnc.MultiHeadAttention(2 ** 1024, 1), "hidden_dim"),
+    (lambda: attnc.nn.MultiheadAttention(2 ** 1024, 1), "embed_dim"),
+    (lambda: attnc.nn.MultiheadAttention(8, 1, kdim=2 ** 1024), "embed_dim, kdim"),
 ], ids=["linear", "linear-no-inputs", "V1", "V2", "V3", "document-mha", "self-attention", "mhsa", "nn-mha",
-        "nn-mha-kdim", "nn-mha-vdim"])
+        "nn-mha-kdim", "nn-mha-vdim", "linear-past-float", "V1-past-float", "document-mha-past-float",
+        "nn-mha-past-float", "nn-mha-kdim-past-float"])
 def test_sizes_too_big_for_any_parameter_are_named(make, sizes):
     """SelfAttentionV1(10**12) raised NumPy's "array is too big", naming nothing (a
     fuzzing review, 2026-11-25): the constructor's own arguments that asked for the

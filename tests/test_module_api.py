@@ -273,3 +273,23 @@ def test_register_parameter_refused_value_leaves_no_name():
 def test_manual_seed_errors_name_n(bad, error):
     with pytest.raises(error, match=r"manual_seed: n="):
         attnc.manual_seed(bad)
+
+
+def test_a_shallow_copy_has_registries_of_its_own():
+    """Regression (fuzzing): copy.copy shared the registries, so a submodule assigned to the
+    copy went into the original's too: the original's forward then used the copy's layer
+    while its attribute named its own (an edit of it was ignored)."""
+    import copy
+    m = attnc.SelfAttentionV2(4, rng=np.random.default_rng(12)).eval()
+    x = np.random.default_rng(13).standard_normal((1, 3, 4)).astype(np.float32)
+    before = m(x)
+    c = copy.copy(m)
+    c.proj = attnc.Linear(4, 12, rng=np.random.default_rng(14))
+    assert m.proj is not c.proj and m._modules["proj"] is m.proj and c._modules["proj"] is c.proj
+    np.testing.assert_array_equal(m(x), before)
+    fresh = attnc.SelfAttentionV2(4, rng=np.random.default_rng(12)).eval()
+    fresh.proj = attnc.Linear(4, 12, rng=np.random.default_rng(14))
+    np.testing.assert_array_equal(c(x), fresh(x))  # the copy runs its own layer
+    m.proj.weight[...] = 0  # an edit of the original's layer is the original's forward's
+    assert not np.array_equal(m(x), before)
+    np.testing.assert_array_equal(c(x), fresh(x))
