@@ -50,7 +50,10 @@ def _number(value, name):
     a string is not one)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError as error:  # an int (or a Fraction) past any float
+        raise ValueError(f"{name}: expected a finite number, got {value!r} (too large for a float)") from error
 
 
 def _nonnegative(value, name):
@@ -82,6 +85,7 @@ def _betas(betas):
     """(beta1, beta2) as floats in [0, 1), from a tuple or list of two."""
     if not isinstance(betas, (tuple, list)):
         raise TypeError(f"betas: expected a pair (beta1, beta2), got {type(betas).__name__} {betas!r}")
+    betas = tuple(betas)  # as given: a list that an element's __float__ changes is read once
     if len(betas) != 2:
         raise ValueError(f"betas: expected a pair (beta1, beta2), got {len(betas)} values {betas!r}")
     pair = tuple(_number(beta, "betas") for beta in betas)
@@ -402,7 +406,7 @@ class AdamW(Optimizer):
         beta1, beta2 = self.betas
         if not state:
             state.update(step=0, exp_avg=np.zeros_like(param), exp_avg_sq=np.zeros_like(param))
-        state["step"] += 1
+        state["step"] = int(state["step"]) + 1  # a Python int: a NumPy integer count (a checkpoint's) wraps
         step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         if self.weight_decay != 0:
             param *= 1 - self.lr * self.weight_decay

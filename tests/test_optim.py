@@ -151,6 +151,11 @@ BAD_ARGUMENTS = [
     ("AdamW", {"betas": "ab"}, TypeError, "betas"),
     ("AdamW", {"betas": (0.9, "0.999")}, TypeError, "betas"),
     ("AdamW", {"betas": (True, 0.999)}, TypeError, "betas"),
+    # past any float (regression, fuzzing: a bare OverflowError naming nothing)
+    ("SGD", {"lr": 2 ** 1024}, ValueError, "lr"),
+    ("SGD", {"lr": 0.1, "momentum": 10 ** 400}, ValueError, "momentum"),
+    ("AdamW", {"betas": (0.9, 2 ** 1024)}, ValueError, "betas"),
+    ("AdamW", {"eps": 2 ** 1024}, ValueError, "eps"),
 ]
 
 
@@ -420,3 +425,41 @@ def test_a_learning_rate_changed_between_steps_is_used_as_torch_uses_it(case):
         opt.step()
         topt.step()
         assert_params_match(module, twins, f"step {step}")
+
+
+def test_a_narrow_integer_step_count_keeps_counting():
+    """Regression (fuzzing): AdamW's "step" restored as np.int8(127) wrapped to -128 on the
+    next step (`state["step"] += 1` in NumPy's arithmetic) and every weight became NaN. The
+    count is now a Python int: the step is the one an int count of 127 gives."""
+    results = []
+    for count in (np.int8(127), 127):
+        module = MODULES["V2"](np.float32)
+        opt = attnc.optim.AdamW(module)
+        rng = np.random.default_rng(11)
+        for restored in (False, True):
+            if restored:
+                for entries in opt.state.values():
+                    entries["step"] = count
+            for _, buf in module.named_grads():
+                buf[...] = rng.standard_normal(buf.shape).astype(buf.dtype)
+            opt.step()
+        results.append([p.copy() for p in module.parameters()])
+        assert all(type(entries["step"]) is int for entries in opt.state.values())
+    for narrow, wide in zip(*results):
+        assert np.isfinite(narrow).all()
+        np.testing.assert_array_equal(narrow, wide)
+
+
+def test_betas_are_read_once_as_given():
+    """Regression (fuzzing): a betas list whose element's __float__ appended to it was
+    stored as three values (read while it grew); it is read once, as the pair given."""
+    betas = [0.9]
+
+    class Grows(float):
+        def __float__(self):
+            betas.append(0.5)
+            return 0.99
+
+    betas.append(Grows(0.99))
+    opt = attnc.optim.AdamW(MODULES["V2"](np.float32), betas=betas)
+    assert opt.betas == (0.9, 0.99) and len(betas) == 3
