@@ -239,7 +239,8 @@
  * on 1 thread and 0.91 / 0.87x on 2, (50, 1024) -> 1024 0.92 / 0.98x and
  * 0.93 / 0.92x, module (1, 50, 1024) 0.91 / 0.96x and 0.90 / 0.90x; (77,
  * 512) -> 1536 0.98 / 0.94x and 1.03 / 1.03x. 16 rows a tile (half the
- * tiles asking, twice as much each) measured even to 1.10x. Weights that
+ * tiles asking, twice as much each): 0.92-1.05x best, 0.96-1.02x median
+ * on the same cases. Weights that
  * stay in L2 from call to call ((256, 256) -> 768) measured even
  * (benchmarks/NOTES.md). */
 #define GEMM_NEXT_SLIVER_ROWS 8
