@@ -14,6 +14,11 @@ _BFLOAT16_HELP = ("bfloat16 needs the ml_dtypes package (the bfloat16 of JAX and
                   "pip install ml_dtypes, or pip install 'attnc[bf16]'")
 
 
+# The errors a failed conversion or truth is raised again as, the argument's name in front
+# (RuntimeError: torch's, for a tensor of several elements): the C layer's name_the_error.
+_NAMED_ERRORS = (TypeError, ValueError, RuntimeError)
+
+
 def bfloat16():
     """ml_dtypes' bfloat16 dtype, or None when ml_dtypes is not installed."""
     try:
@@ -34,8 +39,8 @@ def as_array(value, name):
                          f"not: pass {name}.filled(value)")
     try:
         return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
-    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: torch's
-        if type(error) not in (TypeError, ValueError, RuntimeError):  # a subclass may take other arguments: as raised
+    except _NAMED_ERRORS as error:
+        if type(error) not in _NAMED_ERRORS:  # a subclass may take other arguments: as raised
             raise
         raise type(error)(f"{name}: {error}") from error
 
@@ -71,8 +76,8 @@ def flag(value, name):
     as the C layer's flags do."""
     try:
         return bool(value)
-    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: torch's, for several elements
-        if type(error) not in (TypeError, ValueError, RuntimeError):  # a subclass may take other arguments: as raised
+    except _NAMED_ERRORS as error:
+        if type(error) not in _NAMED_ERRORS:  # a subclass may take other arguments: as raised
             raise
         raise type(error)(f"{name}: {error}") from error
 
