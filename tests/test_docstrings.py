@@ -135,3 +135,31 @@ def test_numpydoc_docstring(name, value, kind):
     if kind != "method":
         examples = sections.get("Examples", [])
         assert any(line.lstrip().startswith(">>>") for line in examples), f"{name}: no Examples with >>> lines"
+
+
+# -- the extension's type stub -------------------------------------------------
+def stub_functions():
+    """The functions and constants attnc/_C.pyi declares: name -> parameter names (None for a constant)."""
+    import ast
+    import pathlib
+    declared = {}
+    for node in ast.parse(pathlib.Path(attnc.__file__).with_name("_C.pyi").read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            arguments = node.args
+            order = [*arguments.posonlyargs, *arguments.args, arguments.vararg, *arguments.kwonlyargs,
+                     arguments.kwarg]
+            declared[node.name] = [a.arg for a in order if a is not None]
+        elif isinstance(node, ast.AnnAssign) and not node.target.id.startswith("_"):
+            declared[node.target.id] = None
+    return declared
+
+
+def test_the_stub_declares_every_name_of_the_extension_with_its_parameters():
+    from attnc import _C
+    declared = stub_functions()
+    exported = {name for name in dir(_C) if not name.startswith("__")}
+    assert sorted(exported - set(declared)) == [], "exported by the extension, missing in _C.pyi"
+    assert sorted(set(declared) - exported) == [], "declared in _C.pyi, not exported"
+    for name, parameters in declared.items():
+        if parameters is not None:
+            assert list(inspect.signature(getattr(_C, name)).parameters) == parameters, name
