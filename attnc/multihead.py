@@ -316,8 +316,14 @@ class MultiheadAttention(Module):
                                 geometry, params)
         q, k, v = self._project(inputs, params, geometry)
         seed = draw_seed(_C.check_rng(self.rng)) if p > 0 else None
-        result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
-                                              return_weights=need_weights, return_lse=training)
+        try:
+            result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
+                                                  return_weights=need_weights, return_lse=training)
+        except MemoryError as error:  # the weights that could not be allocated are the caller's need_weights
+            message = str(error)
+            if not message.startswith("return_weights:"):
+                raise
+            raise MemoryError("need_weights" + message[len("return_weights"):]) from None
         out_heads, *rest = result if isinstance(result, tuple) else (result,)
         out = linear(_merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
         output = _to_layout(out, batched, geometry)

@@ -264,6 +264,9 @@ def _huge_calls():
         yield name + "-dim1", lambda name=name: make_module(name, 2)(huge_view((2 ** 58, 2))), "x"
     yield "MHA-mask", lambda: make_module("MHA", 64)(np.ones((1, 2, 64), np.float32),
                                                      huge_view((BIG, BIG, 1, 1, 1), bool)), "attention_mask"
+    # torch's name for the weights: their (1, 2, 2^18, 2^18) floats are 512 GiB
+    yield "nn-MHA-weights", lambda: attnc.nn.MultiheadAttention(8, 2).eval()(*[huge_view((2 ** 18, 1, 8))] * 3), \
+        "need_weights"
     # a parameter too large to copy into the module's layout: assigned, or put in place
     # behind the module's back and read by its forward (NumPy's MemoryError, named)
     yield "param-assigned", lambda: setattr(attnc.SelfAttentionV1(4).Q_proj, "weight", huge_view((HUGE, 4))), "weight"
