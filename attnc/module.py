@@ -5,6 +5,7 @@ import contextlib
 import contextvars
 import functools
 import math
+import os
 import threading
 import weakref
 
@@ -15,16 +16,27 @@ from ._checks import as_array, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
-# _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
-_FINISH_LOCK = threading.Lock()
-
 # __setstate__'s conversions of unpickled parameters: (id of the unpickled array, dtype) -> (weak
 # references to it and to its conversion). A tied parameter is one unpickled array in the states of
 # several modules (pickle keeps objects' identity); each converting it alone (a read-only out-of-band
 # buffer is copied) untied it. Weak: an entry goes with its unpickled array (_forget) and is checked
 # to refer to the very array (an id is reused once its array is gone).
-_UNPICKLED_LOCK = threading.RLock()  # (re-entered by _forget when a collection runs inside it)
 _unpickled_conversions = {}
+
+
+def _new_locks():
+    """The module's locks, made at import and again in a forked child: a
+    lock another thread of the parent held at the fork stays held in the
+    child, whose calls would then wait for it forever."""
+    global _FINISH_LOCK, _UNPICKLED_LOCK
+    # _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
+    _FINISH_LOCK = threading.Lock()
+    # _unpickled_conversions' (re-entered by _forget when a collection runs inside it)
+    _UNPICKLED_LOCK = threading.RLock()
+
+
+_new_locks()
+os.register_at_fork(after_in_child=_new_locks)
 
 
 def _forget(key, dead):

@@ -3,6 +3,7 @@ is inside a kernel): the child computes the right answer and exits 0. The
 parent waits with a timeout and kills a hung child, so a hang fails the test
 instead of blocking CI."""
 import os
+import pickle
 import signal
 import threading
 import time
@@ -148,3 +149,37 @@ def test_fork_in_a_signal_handler_run_mid_call(restore_threads):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("lock_name", ["_FINISH_LOCK", "_UNPICKLED_LOCK"])
+def test_fork_while_another_thread_holds_a_module_lock(lock_name):
+    """Another thread of the parent is inside a backward's last step (which
+    adds the gradients under a lock, while NumPy lets other threads run) or
+    an unpickling at the fork: the child's backward and unpickling work (its
+    copy of the lock was held forever: the child hung in its first backward)."""
+    from attnc import module
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with getattr(module, lock_name):
+            holding.set()
+            release.wait(TIMEOUT)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert holding.wait(TIMEOUT)
+    rng = np.random.default_rng(0)
+    x, grad_y = rng.standard_normal((3, 4)), rng.standard_normal((3, 2))
+
+    def child_work():
+        layer = pickle.loads(pickle.dumps(attnc.Linear(4, 2, dtype=np.float64)))
+        layer(x)
+        layer.backward(grad_y)
+        grads = dict(layer.named_grads())
+        return np.allclose(grads["weight"], grad_y.T @ x) and np.allclose(grads["bias"], grad_y.sum(axis=0))
+
+    try:
+        _fork_and_check(child_work)
+    finally:
+        release.set()
+        thread.join(timeout=TIMEOUT)
