@@ -75,6 +75,16 @@ void attnc_stop_calls_after_fork(void)
     }
 }
 
+int attnc_interrupted_after_wait(void)
+{
+    attnc_call *call = current;
+    if (call && is_caller) {
+        call->questions = 0;
+        call->questions_per_clock = 1;
+    }
+    return attnc_interrupted();
+}
+
 int attnc_interrupted(void)
 {
     attnc_call *call = current;

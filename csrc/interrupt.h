@@ -11,5 +11,9 @@ attnc_call *attnc_current_call(void);
 void attnc_join_call(attnc_call *call);
 /* In a child forked by this thread mid-job: stop its calls, marked forked. */
 void attnc_stop_calls_after_fork(void);
+/* attnc_interrupted for a caller that has just waited (for its workers):
+ * it reads the clock at once, where questions counted as cheap ones before
+ * the wait would let up to MAX_QUESTIONS_PER_CLOCK waits pass unpolled. */
+int attnc_interrupted_after_wait(void);
 
 #endif

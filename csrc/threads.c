@@ -185,7 +185,7 @@ static void wait_for_workers(void)
         }
         if (pthread_cond_timedwait(&pool.work_done, &pool.lock, &deadline) != 0 && pool.workers_in_job > 0) {
             pthread_mutex_unlock(&pool.lock); /* (the poll may run Python code) */
-            (void)attnc_interrupted();
+            (void)attnc_interrupted_after_wait();
             pthread_mutex_lock(&pool.lock);
         }
     }
@@ -253,10 +253,14 @@ static void stop_workers(void)
     pthread_cond_broadcast(&pool.work_ready);
     pthread_mutex_unlock(&pool.lock);
     for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.threads[i], NULL);
-    free(pool.threads);
-    free(pool.share_next);
+    /* Cleared before they are freed: a fork from another thread in between
+     * would leave the child pointers its next resize frees a second time. */
+    pthread_t *threads = pool.threads;
+    atomic_llong *share_next = pool.share_next;
     pool.threads = NULL;
     pool.share_next = NULL;
+    free(threads);
+    free(share_next);
     pool.n_workers = 0;
     pool.shutting_down = 0;
 }
