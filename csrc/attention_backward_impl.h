@@ -29,8 +29,10 @@
  * order (sum_task). */
 
 /* One task's buffers (grad_layout), each 64-byte aligned. The query
- * tiles' packs and row factors live in slots, one per query tile of the
- * item, prepared once per task (query_slot gives a tile's view). */
+ * tiles' packs and row factors live in slots: in the fused pass one per
+ * query tile of the item, prepared once per task for all its key blocks
+ * (query_slot gives a tile's view); in the key and query passes one, each
+ * tile prepared in it when used (a key pass task uses each tile once). */
 typedef struct {
     FN(tile_buffers) fwd; /* the forward's score-tile buffers: q_pack (a slot's), k_pack, scores_t (P^T) */
     real *do_rows;  /* slot: (BLOCK_Q / NR) slivers of (Ev, NR): dO_i, for V_j dO_i^T */
@@ -52,7 +54,8 @@ typedef struct {
  * buffers hold at most the item's queries (qb per slot) and keys (kb),
  * so the workspace stays within a few times the inputs' size however
  * large the heads. */
-static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, idx_t dq_rows, FN(grad_buffers) *t)
+static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, idx_t slots, idx_t dq_rows,
+                             FN(grad_buffers) *t)
 {
     idx_t used = 0, E_padded = ROUND_UP(E, GEMM_NR), Ev_padded = ROUND_UP(Ev, GEMM_NR);
     idx_t qb = FN(padded_queries)(attnc_min(L, BLOCK_Q)), kb = ROUND_UP(attnc_min(S, BLOCK_K), GEMM_MR);
@@ -67,7 +70,7 @@ static idx_t FN(grad_layout)(real *work, idx_t L, idx_t S, idx_t E, idx_t Ev, id
     PART(shift, BLOCK_Q);
     PART(norm, BLOCK_Q);
     t->slot_elems = used;
-    used += (attnc_ceil_div(L, BLOCK_Q) - 1) * t->slot_elems;
+    used += (slots - 1) * t->slot_elems;
     PART(fwd.k_pack, kb * E);
     PART(fwd.scores_t, BLOCK_K * BLOCK_Q);
     PART(v_rows, kb * Ev);
@@ -343,20 +346,20 @@ static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_vie
     return FN(bias_hidden_tail)(a, item->fwd.bias, i0, nq, j0, nk, floor) < nk;
 }
 
-/* The query tiles that see key block j0 (every tile: j0 < 0) into their slots. */
+/* Every query tile of the item into its slot (the fused pass). */
 static void FN(prepare_query_slots)(const FN(grad_buffers) *t, const attnc_attention_backward_args *g,
-                                    const FN(grad_view) *item, idx_t j0)
+                                    const FN(grad_view) *item)
 {
     for (idx_t i0 = 0; i0 < g->forward.L; i0 += BLOCK_Q) {
-        if (j0 >= 0 && !FN(pair_seen)(&g->forward, item, i0, j0)) continue;
         FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
         FN(prepare_queries)(&slot, g, item, i0, FN(tile_queries)(i0, g->forward.L));
     }
 }
 
 /* dK and dV of key block [j0, j0+nk) of the item over every query tile
- * that sees it (prepared in its slot), in order; with dq_item (the item's
- * dQ accumulator, L padded rows), dQ of those tiles too. */
+ * that sees it, in order; with dq_item (the item's dQ accumulator, L
+ * padded rows: the fused pass), dQ of those tiles too, each tile prepared
+ * in its slot already; without, each tile prepared in slot 0 here. */
 static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backward_args *g,
                                 const FN(grad_view) *item, idx_t b, idx_t j0, real *dq_item)
 {
@@ -368,7 +371,8 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
     for (idx_t i0 = 0; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
         if (!FN(pair_seen)(a, item, i0, j0)) continue;
         idx_t nq = FN(tile_queries)(i0, a->L);
-        FN(grad_buffers) slot = FN(query_slot)(t, i0 / BLOCK_Q);
+        FN(grad_buffers) slot = dq_item ? FN(query_slot)(t, i0 / BLOCK_Q) : *t;
+        if (!dq_item) FN(prepare_queries)(&slot, g, item, i0, nq);
         FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk);
         FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
         FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
@@ -501,6 +505,15 @@ static idx_t FN(dq_rows)(const FN(grad_job) *job)
     return job->pass == FUSED_PASS ? job->n_query_tiles * BLOCK_Q : FN(padded_queries)(attnc_min(a->L, BLOCK_Q));
 }
 
+/* A task's workspace in elements (grad_layout): query slots for the item's
+ * tiles in the fused pass, one in the others. */
+static idx_t FN(task_workspace_elems)(const FN(grad_job) *job, FN(grad_buffers) *t, real *work)
+{
+    const attnc_attention_args *a = &job->args->forward;
+    idx_t slots = job->pass == FUSED_PASS ? job->n_query_tiles : 1;
+    return FN(grad_layout)(work, a->L, a->S, a->E, a->Ev, slots, FN(dq_rows)(job), t);
+}
+
 static void FN(grad_task)(void *ctx, idx_t task)
 {
     FN(grad_job) *job = ctx;
@@ -512,19 +525,18 @@ static void FN(grad_task)(void *ctx, idx_t task)
     }
     FN(grad_buffers) t;
     const attnc_attention_args *a = &g->forward;
-    FN(grad_layout)(work, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &t);
+    FN(task_workspace_elems)(job, &t, work);
     if (job->pass == FUSED_PASS) {
         idx_t b = job->first_item + task;
         FN(grad_view) item = FN(job_item)(job, b);
         memset(t.dq, 0, (size_t)(FN(dq_rows)(job) * t.E_padded) * sizeof(real));
-        FN(prepare_query_slots)(&t, g, &item, -1);
+        FN(prepare_query_slots)(&t, g, &item);
         for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K)
             FN(key_block_grads)(&t, g, &item, b, j0, t.dq);
         FN(write_grad_rows)(item.grad_q, g->grad_q.row_stride, t.dq, t.E_padded, a->L, a->E);
     } else if (job->pass == KEY_PASS) {
         idx_t b = job->first_item + task / job->n_key_blocks, j0 = task % job->n_key_blocks * BLOCK_K;
         FN(grad_view) item = FN(job_item)(job, b);
-        FN(prepare_query_slots)(&t, g, &item, j0);
         FN(key_block_grads)(&t, g, &item, b, j0, NULL);
     } else {
         idx_t b = job->first_item + task / job->n_query_tiles;
@@ -552,12 +564,12 @@ static void FN(run_passes)(FN(grad_job) *job, idx_t fused_items)
     FN(grad_buffers) unused;
     if (job->run_items >= fused_items) {
         job->pass = FUSED_PASS;
-        job->workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &unused);
+        job->workspace_elems = FN(task_workspace_elems)(job, &unused, NULL);
         attnc_parallel_for(job->run_items, flops * 1.25, FN(grad_task), job);
         return;
     }
     job->pass = KEY_PASS;
-    job->workspace_elems = FN(grad_layout)(NULL, a->L, a->S, a->E, a->Ev, FN(dq_rows)(job), &unused);
+    job->workspace_elems = FN(task_workspace_elems)(job, &unused, NULL);
     attnc_parallel_for(job->run_items * job->n_key_blocks, flops, FN(grad_task), job);
     job->pass = QUERY_PASS;
     if (!atomic_load(&job->failed) && !attnc_interrupted())

@@ -530,6 +530,45 @@ def test_backward_peak_memory_over_a_shared_key_value_is_bounded_by_the_data(cas
     assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the gradients, limit {limit / 2**20:.0f} MiB"
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_of_few_long_items_holds_tiles_not_their_queries(threads):
+    """With fewer items than threads keep busy, the backward's key pass runs a
+    task per key block, and each task packed every query tile of its item
+    up front (each used once): one long item's (2^18 queries, 64 MiB of q and
+    of grad_out) took 196 MiB beyond its gradients on 1 thread and 456 MiB on 2
+    (a copy a thread; a robustness review, 2026-11-30). Each task now packs a
+    tile when it uses it, in one slot. The oracle: the key and value are one
+    row repeated, so every weight is 1 / S, the output is that value row, and
+    the gradients are hand-derived: grad_value rows sum(grad_out) / S, grad_query
+    and grad_key 0 (equal scores)."""
+    out = _run_child(f"""
+        import resource
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        attnc.set_num_threads({threads})
+        L, S, E = 1 << 18, 1024, 64
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((1, 1, L, E)).astype(np.float32)
+        k = np.broadcast_to(rng.standard_normal(E).astype(np.float32), (1, 1, S, E)).copy()
+        v = np.broadcast_to(rng.standard_normal(E).astype(np.float32), (1, 1, S, E)).copy()
+        out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+        grad_out = rng.standard_normal(out.shape).astype(np.float32)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        grad_q, grad_k, grad_v = grads
+        expected_v = np.broadcast_to(grad_out[0, 0].astype(np.float64).sum(axis=0) / S, (S, E))
+        np.testing.assert_allclose(grad_v[0, 0], expected_v, rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(grad_q, 0, atol=1e-4)  # (rounding: dP - D is a few ulps of |dO . v|)
+        np.testing.assert_allclose(grad_k, 0, atol=1e-2)
+        print("extra", peak - base - sum(g.nbytes for g in grads), "packed", q.nbytes + grad_out.nbytes)
+    """)
+    extra, packed = (int(out.split(word)[1].split()[0]) for word in ("extra", "packed"))
+    assert extra <= packed // 4, f"{extra / 2**20:.0f} MiB beyond the gradients (q and grad_out: {packed / 2**20:.0f} MiB)"
+
+
 # ============================================================================
 # finding 7: thread counts above the CPU count
 
