@@ -8,9 +8,11 @@ documentation fails here. A docstring needs a one-line summary, a
 Parameters section naming each parameter of the signature, and, for a
 class or a function, an Examples section; the examples run as doctests.
 """
+import ast
 import doctest
 import importlib
 import inspect
+import pathlib
 import pkgutil
 
 import pytest
@@ -140,8 +142,6 @@ def test_numpydoc_docstring(name, value, kind):
 # -- the extension's type stub -------------------------------------------------
 def stub_functions():
     """The functions and constants attnc/_C.pyi declares: name -> parameter names (None for a constant)."""
-    import ast
-    import pathlib
     declared = {}
     for node in ast.parse(pathlib.Path(attnc.__file__).with_name("_C.pyi").read_text()).body:
         if isinstance(node, ast.FunctionDef):
