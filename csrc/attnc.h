@@ -191,6 +191,9 @@ typedef struct {
     const void *a; idx_t a_rs, a_cs;
     int n_parts; attnc_gemm_part parts[ATTNC_GEMM_MAX_PARTS]; idx_t b_rs, b_cs;
     void *c; idx_t c_rs;
+    /* NULL, or B (these parts, all of K) as this kernel's pack_weights
+     * packed it: the orders that pack B read it there instead */
+    const void *packed_b;
 } attnc_gemm_args;
 
 /* The keys query i may see: j in [i + offset - left, i + offset + right],
@@ -288,6 +291,10 @@ typedef struct {
 /* One dtype's kernels at one ISA level: a row of the kernel table. */
 typedef struct {
     attnc_status (*gemm)(const attnc_gemm_args *args);
+    /* *packed <- B of args (its parts, all of K; M, A and C unused) packed
+     * as gemm packs it, in memory from attnc_malloc (the caller frees it),
+     * for gemm's args->packed_b: weights packed once for many products. */
+    attnc_status (*pack_weights)(const attnc_gemm_args *args, void **packed);
     attnc_status (*attention)(const attnc_attention_args *args);
     attnc_status (*attention_backward)(const attnc_attention_backward_args *args);
     /* out (outer, n, inner) <- softmax(in) along n, stable (row max
@@ -349,9 +356,25 @@ typedef struct {
     const uint8_t *mask; idx_t mask_batch_strides[ATTNC_MAX_BATCH_DIMS], mask_rs, mask_cs;
     void *out, *weights;
     void *keep_qkv, *keep_merged, *lse;
+    const struct attnc_packed_module *packed; /* NULL, or these weights' packs */
 } attnc_self_attention_args;
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *args);
+
+/* A module's projection weights packed once (a frozen module's): the
+ * stacked Q, K, V weights and Wo, each as the kernels that packed them
+ * pack a product's B (pack_weights; out NULL without Wo). A forward given
+ * them reads them instead of packing its weights, while those kernels are
+ * the active ones (else it packs as ever: the same bits either way). */
+typedef struct attnc_packed_module {
+    const attnc_kernels *kernels;
+    void *qkv, *out;
+} attnc_packed_module;
+
+/* *p <- the packs of s's weights (s's dtype, weights and dims; the rest
+ * unused); attnc_packed_module_free releases them. */
+attnc_status attnc_pack_module(const attnc_self_attention_args *s, attnc_packed_module *p);
+void attnc_packed_module_free(attnc_packed_module *p);
 
 /*
  * The module backward from what its forward kept: with G = grad_out

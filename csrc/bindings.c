@@ -1519,18 +1519,124 @@ static void kept_shapes(const module_call *c, npy_intp shapes[3][2])
     shapes[2][1] = c->s.T;
 }
 
+/* ------------------------------------------------------------------------ */
+/* frozen modules: weights no one can write, packed once                     */
+
+/* A capsule's pointer: the packs of a frozen module's weights, the arrays
+ * they were packed from (held: their memory is never another's while the
+ * packs live) and where those hold the weights. */
+#define FROZEN_CAPSULE "attnc._C.frozen_weights"
+typedef struct {
+    attnc_packed_module packs;
+    PyObject *params; /* the frozen parameters (a tuple) */
+    attnc_self_attention_args weights; /* their w, dim, w_out, n_out, C, dtype */
+} frozen_weights;
+
+static void frozen_weights_free(PyObject *capsule)
+{
+    frozen_weights *f = PyCapsule_GetPointer(capsule, FROZEN_CAPSULE);
+    if (!f) return;
+    attnc_packed_module_free(&f->packs);
+    Py_XDECREF(f->params);
+    PyMem_Free(f);
+}
+
+/* A read-only copy of arr that no one can make writable: an array over an
+ * immutable bytes object (NumPy refuses WRITEABLE on such a base). */
+static PyObject *frozen_copy(PyArrayObject *arr)
+{
+    PyObject *bytes = PyBytes_FromStringAndSize(PyArray_DATA(arr), (Py_ssize_t)PyArray_NBYTES(arr));
+    if (!bytes) return NULL;
+    PyArray_Descr *descr = PyArray_DESCR(arr);
+    Py_INCREF(descr);
+    PyObject *copy = PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(arr), PyArray_DIMS(arr), NULL,
+                                          PyBytes_AS_STRING(bytes), NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    if (!copy) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)copy, bytes) < 0) { /* (which takes bytes even then) */
+        Py_DECREF(copy);
+        return NULL;
+    }
+    return copy;
+}
+
+/* Whether s's weights are the frozen ones f was packed from. */
+static int frozen_weights_match(const frozen_weights *f, const attnc_self_attention_args *s)
+{
+    const attnc_self_attention_args *w = &f->weights;
+    int same = s->dtype == w->dtype && s->C == w->C && s->w_out == w->w_out && s->n_out == w->n_out;
+    for (int p = 0; p < 3; p++) same &= s->w[p] == w->w[p] && s->dim[p] == w->dim[p];
+    return same;
+}
+
+/* freeze_module(params, spec, dtype) -> (frozen params, packs): read-only
+ * copies of a module's parameters (frozen_copy) and a capsule of their
+ * projection weights packed for the active kernels, for self_attention's
+ * `packed`. */
+static PyObject *py_freeze_module(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"params", "spec", "dtype", NULL};
+    PyObject *params, *spec_obj, *dtype_obj, *frozen = NULL, *result = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O:freeze_module", kwlist, &PyTuple_Type, &params,
+                                     &PyTuple_Type, &spec_obj, &dtype_obj))
+        return NULL;
+    module_call given = {.held = {NULL}}, c = {.held = {NULL}};
+    frozen_weights *f = NULL;
+    if (!module_setup(&given, params, spec_obj, dtype_obj, NULL, 0, Py_None)) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(params);
+    if (!(frozen = PyTuple_New(n))) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *copy = given.held[i] ? frozen_copy(given.held[i]) : (Py_INCREF(Py_None), Py_None);
+        if (!copy) goto done;
+        PyTuple_SET_ITEM(frozen, i, copy);
+    }
+    if (!module_setup(&c, frozen, spec_obj, dtype_obj, NULL, 0, Py_None)) goto done;
+    if (!(f = PyMem_Calloc(1, sizeof *f))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    attnc_status status;
+    RUN_KERNEL(status, attnc_pack_module(&c.s, &f->packs));
+    if (!kernel_ok(status, "freeze_module")) goto done;
+    Py_INCREF(frozen);
+    f->params = frozen;
+    f->weights = c.s;
+    PyObject *capsule = PyCapsule_New(f, FROZEN_CAPSULE, frozen_weights_free);
+    if (!capsule) goto done;
+    f = NULL; /* the capsule's */
+    result = PyTuple_Pack(2, frozen, capsule);
+    Py_DECREF(capsule);
+done:
+    if (f) {
+        attnc_packed_module_free(&f->packs);
+        Py_XDECREF(f->params);
+        PyMem_Free(f);
+    }
+    Py_XDECREF(frozen);
+    module_call_release(&given);
+    module_call_release(&c);
+    return result;
+}
+
 static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"x", "params", "spec", "attention_mask", "dtype", "dropout_p", "training", "rng",
-                             "return_weights", "scale", "save", NULL};
+                             "return_weights", "scale", "save", "packed", NULL};
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
-             *weights_obj = Py_False, *scale_obj = Py_None;
+             *weights_obj = Py_False, *scale_obj = Py_None, *packed_obj = Py_None;
     int training = 0, want_weights = 0, save = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOOOp:self_attention", kwlist, &x_obj, &PyTuple_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOOOpO:self_attention", kwlist, &x_obj, &PyTuple_Type,
                                      &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
-                                     &rng, &weights_obj, &scale_obj, &save) ||
+                                     &rng, &weights_obj, &scale_obj, &save, &packed_obj) ||
         !flag_argument(weights_obj, "return_weights", &want_weights))
         return NULL;
+    if (packed_obj != Py_None && !PyCapsule_IsValid(packed_obj, FROZEN_CAPSULE)) {
+        PyErr_Format(PyExc_TypeError, "packed: expected what freeze_module returned, or None, got %s",
+                     Py_TYPE(packed_obj)->tp_name);
+        return NULL;
+    }
     module_call c = {.held = {NULL}};
     PyObject *out = NULL, *weights = NULL, *kept[3] = {NULL, NULL, NULL}, *saved = NULL;
     uint64_t seed = 0;
@@ -1538,6 +1644,10 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
         !module_input(&c, x_obj, mask_obj, want_weights))
         goto done;
     attnc_self_attention_args *s = &c.s;
+    if (packed_obj != Py_None) { /* (the caller's argument holds the capsule through the call) */
+        const frozen_weights *f = PyCapsule_GetPointer(packed_obj, FROZEN_CAPSULE);
+        if (frozen_weights_match(f, s)) s->packed = &f->packs; /* else packed per call, as ever */
+    }
     npy_intp shape[NPY_MAXDIMS], kept_shape[3][2];
     if (want_weights && !(weights = named(new_array(c.ns, c.shape, c.dt), "return_weights"))) goto done;
     if (!(out = named(new_array(module_output_shape(&c, shape), shape, c.dt), "x"))) goto done;
@@ -1904,11 +2014,15 @@ static PyMethodDef methods[] = {
      "needs the forward's seed."},
     {"self_attention", FN(py_self_attention), KW,
      "self_attention($module, /, x, params, spec, attention_mask, dtype, dropout_p=0.0, training=False, "
-     "rng=None, return_weights=False, scale=None, save=False)\n--\n\n"
+     "rng=None, return_weights=False, scale=None, save=False, packed=None)\n--\n\n"
      "A whole module forward. params: the parameter arrays in the order of spec's names; spec: "
      "(names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused), built at the "
      "module's construction. scale None: 1/sqrt(qk_dim // n_heads). save: also return what the backward needs, "
-     "as (result, saved)."},
+     "as (result, saved). packed: what freeze_module returned for these params (else ignored)."},
+    {"freeze_module", FN(py_freeze_module), KW,
+     "freeze_module($module, /, params, spec, dtype)\n--\n\n"
+     "(frozen params, packed): read-only copies of params that cannot be made writable, and their projection "
+     "weights packed once for self_attention's `packed`."},
     {"self_attention_backward", FN(py_self_attention_backward), KW,
      "self_attention_backward($module, /, grad_output, saved, params, spec, attention_mask=None, *, dtype, "
      "dropout_p=0.0, scale=None)\n--\n\n"

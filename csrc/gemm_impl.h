@@ -26,7 +26,10 @@
  * place (rows of reals with unit column stride), and only a last partial
  * one is packed (else all of A is). In both, on up to
  * GEMM_OWN_COPY_THREADS threads, each thread packs what it packs of the
- * small operand in a copy of its own instead of sharing one. The first K
+ * small operand in a copy of its own instead of sharing one. B may come
+ * packed already, for all of K (packed_b, from pack_weights: a frozen
+ * module's weights), and the blocked and streamed orders then read its
+ * slivers there and pack none of B. The first K
  * block starts the sums from the bias (or zeros) and stores them: C is never
  * cleared or re-read just to add the bias. Each
  * element of C adds up its K blocks in the same order whatever task, thread
@@ -467,6 +470,10 @@ typedef struct {
     real *panels;
     idx_t panel_stride;
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
+    /* B packed before the call (pack_weights), or NULL: the blocked and
+     * streamed orders then read its slivers there and pack none */
+    const real *packed_weights;
+    idx_t packed_block; /* elements of packed_weights a K block */
 } FN(gemm_job);
 
 /* The init row of the first K block when there is no bias. */
@@ -568,7 +575,7 @@ static idx_t FN(pack_tasks)(idx_t rows, idx_t width) { return attnc_ceil_div(row
 static void FN(pass1_packs)(const FN(gemm_job) *job, idx_t *n_a, idx_t *n_b)
 {
     int a = !job->transposed && !(job->streamed && job->own_copies);
-    int b = !job->streamed && !(job->transposed && job->own_copies);
+    int b = !job->streamed && !job->packed_weights && !(job->transposed && job->own_copies);
     *n_a = a ? FN(pack_tasks)(job->M - job->a_packed_from, GEMM_MR) : 0;
     *n_b = b ? FN(pack_tasks)(job->N, GEMM_NR) : 0;
 }
@@ -779,12 +786,14 @@ static void FN(multiply_task)(void *ctx, idx_t t)
         FN(transposed_block)(job, i0, i1, packed_b);
         return;
     }
-    real *sliver = job->streamed ? job->packed_b + t * GEMM_NR * job->steps : NULL;
+    int pack = job->streamed && !job->packed_weights; /* a sliver at a time, into slot t */
+    real *sliver = pack ? job->packed_b + t * GEMM_NR * job->steps : NULL;
+    if (job->packed_weights) packed_b = job->packed_weights + job->p0 / ATTNC_GEMM_KC * job->packed_block;
     for (idx_t j = j0; j < j1 && !attnc_interrupted(); j += GEMM_NR) { /* a task may be long: a few rows, all of N */
-        if (job->streamed) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
-        const real *b = job->streamed ? sliver : packed_b + j * job->steps;
+        if (pack) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
+        const real *b = pack ? sliver : packed_b + j * job->steps;
         for (idx_t i = i0; i < i1; i += GEMM_MR)
-            FN(run_tile)(job, i, j, packed_a, b, job->streamed ? FN(next_sliver_rows)(job, (i - i0) / GEMM_MR, j) : NULL);
+            FN(run_tile)(job, i, j, packed_a, b, pack ? FN(next_sliver_rows)(job, (i - i0) / GEMM_MR, j) : NULL);
     }
 }
 
@@ -1114,16 +1123,62 @@ static int FN(packed_bytes)(idx_t rows, idx_t width, idx_t kc, size_t *bytes)
     return 1;
 }
 
-attnc_status FN(gemm)(const attnc_gemm_args *g)
+/* B of g: its parts stacked; their rows, N. */
+static FN(gemm_operand) FN(stacked_parts)(const attnc_gemm_args *g, idx_t *N)
 {
-    idx_t M = g->M, N = 0, K = g->K;
-    FN(gemm_operand) a = {{g->a}, {M}, 1, g->a_rs, g->a_cs}, b = {{NULL}, {0}, g->n_parts, g->b_rs, g->b_cs};
-    int any_bias = 0;
+    FN(gemm_operand) b = {{NULL}, {0}, g->n_parts, g->b_rs, g->b_cs};
+    *N = 0;
     for (int q = 0; q < g->n_parts; q++) {
         b.data[q] = g->parts[q].b;
-        b.ends[q] = N += g->parts[q].rows; /* the caller's arrays: no overflow */
-        any_bias |= g->parts[q].bias != NULL;
+        b.ends[q] = *N += g->parts[q].rows; /* the caller's arrays: no overflow */
     }
+    return b;
+}
+
+/* Elements of B's packed copy a K block: N rows in NR slivers of a whole
+ * block's steps (the last block's shorter slivers start there too); 0 if
+ * its bytes overflow. */
+static idx_t FN(packed_block_elems)(idx_t N, idx_t K)
+{
+    size_t bytes;
+    idx_t steps = FN(product_steps)(attnc_min(K, ATTNC_GEMM_KC), BF16_PAIRS);
+    return FN(packed_bytes)(N, GEMM_NR, steps, &bytes) ? (idx_t)(bytes / sizeof(real)) : 0;
+}
+
+/* The kernel table's pack_weights: B's slivers as pack_rows makes them for
+ * each K block in turn, block b at b * packed_block_elems (gemm's packed_b). */
+attnc_status FN(pack_weights)(const attnc_gemm_args *g, void **packed)
+{
+    idx_t N, K = g->K;
+    FN(gemm_operand) b = FN(stacked_parts)(g, &N);
+    FN(gemm_job) job = {.b = b, .N = N};
+    idx_t block = FN(packed_block_elems)(N, K), blocks = attnc_ceil_div(K, ATTNC_GEMM_KC), total;
+    *packed = NULL;
+    if ((N > 0 && K > 0 && block == 0) || !attnc_mul_ok(block, blocks, &total) ||
+        !attnc_mul_ok(total, sizeof(real), &total))
+        return ATTNC_EOVERFLOW;
+    real *out = attnc_malloc((size_t)total);
+    if (!out) return ATTNC_ENOMEM;
+    for (idx_t p0 = 0; p0 < K && !attnc_interrupted(); p0 += ATTNC_GEMM_KC) {
+        job.p0 = p0;
+        job.kc = attnc_min(ATTNC_GEMM_KC, K - p0);
+        job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
+        FN(pack_rows)(&job, 1, out + p0 / ATTNC_GEMM_KC * block, 0, N);
+    }
+    if (attnc_interrupted()) {
+        attnc_free(out);
+        return ATTNC_EINTR;
+    }
+    *packed = out;
+    return ATTNC_OK;
+}
+
+attnc_status FN(gemm)(const attnc_gemm_args *g)
+{
+    idx_t M = g->M, N, K = g->K;
+    FN(gemm_operand) a = {{g->a}, {M}, 1, g->a_rs, g->a_cs}, b = FN(stacked_parts)(g, &N);
+    int any_bias = 0;
+    for (int q = 0; q < g->n_parts; q++) any_bias |= g->parts[q].bias != NULL;
     if (M <= 0 || N <= 0) return ATTNC_OK;
     /* (pairs: the direct loops' products would not be vdot_pairs') */
     if (K == 0 || (!BF16_PAIRS && (double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS)) {
@@ -1158,7 +1213,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
                    attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <=
                        (attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES);
-    FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed};
+    FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
+                        .packed_weights = transposed ? NULL : g->packed_b,
+                        .packed_block = g->packed_b ? FN(packed_block_elems)(N, K) : 0};
     if (transposed) {
         /* the job's rows are B's: two blocks of them per thread */
         job.M = N, job.N = M, job.a = b, job.b = a;
@@ -1200,7 +1257,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
-        !FN(packed_bytes)(streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max, &b_bytes))
+        !FN(packed_bytes)(job.packed_weights ? 0 : streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max,
+                          &b_bytes))
         return ATTNC_EOVERFLOW;
     size_t *small = transposed ? &b_bytes : &a_bytes;
     job.own_stride = (idx_t)(*small / sizeof(real));

@@ -31,7 +31,8 @@
 #define ATTNC_TABLE_ROW(isa) ATTNC_TABLE_ROW_(isa)
 #define ATTNC_KERNELS_OF(sfx, isa)                                                                  \
     {                                                                                               \
-        .gemm = gemm_##sfx##_##isa, .attention = attention_##sfx##_##isa,                           \
+        .gemm = gemm_##sfx##_##isa, .pack_weights = pack_weights_##sfx##_##isa,                     \
+        .attention = attention_##sfx##_##isa,                                                       \
         .attention_backward = attention_backward_##sfx##_##isa,                                     \
         .softmax = softmax_##sfx##_##isa, .dropout = dropout_##sfx##_##isa,                         \
     }

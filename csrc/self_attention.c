@@ -16,6 +16,13 @@ typedef struct {
     idx_t rows, width, Dv; /* x's rows (B * T), Dq + Dk + Dv, Dv */
 } module_sizes;
 
+/* The packs of s's weights, if it has them for these kernels (else NULL:
+ * the products pack the weights themselves). */
+static const attnc_packed_module *packs_of(const attnc_self_attention_args *s, const module_sizes *m)
+{
+    return s->packed && s->packed->kernels == m->kernels ? s->packed : NULL;
+}
+
 /* The sizes of s; 0 if a buffer of rows x width elements overflows. */
 static int sizes_of(const attnc_self_attention_args *s, module_sizes *m)
 {
@@ -128,6 +135,8 @@ static void heads_task(void *ctx, idx_t task)
         project.parts[part] = (attnc_gemm_part){w[part] + (size_t)(first[part] * s->C) * m->elem,
                                                 bias[part] ? bias[part] + (size_t)first[part] * m->elem : NULL,
                                                 heads_rows[part]};
+    const attnc_packed_module *packs = packs_of(s, m);
+    if (packs && nh == job->H) project.packed_b = packs->qkv; /* all the weights' rows */
     attnc_status status = m->kernels->gemm(&project);
     int head_dim = s->batch.ndim - 1;
     for (idx_t b = b0; status == ATTNC_OK && b < b0 + nb; b++) {
@@ -152,6 +161,7 @@ static void heads_task(void *ctx, idx_t task)
             .M = rows, .K = m->Dv, .a = job->merged + (size_t)(r0 * m->Dv) * m->elem, .a_rs = m->Dv, .a_cs = 1,
             .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = m->Dv, .b_cs = 1,
             .c = (char *)s->out + (size_t)(r0 * s->n_out) * m->elem, .c_rs = s->n_out,
+            .packed_b = packs ? packs->out : NULL,
         };
         status = m->kernels->gemm(&out);
     }
@@ -185,16 +195,34 @@ static attnc_status attend_by_items(const attnc_self_attention_args *s, const mo
 /* Passes 1 and 2 through one projection buffer: qkv <- the Q, K, V
  * projections side by side (rows, width), one product of x with the three
  * weights stacked; merged <- attention per item over its heads' columns. */
-static attnc_status project_then_attend(const attnc_self_attention_args *s, const module_sizes *m, char *qkv,
-                                        char *merged)
+/* The product qkv (rows, width) <- x . [Wq; Wk; Wv]^T + [bq bk bv]. */
+static attnc_gemm_args qkv_product(const attnc_self_attention_args *s, const module_sizes *m, char *qkv)
 {
-    attnc_gemm_args qkv_args = {
+    const attnc_packed_module *packs = packs_of(s, m);
+    return (attnc_gemm_args){
         .M = m->rows, .K = s->C, .a = s->x, .a_rs = s->C, .a_cs = 1, .n_parts = 3,
         .parts = {{s->w[ATTNC_Q], s->bias[ATTNC_Q], s->dim[ATTNC_Q]},
                   {s->w[ATTNC_K], s->bias[ATTNC_K], s->dim[ATTNC_K]},
                   {s->w[ATTNC_V], s->bias[ATTNC_V], s->dim[ATTNC_V]}},
-        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = m->width,
+        .b_rs = s->C, .b_cs = 1, .c = qkv, .c_rs = m->width, .packed_b = packs ? packs->qkv : NULL,
     };
+}
+
+/* The product out (rows, n_out) <- merged . Wo^T + bo. */
+static attnc_gemm_args out_product(const attnc_self_attention_args *s, const module_sizes *m, const char *merged)
+{
+    const attnc_packed_module *packs = packs_of(s, m);
+    return (attnc_gemm_args){
+        .M = m->rows, .K = m->Dv, .a = merged, .a_rs = m->Dv, .a_cs = 1,
+        .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = m->Dv, .b_cs = 1,
+        .c = s->out, .c_rs = s->n_out, .packed_b = packs ? packs->out : NULL,
+    };
+}
+
+static attnc_status project_then_attend(const attnc_self_attention_args *s, const module_sizes *m, char *qkv,
+                                        char *merged)
+{
+    attnc_gemm_args qkv_args = qkv_product(s, m, qkv);
     attnc_status status = m->kernels->gemm(&qkv_args);
     if (status != ATTNC_OK) return status;
     attnc_attention_args a;
@@ -236,16 +264,32 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     }
 
     /* pass 3: output projection */
-    attnc_gemm_args out_args = {
-        .M = m.rows, .K = m.Dv, .a = merged, .a_rs = m.Dv, .a_cs = 1,
-        .n_parts = 1, .parts = {{s->w_out, s->bias_out, s->n_out}}, .b_rs = m.Dv, .b_cs = 1,
-        .c = s->out, .c_rs = s->n_out,
-    };
+    attnc_gemm_args out_args = out_product(s, &m, merged);
     status = m.kernels->gemm(&out_args);
 done:
     if (qkv != s->keep_qkv) attnc_free(qkv);
     if (merged != s->keep_merged && merged != s->out) attnc_free(merged);
     return status;
+}
+
+attnc_status attnc_pack_module(const attnc_self_attention_args *s, attnc_packed_module *p)
+{
+    module_sizes m;
+    *p = (attnc_packed_module){NULL, NULL, NULL};
+    if (!sizes_of(s, &m)) return ATTNC_EOVERFLOW;
+    p->kernels = m.kernels;
+    attnc_gemm_args qkv_args = qkv_product(s, &m, NULL), out_args = out_product(s, &m, NULL);
+    attnc_status status = m.kernels->pack_weights(&qkv_args, &p->qkv);
+    if (status == ATTNC_OK && s->w_out) status = m.kernels->pack_weights(&out_args, &p->out);
+    if (status != ATTNC_OK) attnc_packed_module_free(p);
+    return status;
+}
+
+void attnc_packed_module_free(attnc_packed_module *p)
+{
+    attnc_free(p->qkv);
+    attnc_free(p->out);
+    p->qkv = p->out = NULL;
 }
 
 /* sums (n) <- the column sums of g (rows, n), as the product ones (1, rows)
