@@ -37,12 +37,18 @@ def scaled_dot_product_attention_backward(
 ) -> Tuple[_Array, _Array, _Array]: ...
 # (x, qkv, merged, lse, seed): what a training-mode forward keeps for its backward
 _Saved = Tuple[_Array, _Array, _Array, _Array, int]
+# freeze_module's packed weights: an opaque capsule
+_Packed = object
 def self_attention(
     x: npt.ArrayLike, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,
     attention_mask: Optional[npt.ArrayLike], dtype: npt.DTypeLike, dropout_p: float = 0.0,
     training: bool = False, rng: _Rng = None, return_weights: bool = False, scale: Optional[float] = None,
-    save: bool = False,
+    save: bool = False, packed: Optional[_Packed] = None,
 ) -> Union[_Out, Tuple[_Out, _Saved]]: ...
+# read-only copies of a module's parameters and their projection weights packed once (a capsule)
+def freeze_module(
+    params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec, dtype: npt.DTypeLike,
+) -> Tuple[Tuple[Optional[_Array], ...], _Packed]: ...
 # (grad_x, the Q/K/V weights' gradients stacked, their biases' stacked, grad_w_out or None, grad_bias_out or None)
 def self_attention_backward(
     grad_output: npt.ArrayLike, saved: _Saved, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,

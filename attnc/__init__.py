@@ -30,6 +30,7 @@ from .attention import (
     SelfAttentionV4,
 )
 from .convert import from_torch
+from .frozen import FrozenAttention
 from .module import Dropout, Linear, Module
 
 __version__ = "0.1.0"
@@ -37,6 +38,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Module", "Linear", "Dropout",
     "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3", "SelfAttentionV4", "SelfAttentionInterview",
-    "MultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention",
+    "MultiHeadAttention", "SelfAttention", "MultiHeadSelfAttention", "FrozenAttention",
     "functional", "nn", "optim", "from_torch", "manual_seed", "set_num_threads", "get_num_threads", "__version__",
 ]

@@ -18,6 +18,7 @@ import numpy as np
 from . import _C
 from ._checks import as_array, divides, positive_int
 from ._docs import shared_docs
+from .frozen import FrozenAttention
 from .module import Dropout, Linear, Module, _sized_by
 
 
@@ -80,6 +81,36 @@ class _Attention(Module):
         state = (saved, params, attention_mask, p if dropout_active else 0.0)
         self._keep_for_backward(state, out.shape, x, dict(zip(self._spec[0], params)))
         return result
+
+    def freeze(self):
+        """A frozen copy of this module for inference: `FrozenAttention`.
+
+        Its calls return this module's eval-mode forward as of now, bit for
+        bit, with the projection weights packed once instead of at every
+        call. Later edits to this module do not reach it.
+
+        Returns
+        -------
+        FrozenAttention
+
+        Raises
+        ------
+        TypeError
+            If this module's class overrides ``forward``.
+        AttributeError, TypeError, ValueError
+            If a parameter was deleted, replaced by a wrong value or
+            resized (naming it), as a forward would.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> net = attnc.SelfAttentionV1(4, rng=np.random.default_rng(0))
+        >>> x = np.random.default_rng(1).normal(size=(2, 3, 4))
+        >>> bool(np.array_equal(net.freeze()(x), net.eval()(x)))
+        True
+        """
+        return FrozenAttention(self)
 
     def backward(self, grad_output):
         """The gradient with respect to `x` of the last training-mode forward.

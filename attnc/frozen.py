@@ -1,0 +1,139 @@
+"""An attention module frozen for inference: a snapshot of its parameters,
+read-only, with its projection weights packed once.
+
+A module's forward packs each weight matrix into the GEMM's micro-kernel
+layout on every call, because its parameters may have changed since the last
+one (they are writable arrays, and optimizers edit them in place). A frozen
+module's weights cannot change: `attnc._C.freeze_module` copies them into
+arrays no one can make writable and packs them once, and every call reads
+those packs. The module itself stays as it was; editing it after freezing
+changes nothing in the frozen one, as an ONNX Runtime session or OpenVINO's
+compiled model keeps the weights it was built with.
+"""
+import inspect
+
+import numpy as np
+
+from . import _C
+
+
+class FrozenAttention:
+    """An attention module's eval-mode forward, with its weights frozen and packed once.
+
+    Made by the module's ``freeze()``. Calls return what the module's
+    eval-mode forward returned at the moment it was frozen, bit for bit
+    (no dropout; the same bits for any thread count), with the projection
+    weights packed for the GEMM once rather than at every call. It holds
+    its own copy of the parameters: later edits to the module, in place or
+    by assignment, do not reach it (freeze again to take them).
+
+    Parameters
+    ----------
+    module : attnc attention module
+        One of attnc's attention modules (``MultiHeadAttention``,
+        ``SelfAttentionV1`` ...), whose forward it reproduces.
+
+    Raises
+    ------
+    TypeError
+        If `module` is not one of attnc's attention modules, or is a
+        subclass that overrides ``forward``.
+    MemoryError
+        If the copies or the packed weights cannot be allocated.
+
+    Notes
+    -----
+    Memory: the parameters' copy plus the packed projection weights (each
+    weight's rows padded to the micro-kernel's width; in float32 for the
+    16-bit dtypes), about twice the parameters. The packs are made for the
+    SIMD level active at freezing; after ``attnc._C.set_simd_level`` to
+    another level, calls pack per call as the module does (the same bits
+    as that level's module). A frozen module cannot be trained and has no
+    backward; it pickles as its parameters (and packs again when loaded).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> module = attnc.MultiHeadAttention(8, 2, rng=np.random.default_rng(0)).eval()
+    >>> frozen = module.freeze()
+    >>> x = np.random.default_rng(1).normal(size=(2, 3, 8))
+    >>> bool(np.array_equal(frozen(x), module(x)))
+    True
+    >>> module.query_linear.weight[...] = 0  # the frozen copy keeps its weights
+    >>> bool(np.array_equal(frozen(x), module(x)))
+    False
+    """
+
+    __slots__ = ("_params", "_packed", "_spec", "_dtype", "_takes_mask", "_kind")
+
+    def __init__(self, module):
+        from .attention import _Attention  # (attention.py imports this file)
+        if not isinstance(module, _Attention):
+            raise TypeError(f"module: expected one of attnc's attention modules, got {type(module).__name__}")
+        kind = next(cls for cls in type(module).__mro__ if cls.__module__ == _Attention.__module__)
+        if type(module).forward is not kind.forward:
+            raise TypeError(f"module: {type(module).__name__} overrides forward; a frozen module computes "
+                            f"{kind.__name__}'s forward only")
+        params = module._values_of(module._spec[0])
+        self._set(params, module._spec, module.dtype, "attention_mask" in inspect.signature(kind.forward).parameters,
+                  kind.__name__)
+
+    def _set(self, params, spec, dtype, takes_mask, kind):
+        self._params, self._packed = _C.freeze_module(params, spec, dtype)
+        self._spec, self._dtype, self._takes_mask, self._kind = spec, dtype, takes_mask, kind
+
+    @classmethod
+    def _unpickled(cls, params, spec, dtype, takes_mask, kind):
+        frozen = cls.__new__(cls)
+        frozen._set(params, spec, dtype, takes_mask, kind)
+        return frozen
+
+    def __reduce__(self):
+        return FrozenAttention._unpickled, (self._params, self._spec, self._dtype, self._takes_mask, self._kind)
+
+    def __copy__(self):
+        return self  # nothing in it changes
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __repr__(self):
+        return (f"FrozenAttention({self._kind}, in_dim={self._spec[2][0]}, heads={self._spec[3]}, "
+                f"dtype={np.dtype(self._dtype).name})")
+
+    @property
+    def dtype(self):
+        """The frozen module's dtype (its parameters' and results')."""
+        return self._dtype
+
+    def __call__(self, x, attention_mask=None, *, return_weights=False):
+        """The module's eval-mode forward with the frozen parameters.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, in_dim)
+            As the module's forward takes it.
+        attention_mask : array_like, optional
+            As the module's forward takes it; only for modules whose
+            forward takes a mask.
+        return_weights : bool, optional
+            Also return the attention weights, as the module's forward.
+
+        Returns
+        -------
+        ndarray, or (ndarray, ndarray)
+            What the module's eval-mode forward returns.
+
+        Raises
+        ------
+        TypeError
+            For an `attention_mask` given to a module whose forward takes
+            none; otherwise as the module's forward.
+        ValueError
+            As the module's forward.
+        """
+        if attention_mask is not None and not self._takes_mask:
+            raise TypeError(f"attention_mask: {self._kind}'s forward takes no mask")
+        return _C.self_attention(x, self._params, self._spec, attention_mask, self._dtype, 0.0, False, None,
+                                 return_weights, None, False, self._packed)

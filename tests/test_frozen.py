@@ -1,0 +1,240 @@
+"""A frozen module (`module.freeze()`): the module's eval-mode forward with
+its weights copied once (read-only) and packed once. Oracles: the document's
+torch module, the float64 NumPy reference, and the module's own forward bit
+for bit (a frozen module must be the same computation with the packing done
+ahead). Its snapshot must never go stale or be writable, and packs that are
+not its weights' must never be used."""
+import copy
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import attnc
+from attnc import _C
+from toolkit import (K_BLOCK, KERNEL_LEVELS, MODEL_IDS, MODELS, assert_close, make_module, make_pair, ref_module,
+                     torch_forward)
+from conftest import at_level
+
+# (B, T, dim, heads): the GEMM's orders by the rows of x (B * T): direct
+# loops (a tiny product), few rows (<= 8), transposed (a few dozen),
+# streamed (a few hundred), blocked (x beyond the streamed order's bytes at
+# every level); and dims past one K block (two blocks of the products' K)
+SIZES = [(1, 2, 4, 2), (1, 5, 48, 4), (1, 32, 64, 4), (2, 77, 96, 4), (3, 128, 64, 2)]
+WIDE = (1, 40, K_BLOCK + 32, 4)
+BLOCKED = (2, 500, 1056, 8)
+
+
+def mha(size, dtype=np.float32, seed=0):
+    B, T, D, H = size
+    module = attnc.MultiHeadAttention(D, H, dtype=dtype, rng=np.random.default_rng(seed)).eval()
+    x = np.random.default_rng(seed + 1).standard_normal((B, T, D)).astype(dtype)
+    return module, x
+
+
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_frozen_matches_torch_and_the_module(model, dtype):
+    """Every attention class, frozen, against the document's torch module
+    and the float64 reference, and bit for bit against the module."""
+    tm, am = make_pair(model, 12, dtype)
+    x = np.random.default_rng(3).standard_normal((2, 7, 12)).astype(dtype)
+    frozen = am.freeze()
+    out = frozen(x)
+    np.testing.assert_array_equal(out, am(x))
+    assert_close(out, torch_forward(model, tm, x), dtype, "frozen vs torch")
+    assert_close(out, ref_module(am, x)[0], dtype, "frozen vs float64 reference")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("size", SIZES + [WIDE], ids=str)
+def test_frozen_has_the_module_bits_at_every_level(simd_mode, size, threads, dtype, restore_threads):
+    """Packed at each level, the products read the packs in the orders that
+    pack the weights and read the weights in place in the others: the
+    module's bits at that level, any thread count."""
+    attnc.set_num_threads(threads)
+    module, x = mha(size, dtype)
+    frozen = module.freeze()
+    out = frozen(x)
+    np.testing.assert_array_equal(out, module(x))
+    assert_close(out, ref_module(module, x)[0], dtype, "frozen vs float64 reference")
+
+
+def test_frozen_blocked_order_over_two_k_blocks(restore_threads):
+    """x past the streamed order's bytes, dims past one K block: the packs'
+    second K block is read where the per-call packing puts it."""
+    module, x = mha(BLOCKED)
+    frozen = module.freeze()
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        np.testing.assert_array_equal(frozen(x), module(x))
+    assert_close(frozen(x[:, :20]), ref_module(module, x[:, :20])[0], np.float32, "frozen vs float64 reference")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_frozen_16_bit(dtype):
+    """16-bit modules pack their weights widened (and as bfloat16 pairs
+    where the level multiplies pairs): the module's bits."""
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dtype = ml_dtypes.bfloat16
+    for size in SIZES[1:]:
+        module, x = mha(size, dtype)
+        np.testing.assert_array_equal(module.freeze()(x).view(np.uint16), module(x).view(np.uint16))
+
+
+def test_frozen_with_mask_and_weights():
+    module, x = mha((2, 77, 96, 4))
+    keep = np.random.default_rng(4).random((2, 1, 1, 77)) < 0.7
+    keep[..., 0] = True
+    out, weights = module.freeze()(x, keep, return_weights=True)
+    expected, expected_weights = module(x, keep, return_weights=True)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(weights, expected_weights)
+
+
+def test_packs_made_at_one_level_are_not_read_at_another(restore_threads):
+    """After the SIMD level changes, the packs (another layout) are left
+    alone: the new level's module bits."""
+    if len(KERNEL_LEVELS) < 2:
+        pytest.skip("this CPU has one kernel level")
+    module, x = mha((2, 77, 96, 4))
+    frozen = module.freeze()  # at the best level
+    for level in KERNEL_LEVELS[:-1]:
+        for _ in at_level(level):
+            np.testing.assert_array_equal(frozen(x), module(x))
+
+
+def test_frozen_is_a_snapshot():
+    """Edits to the module after freezing, in place or by assignment, do
+    not reach the frozen module; they reach the next freeze."""
+    module, x = mha((1, 77, 96, 4))
+    before = module(x)
+    frozen = module.freeze()
+    module.query_linear.weight *= 2
+    module.output_linear.bias[...] = 1
+    module.value_linear.weight = np.zeros_like(module.value_linear.weight)
+    np.testing.assert_array_equal(frozen(x), before)
+    np.testing.assert_array_equal(module.freeze()(x), module(x))
+    assert not np.array_equal(module(x), before)
+
+
+def test_frozen_parameters_cannot_be_made_writable():
+    module, x = mha((1, 77, 96, 4))
+    frozen = module.freeze()
+    for param in frozen._params:
+        if param is not None:
+            with pytest.raises(ValueError):
+                param.flags.writeable = True
+            with pytest.raises(ValueError):
+                param[...] = 0
+
+
+def test_packs_of_other_weights_are_never_read():
+    """self_attention reads the packs only with the frozen weights they
+    were packed from: with another module's parameters (or a copy of the
+    frozen ones), it computes from the parameters given."""
+    a, x = mha((1, 77, 96, 4), seed=0)
+    b, _ = mha((1, 77, 96, 4), seed=5)
+    frozen = a.freeze()
+    params = b._values_of(b._spec[0])
+    out = _C.self_attention(x, params, b._spec, None, b.dtype, 0.0, False, None, False, None, False, frozen._packed)
+    np.testing.assert_array_equal(out, b(x))
+    doubled = tuple(None if p is None else p * 2 for p in frozen._params)  # other memory, other values
+    out = _C.self_attention(x, doubled, a._spec, None, a.dtype, 0.0, False, None, False, None, False, frozen._packed)
+    np.testing.assert_array_equal(out, _C.self_attention(x, doubled, a._spec, None, a.dtype))
+    assert not np.array_equal(out, frozen(x))
+
+
+def test_packed_argument_checked():
+    module, x = mha((1, 5, 48, 4))
+    params = module._values_of(module._spec[0])
+    with pytest.raises(TypeError, match="^packed: "):
+        _C.self_attention(x, params, module._spec, None, module.dtype, 0.0, False, None, False, None, False, "no")
+
+
+class Overriding(attnc.MultiHeadAttention):
+    def forward(self, x, attention_mask=None, *, return_weights=False):
+        return super().forward(x, attention_mask, return_weights=return_weights) * 2
+
+
+class Inheriting(attnc.MultiHeadAttention):
+    pass
+
+
+def test_freeze_refuses_what_it_cannot_reproduce():
+    with pytest.raises(TypeError, match="^module: Overriding overrides forward"):
+        Overriding(8, 2).freeze()
+    with pytest.raises(TypeError, match="^module: expected one of attnc's attention modules, got Linear"):
+        attnc.FrozenAttention(attnc.Linear(2, 2))
+    sub = Inheriting(8, 2, rng=np.random.default_rng(0)).eval()
+    x = np.ones((1, 3, 8), np.float32)
+    np.testing.assert_array_equal(sub.freeze()(x), sub(x))
+    with pytest.raises(TypeError, match="^attention_mask: SelfAttentionV1's forward takes no mask"):
+        make_module("V1").freeze()(np.ones((3, 4), np.float32), np.ones((3, 3)))
+
+
+def test_freeze_names_a_bad_parameter():
+    module, _ = mha((1, 5, 48, 4))
+    module.key_linear.weight = np.zeros((47, 48), np.float32)
+    with pytest.raises(ValueError, match="^key_linear.weight: "):
+        module.freeze()
+    del module.key_linear.weight
+    with pytest.raises(AttributeError, match="^key_linear.weight: "):
+        module.freeze()
+
+
+def test_frozen_bad_input_names_x():
+    module, _ = mha((1, 5, 48, 4))
+    frozen = module.freeze()
+    with pytest.raises(ValueError, match="^x: "):
+        frozen(np.ones((2, 5, 47), np.float32))
+    with pytest.raises(TypeError, match="^x: "):
+        frozen(np.ones((2, 5, 48), complex))
+
+
+def test_frozen_pickles_and_copies():
+    module, x = mha((2, 77, 96, 4))
+    frozen = module.freeze()
+    loaded = pickle.loads(pickle.dumps(frozen))
+    np.testing.assert_array_equal(loaded(x), module(x))
+    assert copy.copy(frozen) is frozen and copy.deepcopy(frozen) is frozen
+    assert repr(frozen) == "FrozenAttention(MultiHeadAttention, in_dim=96, heads=4, dtype=float32)"
+    assert frozen.dtype == np.float32
+
+
+def test_frozen_from_many_threads(restore_threads):
+    """One frozen module called from several Python threads at once: every
+    result the single call's bits."""
+    attnc.set_num_threads(2)
+    module, x = mha((2, 77, 96, 4))
+    frozen = module.freeze()
+    expected = module(x)
+    results, errors = [], []
+
+    def call():
+        try:
+            for _ in range(20):
+                results.append(frozen(x))
+        except BaseException as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 80 and all(np.array_equal(r, expected) for r in results)
+
+
+def test_freeze_out_of_memory_raises_and_frees():
+    module, x = mha((1, 77, 96, 4))
+    for n in range(2):  # the Q, K, V weights' packs, then the output projection's
+        _C.fail_alloc_after(n)
+        try:
+            with pytest.raises(MemoryError, match="^freeze_module: "):
+                module.freeze()
+        finally:
+            _C.fail_alloc_after(-1)
+    np.testing.assert_array_equal(module.freeze()(x), module(x))
