@@ -49,6 +49,8 @@ TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10}  # relativ
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 ATTNC = "attnc"
+# a module frozen for inference (module.freeze()): its weights packed once, as a peer's session has them
+ATTNC_FROZEN = "attnc frozen"
 TORCH_MODULE = "torch module"
 TORCH_NN_MHA = "torch nn.MultiheadAttention"
 TORCH_SDPA = "torch SDPA"
@@ -230,6 +232,11 @@ MHA_NAMES = ("query_linear", "key_linear", "value_linear", "output_linear")
 def attnc_mha(x, weights, heads):
     module = load_attnc_module(attnc.MultiHeadAttention(x.shape[-1], heads, dtype=x.dtype), weights)
     return lambda: module(x)
+
+
+def attnc_frozen_mha(x, weights, heads):
+    frozen = load_attnc_module(attnc.MultiHeadAttention(x.shape[-1], heads, dtype=x.dtype), weights).freeze()
+    return lambda: frozen(x)
 
 
 def torch_doc_mha(x, weights, heads):
@@ -627,7 +634,8 @@ def case_peer_mha(size, names):
     w_qkv, b_qkv = stacked(weights, MHA_NAMES[:3])
     reference = numpy_self_attention(*as_float64(x, w_qkv, b_qkv), heads,
                                      as_float64(weights["output_linear.weight"], weights["output_linear.bias"]))
-    factories = {ATTNC: attnc_mha, TORCH_NN_MHA: torch_nn_mha, TORCH_FUSED: torch_fused_mha, ORT: ort_mha,
+    factories = {ATTNC: attnc_mha, ATTNC_FROZEN: attnc_frozen_mha, TORCH_NN_MHA: torch_nn_mha,
+                 TORCH_FUSED: torch_fused_mha, ORT: ort_mha,
                  OPENVINO: ov_mha}
     impls, skipped = build_impls(factories, names, (x, weights, heads))
     flops = 4 * 2 * B * T * C * C + 2 * 2 * B * T * T * C
@@ -722,7 +730,7 @@ class PeerRow:
 
 
 def peer_rows():
-    mha_names = (ATTNC, TORCH_NN_MHA, TORCH_FUSED, ORT, OPENVINO)
+    mha_names = (ATTNC, ATTNC_FROZEN, TORCH_NN_MHA, TORCH_FUSED, ORT, OPENVINO)
     core_names = (ATTNC, TORCH_SDPA, ORT, OPENVINO)
     result = [PeerRow(f"7-{i}", 7, "MultiHeadAttention sweep", mha_names, functools.partial(case_peer_mha, size))
               for i, size in enumerate(PEER_MHA, 1)]
@@ -936,13 +944,15 @@ def run_peer_row(row, sizes, args):
                            gflops=bench.flops / median / 1e9)
     times = {name: impls[name]["median_s"] for name in timed_impls}
     torch_times = {name: t for name, t in times.items() if name.startswith("torch")}
-    peer_times = {name: t for name, t in times.items() if name != ATTNC}
+    peer_times = {name: t for name, t in times.items() if name not in (ATTNC, ATTNC_FROZEN)}
     fastest = min(peer_times, key=peer_times.get) if peer_times else None
     return {
         "key": row.key, "case": row.case, "title": row.title, "dtype": "float32", "shape": bench.shape,
         "flops": bench.flops, "tolerance": tolerance, "impls": impls, "skipped": bench.skipped,
         "torch_best": min(torch_times, key=torch_times.get) if torch_times else None, "fastest_peer": fastest,
         "attnc_over_fastest_peer": times[ATTNC] / peer_times[fastest] if fastest and ATTNC in times else None,
+        "frozen_over_fastest_peer": times[ATTNC_FROZEN] / peer_times[fastest]
+        if fastest and ATTNC_FROZEN in times else None,
     }
 
 
@@ -1125,15 +1135,16 @@ def markdown_peers(env, peer_results):
              f"{env['peer_timing']}; tolerance: 1e-4 x max(1, max|reference|). "
              f"onnxruntime {versions['onnxruntime']} (onnx {versions['onnx']}): {settings(ORT)}. "
              f"openvino {versions['openvino']}: {settings(OPENVINO)}.", "",
-             "| case | shape | attnc | " + " | ".join(title for title, _ in PEER_COLUMNS)
-             + " | fastest peer | attnc / fastest peer |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in PEER_COLUMNS) + " | --- | --- |"]
+             "| case | shape | attnc | attnc frozen | " + " | ".join(title for title, _ in PEER_COLUMNS)
+             + " | fastest peer | attnc / fastest peer | attnc frozen / fastest peer |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in PEER_COLUMNS) + " | --- | --- | --- |"]
     for row in peer_results:
-        ratio = row["attnc_over_fastest_peer"]
+        ratio, frozen_ratio = row["attnc_over_fastest_peer"], row.get("frozen_over_fastest_peer")
         lines.append(f"| {row['key']} {row['title']} | {row['shape']}, {row['dtype']} "
-                     f"| {peer_cell(row, lambda name: name == ATTNC)} | "
+                     f"| {peer_cell(row, lambda name: name == ATTNC)} "
+                     f"| {peer_cell(row, lambda name: name == ATTNC_FROZEN)} | "
                      + " | ".join(peer_cell(row, matches) for _, matches in PEER_COLUMNS)
-                     + f" | {row['fastest_peer'] or '-'} | {fmt_opt(ratio, '.2f')} |")
+                     + f" | {row['fastest_peer'] or '-'} | {fmt_opt(ratio, '.2f')} | {fmt_opt(frozen_ratio, '.2f')} |")
     lines += ["", "### Every implementation (cases 7 and 8)", "",
               "| case | implementation | ms per call | calls per block | GFLOP/s | max abs diff vs float64 | check |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -1189,9 +1200,10 @@ def print_peer_row(row):
     diffs = ", ".join(f"{name} {fmt_opt(impl['max_abs_diff'], '.1e')} ({impl['check']})"
                       for name, impl in row["impls"].items())
     skipped = "".join(f"\n  {name}: {why}" for name, why in row["skipped"].items())
-    ratio = row["attnc_over_fastest_peer"]
+    ratio, frozen_ratio = row["attnc_over_fastest_peer"], row.get("frozen_over_fastest_peer")
+    frozen = f", attnc frozen / fastest peer: {fmt_opt(frozen_ratio, '.2f')}" if frozen_ratio is not None else ""
     print(f"  {row['shape']}: {', '.join(cells)}\n  max abs diff vs float64: {diffs}{skipped}\n"
-          f"  attnc / fastest peer ({row['fastest_peer']}): {fmt_opt(ratio, '.2f')}", flush=True)
+          f"  attnc / fastest peer ({row['fastest_peer']}): {fmt_opt(ratio, '.2f')}{frozen}", flush=True)
 
 
 # ----------------------------------------------------------------------------
