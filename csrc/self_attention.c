@@ -192,9 +192,6 @@ static attnc_status attend_by_items(const attnc_self_attention_args *s, const mo
     return status == ATTNC_OK && attnc_interrupted() ? ATTNC_EINTR : status;
 }
 
-/* Passes 1 and 2 through one projection buffer: qkv <- the Q, K, V
- * projections side by side (rows, width), one product of x with the three
- * weights stacked; merged <- attention per item over its heads' columns. */
 /* The product qkv (rows, width) <- x . [Wq; Wk; Wv]^T + [bq bk bv]. */
 static attnc_gemm_args qkv_product(const attnc_self_attention_args *s, const module_sizes *m, char *qkv)
 {
@@ -219,6 +216,9 @@ static attnc_gemm_args out_product(const attnc_self_attention_args *s, const mod
     };
 }
 
+/* Passes 1 and 2 through one projection buffer: qkv <- the Q, K, V
+ * projections side by side (rows, width), one product of x with the three
+ * weights stacked; merged <- attention per item over its heads' columns. */
 static attnc_status project_then_attend(const attnc_self_attention_args *s, const module_sizes *m, char *qkv,
                                         char *merged)
 {
