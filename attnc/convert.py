@@ -33,10 +33,18 @@ class _Twin:
     dropout: str = None
 
     def make(self, module, weights, dtype, rng):
-        """The attnc module, constructed with the torch module's sizes and Dropout p."""
-        args = self.args(module, weights)
-        if self.dropout:
-            args += (float(getattr(module, self.dropout).p),)
+        """The attnc module, constructed with the torch module's sizes and Dropout p;
+        TypeError naming an attribute the document's class has and `module` lacks."""
+        name = type(module).__name__
+        try:
+            args = self.args(module, weights)
+            if self.dropout:
+                dropout = getattr(module, self.dropout)
+                _check_torch_class(dropout, "Dropout", f"{name}'s {self.dropout}")
+                args += (float(dropout.p),)
+        except AttributeError as error:
+            raise TypeError(f"from_torch: this {name} lacks an attribute the document's {name} has ({error})") \
+                from error
         return self.cls(*args, dtype=dtype, rng=rng)
 
     def matches(self, keys):
@@ -127,12 +135,26 @@ def _twin_dtype(torch_dtypes):
     return module_dtype(names.pop() if len(names) == 1 else np.float32)
 
 
+def _check_torch_class(obj, torch_name, what):
+    """TypeError unless obj's class is torch.nn.<torch_name> or a subclass of it
+    that keeps its forward (another forward computes something else)."""
+    bases = [cls for cls in type(obj).__mro__
+             if cls.__name__ == torch_name and cls.__module__.startswith("torch.nn.")]
+    if not bases:
+        raise TypeError(f"from_torch: {what} is not torch.nn.{torch_name} (a {type(obj).__module__}."
+                        f"{type(obj).__qualname__})")
+    if getattr(type(obj), "forward", None) is not getattr(bases[0], "forward", None):
+        raise TypeError(f"from_torch: {what} is not torch.nn.{torch_name}: its class {type(obj).__qualname__} "
+                        "overrides forward (the twin would compute torch's)")
+
+
 def _torch_twin(module, name, dtype, rng):
     """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None; TypeError
     for another class of the same name (a user's own MultiheadAttention), which lacks the
     attributes torch's has."""
     if name not in _TORCH_CLASSES:
         return None
+    _check_torch_class(module, "MultiheadAttention" if name == "MultiheadAttention" else "Linear", f"this {name}")
     try:
         if name != "MultiheadAttention":
             args = (module.in_features, module.out_features), dict(bias=module.bias is not None)
@@ -180,9 +202,13 @@ def from_torch(module, *, dtype=None, rng=None):
         Naming the class, when it is not one of those below, or when its
         parameters are not those of a version of that name (other layer
         names, a missing bias); also for another `dtype`, for
-        bfloat16 weights without ml_dtypes when `dtype` is None, and for
+        bfloat16 weights without ml_dtypes when `dtype` is None, for
         a state_dict entry that is not real floating (complex, integer,
-        quantized), naming it.
+        quantized) or on the meta device, naming it; for a subclass of
+        torch's Linear or MultiheadAttention (under its name) or of
+        torch.nn.Dropout (a document's dropout) that overrides forward,
+        a dropout that is not torch.nn.Dropout (AlphaDropout, Dropout1d),
+        and a document's class lacking an attribute its twin reads.
     ValueError
         From the twin's constructor or `load_state_dict`, for sizes that
         do not fit (a head count that does not divide the dimension).
@@ -244,6 +270,8 @@ def from_torch(module, *, dtype=None, rng=None):
         if not callable(floating) or not floating():
             kind = getattr(tensor, "dtype", type(tensor).__name__)
             raise TypeError(f"from_torch: {name}'s {key} is {kind}; attnc's twins take real floating parameters")
+        if getattr(tensor, "is_meta", False):
+            raise TypeError(f"from_torch: {name}'s {key} is on the meta device: it has no values to copy")
     if dtype is None:
         dtype = _twin_dtype({str(t.dtype) for t in tensors.values()})
     weights = {key: _numpy(t) for key, t in tensors.items()}

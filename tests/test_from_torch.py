@@ -393,3 +393,73 @@ def test_a_dropout_subclass_gives_its_p_and_mode():
     x = np.random.default_rng(0).standard_normal((B, T, D)).astype(np.float32)
     with torch.no_grad():
         assert_close(twin(x), tm(torch.from_numpy(x)).numpy(), np.float32)
+
+
+@pytest.mark.parametrize("replace", [lambda: nn.AlphaDropout(0.5), lambda: nn.Dropout1d(0.5), lambda: nn.Identity()],
+                         ids=["AlphaDropout", "Dropout1d", "Identity"])
+def test_a_dropout_that_is_not_torchs_dropout_is_refused(replace):
+    """AlphaDropout (and the channel dropouts) became the twin's element-wise
+    Dropout: in training mode the twin's outputs had another distribution than
+    torch's; an Identity raised AttributeError (a review helper, 2026-12-01)."""
+    tm = dm.SelfAttentionv3(D, 0.5)
+    tm.attention_dropout = replace()
+    with pytest.raises(TypeError, match=r"^from_torch: SelfAttentionv3's attention_dropout is not torch.nn.Dropout"):
+        attnc.from_torch(tm)
+
+
+def test_a_subclass_that_overrides_forward_is_refused():
+    """A subclass of torch.nn.MultiheadAttention, Linear or Dropout under the
+    recognised name but with a forward of its own was converted as torch's class
+    (its outputs silently not the module's: a review helper, 2026-12-01); one
+    that keeps torch's forward is converted, and matches torch."""
+    class MultiheadAttention(nn.MultiheadAttention):
+        def forward(self, *args, **kwargs):
+            out, weights = super().forward(*args, **kwargs)
+            return 2 * out, weights
+
+    class Linear(nn.Linear):
+        def forward(self, x):
+            return torch.relu(super().forward(x))
+
+    class Dropout(nn.Dropout):
+        def forward(self, x):
+            return x
+
+    for module in (MultiheadAttention(8, 2), Linear(3, 4)):
+        name = type(module).__name__
+        with pytest.raises(TypeError, match=rf"^from_torch: this {name} is not torch.nn.{name}: its class "):
+            attnc.from_torch(module)
+    tm = dm.SelfAttentionv3(D, 0.5)
+    tm.attention_dropout = Dropout(0.5)
+    with pytest.raises(TypeError, match=r"^from_torch: SelfAttentionv3's attention_dropout is not torch.nn.Dropout: "):
+        attnc.from_torch(tm)
+
+    class Plain(nn.Linear):  # torch's forward
+        pass
+
+    plain = type("Linear", (Plain,), {})(3, 4)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    with torch.no_grad():
+        assert_close(attnc.from_torch(plain)(x), plain(torch.from_numpy(x)).numpy(), np.float32)
+
+
+def test_a_module_on_the_meta_device_is_refused():
+    """Its tensors have no values: torch's NotImplementedError came through (a
+    review helper, 2026-12-01)."""
+    for module, key in ((nn.Linear(3, 4, device="meta"), "weight"),
+                        (nn.MultiheadAttention(8, 2, device="meta"), "in_proj_weight")):
+        with pytest.raises(TypeError, match=rf"^from_torch: {type(module).__name__}'s {key} is on the meta device"):
+            attnc.from_torch(module)
+
+
+def test_a_document_class_without_its_attributes_is_refused():
+    """A document's class lacking the head count or dropout its twin reads
+    raised AttributeError (a review helper, 2026-12-01)."""
+    tm = dm.MuitiHeadAttention(D, 3, 0.2)
+    del tm.dropout
+    with pytest.raises(TypeError, match=r"^from_torch: this MuitiHeadAttention lacks an attribute .*dropout"):
+        attnc.from_torch(tm)
+    tm = dm.MultiHeadSelfAttention(D, 6, 9, 3)
+    del tm.num_heads
+    with pytest.raises(TypeError, match=r"^from_torch: this MultiHeadSelfAttention lacks an attribute .*num_heads"):
+        attnc.from_torch(tm)
