@@ -1146,16 +1146,18 @@ static idx_t FN(packed_block_elems)(idx_t N, idx_t K)
 }
 
 /* The kernel table's pack_weights: B's slivers as pack_rows makes them for
- * each K block in turn, block b at b * packed_block_elems (gemm's packed_b). */
+ * each K block in turn, block b at b * packed_block_elems (gemm's packed_b);
+ * the last block holds its own steps only. */
 attnc_status FN(pack_weights)(const attnc_gemm_args *g, void **packed)
 {
     idx_t N, K = g->K;
     FN(gemm_operand) b = FN(stacked_parts)(g, &N);
     FN(gemm_job) job = {.b = b, .N = N};
-    idx_t block = FN(packed_block_elems)(N, K), blocks = attnc_ceil_div(K, ATTNC_GEMM_KC), total;
+    idx_t block = FN(packed_block_elems)(N, K), full_blocks = (K - 1) / ATTNC_GEMM_KC, total;
+    idx_t last = K > 0 ? FN(packed_block_elems)(N, K - full_blocks * ATTNC_GEMM_KC) : 0;
     *packed = NULL;
-    if ((N > 0 && K > 0 && block == 0) || !attnc_mul_ok(block, blocks, &total) ||
-        !attnc_mul_ok(total, sizeof(real), &total))
+    if ((N > 0 && K > 0 && (block == 0 || last == 0)) || !attnc_mul_ok(block, full_blocks, &total) ||
+        total > PTRDIFF_MAX - last || !attnc_mul_ok(total + last, sizeof(real), &total))
         return ATTNC_EOVERFLOW;
     real *out = attnc_malloc((size_t)total);
     if (!out) return ATTNC_ENOMEM;
