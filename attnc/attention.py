@@ -96,7 +96,7 @@ class _Attention(Module):
         Raises
         ------
         TypeError
-            If this module's class overrides ``forward``.
+            If this module's class overrides ``forward`` (or ``__call__``).
         AttributeError, TypeError, ValueError
             If a parameter was deleted, replaced by a wrong value or
             resized (naming it), as a forward would.

@@ -37,19 +37,23 @@ class FrozenAttention:
     ------
     TypeError
         If `module` is not one of attnc's attention modules, or is a
-        subclass that overrides ``forward``.
+        subclass that overrides ``forward`` (or ``__call__``).
     MemoryError
         If the copies or the packed weights cannot be allocated.
 
     Notes
     -----
     Memory: the parameters' copy plus the packed projection weights (each
-    weight's rows padded to the micro-kernel's width; in float32 for the
-    16-bit dtypes), about twice the parameters. The packs are made for the
-    SIMD level active at freezing; after ``attnc._C.set_simd_level`` to
-    another level, calls pack per call as the module does (the same bits
-    as that level's module). A frozen module cannot be trained and has no
-    backward; it pickles as its parameters (and packs again when loaded).
+    weight's rows padded to a multiple of the micro-kernel's width, 32 at
+    AVX-512; widened to float32 for float16, and for bfloat16 below the
+    AVX512_BF16 level): about twice the parameters in float32 and float64,
+    three times in those 16-bit cases, more for small modules (the
+    padding). The packs are read by the kernels that made them (the
+    SIMD level active at freezing); after ``attnc._C.set_simd_level`` to a
+    level with other kernels, the products pack per call as the module's do
+    (the same bits as that level's module). A frozen module cannot be
+    trained and has no backward; its attributes cannot be set; it pickles
+    as its parameters (and packs again when loaded).
 
     Examples
     --------
@@ -72,16 +76,25 @@ class FrozenAttention:
         if not isinstance(module, _Attention):
             raise TypeError(f"module: expected one of attnc's attention modules, got {type(module).__name__}")
         kind = next(cls for cls in type(module).__mro__ if cls.__module__ == _Attention.__module__)
-        if type(module).forward is not kind.forward:
-            raise TypeError(f"module: {type(module).__name__} overrides forward; a frozen module computes "
-                            f"{kind.__name__}'s forward only")
+        for method in ("forward", "__call__", "_attend"):  # what a call of the module runs
+            if getattr(type(module), method) is not getattr(kind, method):
+                raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
+                                f"{kind.__name__}'s forward only")
         params = module._values_of(module._spec[0])
         self._set(params, module._spec, module.dtype, "attention_mask" in inspect.signature(kind.forward).parameters,
                   kind.__name__)
 
     def _set(self, params, spec, dtype, takes_mask, kind):
-        self._params, self._packed = _C.freeze_module(params, spec, dtype)
-        self._spec, self._dtype, self._takes_mask, self._kind = spec, dtype, takes_mask, kind
+        frozen, packed = _C.freeze_module(params, spec, dtype)
+        for name, value in (("_params", frozen), ("_packed", packed), ("_spec", spec), ("_dtype", dtype),
+                            ("_takes_mask", takes_mask), ("_kind", kind)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name}: a FrozenAttention's attributes cannot be set (freeze the module again)")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{name}: a FrozenAttention's attributes cannot be deleted")
 
     @classmethod
     def _unpickled(cls, params, spec, dtype, takes_mask, kind):

@@ -238,3 +238,28 @@ def test_freeze_out_of_memory_raises_and_frees():
         finally:
             _C.fail_alloc_after(-1)
     np.testing.assert_array_equal(module.freeze()(x), module(x))
+
+
+class Calling(attnc.MultiHeadAttention):
+    def __call__(self, x, *args, **kwargs):
+        return super().__call__(np.clip(x, -1, 1), *args, **kwargs)
+
+
+def test_freeze_refuses_a_subclass_that_overrides_call():
+    """A subclass overriding __call__ (not forward) was frozen, and the frozen
+    module's results were not the module's (a review helper, 2026-12-01)."""
+    with pytest.raises(TypeError, match="^module: Calling overrides __call__"):
+        Calling(8, 2).freeze()
+
+
+def test_frozen_attributes_cannot_be_set():
+    """Its packs are read with its own frozen arrays only; reassigning them
+    (or anything) is refused rather than trusted (a review helper, 2026-12-01)."""
+    module, x = mha((1, 77, 96, 4))
+    frozen = module.freeze()
+    expected = frozen(x)
+    with pytest.raises(AttributeError, match="^_params: "):
+        frozen._params = module._values_of(module._spec[0])
+    with pytest.raises(AttributeError, match="^_packed: "):
+        del frozen._packed
+    np.testing.assert_array_equal(frozen(x), expected)
