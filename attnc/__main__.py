@@ -169,6 +169,18 @@ def training(rng, steps=30):
             net.backward(2 * error / error.size)  # d loss / d output
             optimizer.step()
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} ({losses[0] / losses[-1]:.0f}x lower after {steps} steps)")
+    return net, x
+
+
+def inference(net, x):
+    section("inference: the trained module frozen, its weights packed once (module.freeze())")
+    frozen = net.eval().freeze()
+    print(frozen)
+    trained = net(x)
+    print("frozen(x) is net.eval()(x), bit for bit:", bool(np.array_equal(frozen(x), trained)))
+    net.output_linear.weight[...] = 0  # an edit after freezing: the frozen snapshot keeps its weights
+    print("after net.output_linear.weight[...] = 0, frozen(x) is still the trained output:",
+          bool(np.array_equal(frozen(x), trained)), "| net(x) is:", bool(np.array_equal(net(x), trained)))
 
 
 def main():
@@ -189,7 +201,7 @@ def tour():
     hand_derivation()
     line_by_line()
     self_attention_templates()
-    training(rng)
+    inference(*training(rng))
     print("\nEvery class mirrors a document's; see README.md for the table and the errata.")
 
 

@@ -10,7 +10,8 @@ import attnc.__main__ as tour
 from toolkit import assert_close, ref_module
 
 SECTIONS = ("000 level 1", "000 level 2", "000 level 3", "000 level 4", "001 MultiHeadAttention",
-            "002 逐行解读", "003 by hand", "004 （多头）自注意力机制的PyTorch实现", "training:")
+            "002 逐行解读", "003 by hand", "004 （多头）自注意力机制的PyTorch实现", "training:",
+            "inference:")
 
 
 def test_tour_runs_and_training_loss_falls(capsys):
@@ -22,6 +23,9 @@ def test_tour_runs_and_training_loss_falls(capsys):
     assert len(losses) >= 5, text
     assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
     assert losses[-1] < losses[0] / 10, losses
+    # the frozen module against the trained module's own eval forward, bit for bit, before and after an edit
+    assert "frozen(x) is net.eval()(x), bit for bit: True" in text
+    assert "frozen(x) is still the trained output: True | net(x) is: False" in text
 
 
 def run_section(section, capsys):
