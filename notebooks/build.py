@@ -14,8 +14,9 @@ self-contained). Lines before the first marker are the source's own notes.
 Execution uses nbclient with the `python3` kernel of the current environment
 (jupyter_client starts it with this interpreter), the notebook's folder as the
 working directory, and no network. Outputs are stored so a code host shows
-them; timing metadata is not, so rebuilding with the same versions gives
-the same files.
+them; timing metadata is not, so rebuilding with the same versions, on a
+CPU whose kernels are of the same SIMD level, gives the same files (levels
+differ in the last bits of some printed values).
 """
 import argparse
 import pathlib
