@@ -28,8 +28,8 @@
  * GEMM_OWN_COPY_THREADS threads, each thread packs what it packs of the
  * small operand in a copy of its own instead of sharing one. B may come
  * packed already, for all of K (packed_b, from pack_weights: a frozen
- * module's weights), and the blocked and streamed orders then read its
- * slivers there and pack none of B. The first K
+ * module's weights), and then the blocked and streamed orders read its
+ * slivers there and pack none of B, at any M. The first K
  * block starts the sums from the bias (or zeros) and stores them: C is never
  * cleared or re-read just to add the bias. Each
  * element of C adds up its K blocks in the same order whatever task, thread
@@ -1187,7 +1187,15 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
-    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1) return FN(gemm_few_rows)(g, N, &a, &b);
+    /* The few-rows and transposed orders read the weights in place because
+     * packing them costs more than a few rows' products: weights packed
+     * already (packed_b) take the packed orders at any M (the same bits).
+     * On a Xeon family 6 model 207, frozen modules against frozen modules
+     * without this (best / median, 2 threads): (1, 8, 768) 0.74 / 0.79x the
+     * time, (1, 16, 512) 0.68 / 0.73x, (4, 8, 768) 0.82 / 0.73x, (1, 4,
+     * 1024) 0.90 / 0.88x, (1, 1, 768) 0.90 / 0.96x, (1, 32, 256) 0.97 /
+     * 0.96x; 1 thread (1, 8, 768) 0.82 / 0.72x (benchmarks/NOTES.md). */
+    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1 && !g->packed_b) return FN(gemm_few_rows)(g, N, &a, &b);
     idx_t kc_max = attnc_min(K, ATTNC_GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
     idx_t mc = GEMM_A_BLOCK_BYTES / (ATTNC_GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     /* Few rows of A (a short sequence): C^T = B . A^T, so the weights B are
@@ -1205,7 +1213,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * the transposed order). */
     idx_t transposed_rows = attnc_ceil_div(M, VLANES) * VLANES;
     int one_vector_last = M % GEMM_NR != 0 && M % GEMM_NR <= VLANES;
-    int transposed = ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
+    int transposed = !g->packed_b && ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
                      M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_TRANSPOSED_X_BYTES &&
                      (b.cs != 1 || (transposed_rows + one_vector_last * GEMM_ONE_VECTOR_TILE_ROWS <=
                                         attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&

@@ -249,7 +249,9 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     int inference = threads > 1 && !s->keep_qkv && !s->keep_merged && !s->lse && s->dropout_p == 0 && m.rows > 0;
     int by_groups = inference && items >= threads && items % threads == 0 &&
                     item_bytes * (double)(items / threads) <= ITEM_GROUP_MAX_X_BYTES;
-    int by_items = by_groups || (inference && item_bytes <= ITEM_TASK_MAX_X_BYTES);
+    /* (a frozen module's products read its packs: all rows in one product, split by columns,
+     * took 0.73-0.79x the time of a task per item or head group at (1, 8, 768) on 2 threads) */
+    int by_items = by_groups || (inference && item_bytes <= ITEM_TASK_MAX_X_BYTES && !packs_of(s, &m));
     int projected_out = 0;
     attnc_status status = ATTNC_ENOMEM;
     char *qkv = s->keep_qkv ? s->keep_qkv : by_items ? NULL : attnc_malloc((size_t)(m.rows * m.width) * m.elem);
