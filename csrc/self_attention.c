@@ -2,8 +2,9 @@
  * as one product, attention over heads (as strides into the projection
  * buffer), output projection; every step through the kernel table. Short
  * items of an inference forward on several threads instead project and
- * attend an item (or a group of its heads) per task, or a thread's share of
- * whole items all three steps per task, with the same bits. */
+ * attend an item (or a group of its heads) per task (but a frozen module's,
+ * whose packs serve whole products), or a thread's share of whole items all
+ * three steps per task, with the same bits. */
 #include <stdatomic.h>
 #include <string.h>
 
