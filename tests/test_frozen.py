@@ -17,10 +17,11 @@ from toolkit import (K_BLOCK, KERNEL_LEVELS, MODEL_IDS, MODELS, assert_close, ma
                      torch_forward)
 from conftest import at_level
 
-# (B, T, dim, heads): the GEMM's orders by the rows of x (B * T): direct
-# loops (a tiny product), few rows (<= 8), transposed (a few dozen),
+# (B, T, dim, heads): the module's GEMM orders by the rows of x (B * T):
+# direct loops (a tiny product), few rows (<= 8), transposed (a few dozen),
 # streamed (a few hundred), blocked (x beyond the streamed order's bytes at
-# every level); and dims past one K block (two blocks of the products' K)
+# every level), where its frozen twin takes the direct loops or the packed
+# orders; and dims past one K block (two blocks of the products' K)
 SIZES = [(1, 2, 4, 2), (1, 5, 48, 4), (1, 32, 64, 4), (2, 77, 96, 4), (3, 128, 64, 2)]
 WIDE = (1, 40, K_BLOCK + 32, 4)
 BLOCKED = (2, 500, 1056, 8)
@@ -49,8 +50,9 @@ def test_frozen_matches_torch_and_the_module(model, dtype):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("size", SIZES + [WIDE], ids=str)
 def test_frozen_has_the_module_bits_at_every_level(simd_mode, size, threads, dtype, restore_threads):
-    """Packed at each level, the products read the packs in the orders that
-    pack the weights and read the weights in place in the others: the
+    """Packed at each level, the products read the packs at every size
+    (where the module's few-rows and transposed orders read the weights in
+    place, and its short items run a task per item or head group): the
     module's bits at that level, any thread count."""
     attnc.set_num_threads(threads)
     module, x = mha(size, dtype)
