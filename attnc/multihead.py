@@ -453,9 +453,7 @@ class MultiheadAttention(Module):
         (N, H, L or S', head_dim), with bias_k / bias_v and then the zero key /
         value appended after the S keys / values."""
         e = geometry.embed_dim
-        biases = ((None,) * 3 if params["in_proj_bias"] is None else
-                  tuple(params["in_proj_bias"][i * e:(i + 1) * e] for i in range(3)))
-        q, k, v = (linear(x, w, b) for x, w, b in zip(inputs, _in_weights(params, geometry), biases))
+        q, k, v = _projections(inputs, params, geometry)
         n = q.shape[0]
         keys, values = [k], [v]
         if params["bias_k"] is not None:
@@ -556,6 +554,29 @@ def _in_weights(params, geometry):
         e = geometry.embed_dim
         return tuple(params["in_proj_weight"][i * e:(i + 1) * e] for i in range(3))
     return tuple(params[name] for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
+
+
+def _projections(inputs, params, geometry):
+    """query, key and value (N, L or S, E) projected, each by its rows of
+    the weights. Consecutive projections of one input (self-attention's
+    three, or key and value of one memory) through the stacked
+    in_proj_weight run as one product, whose outputs are column views of
+    it: one call instead of two or three (the input converted once, the
+    threads given a wider product), and the same bits, since every output
+    element is the same K-order sum in any product."""
+    e = geometry.embed_dim
+    projected, first = [], 0
+    while first < 3:
+        end = first + 1
+        while not geometry.separate and end < 3 and inputs[end] is inputs[first]:
+            end += 1
+        weight = (_in_weights(params, geometry)[first] if geometry.separate else
+                  params["in_proj_weight"][first * e:end * e])
+        bias = None if params["in_proj_bias"] is None else params["in_proj_bias"][first * e:end * e]
+        out = linear(inputs[first], weight, bias)
+        projected += [out[..., i * e:(i + 1) * e] for i in range(end - first)]
+        first = end
+    return projected
 
 
 def _split_heads(t, geometry):

@@ -251,6 +251,33 @@ def test_self_attention_same_array(config, dtype):
     _close(w, t_w, dtype, "attn_weights")
 
 
+@pytest.mark.parametrize("shared", ["query_key_value", "key_value"])
+@pytest.mark.parametrize("sizes", [(E, HEADS, L, S, N), (64, 4, 77, 50, 2)], ids=["tiny", "77_rows"])
+@pytest.mark.parametrize("config", ["default", "nobias", "bias_kv+zero_attn+nobias", "batch_first"])
+def test_one_input_projected_once_has_the_bits_of_equal_copies(config, sizes, shared, dtype):
+    """The projections of one input object run as one stacked product: the
+    same bits as the separate products of equal, distinct copies, forward
+    (outputs and weights) and backward (every gradient), and torch's values."""
+    options = CONFIGS[config]
+    embed_dim, heads, tgt, src, n = sizes
+    tm, am = _pair(dtype, seed=11, embed_dim=embed_dim, heads=heads, **options)
+    rng = np.random.default_rng(12)
+    shape = _layout((tgt if shared == "query_key_value" else src, n, embed_dim), options)
+    x = rng.standard_normal(shape).astype(dtype)
+    q = x if shared == "query_key_value" else rng.standard_normal(_layout((tgt, n, embed_dim), options)).astype(dtype)
+    runs = {}
+    for name, (query, key, value) in {"one": (q, x, x), "copies": (q.copy(), x.copy(), x.copy())}.items():
+        am.zero_grad()
+        out, weights = am.train()(query, key, value, need_weights=True)  # dropout 0: the eval values
+        grads = am.backward(np.cos(np.arange(out.size)).reshape(out.shape).astype(dtype))
+        runs[name] = (out, weights, *grads, *(g.copy() for _, g in am.named_grads()))
+    for one, copies in zip(runs["one"], runs["copies"]):
+        assert one.dtype == copies.dtype and np.array_equal(one, copies), config
+    t_out, t_weights, _ = _torch_run(tm.eval(), q, x, x, {})
+    _close(runs["one"][0], t_out, dtype, "attn_output")
+    _close(runs["one"][1], t_weights, dtype, "attn_weights")
+
+
 @pytest.mark.filterwarnings("ignore:Support for mismatched")   # a float attn_mask with a bool key_padding_mask
 @pytest.mark.parametrize("config", ["default", "bias_kv", "zero_attn", "batch_first"])
 @pytest.mark.parametrize("extra", ["none", "kpm_bool"])
