@@ -565,13 +565,13 @@ def _projections(inputs, params, geometry):
     threads given a wider product), and the same bits, since every output
     element is the same K-order sum in any product."""
     e = geometry.embed_dim
+    weights = _in_weights(params, geometry)
     projected, first = [], 0
     while first < 3:
         end = first + 1
         while not geometry.separate and end < 3 and inputs[end] is inputs[first]:
             end += 1
-        weight = (_in_weights(params, geometry)[first] if geometry.separate else
-                  params["in_proj_weight"][first * e:end * e])
+        weight = weights[first] if end - first == 1 else params["in_proj_weight"][first * e:end * e]
         bias = None if params["in_proj_bias"] is None else params["in_proj_bias"][first * e:end * e]
         out = linear(inputs[first], weight, bias)
         projected += [out[..., i * e:(i + 1) * e] for i in range(end - first)]
