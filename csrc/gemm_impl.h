@@ -199,6 +199,13 @@
  * at K = 768 (the order up to 80 rows with a 192 KB block measured the
  * same on a Zen 3 core: benchmarks/NOTES.md). */
 #define GEMM_TRANSPOSED_X_BYTES (144 * 1024)
+/* On Intel's server cores at AVX-512 (2 MB of L2, and their packing of the
+ * weights dearer), 64 rows of a whole K block: on a Xeon family 6 model 167,
+ * against the packed orders (the same bits; 2 threads, best / median),
+ * `linear` (64, 768) -> 2304 0.89 / 0.90x the time, (64, 1024) -> 3072 0.85
+ * / 0.87x, (60, 768) -> 768 0.98 / 0.98x, module (1, 64, 768) 0.87 / 0.89x,
+ * (1, 60, 1024) 0.90 / 0.93x (benchmarks/NOTES.md). */
+#define GEMM_TRANSPOSED_X_BYTES_INTEL (SIMD_BYTES == 64 ? 256 * 1024 : GEMM_TRANSPOSED_X_BYTES)
 /* The streamed order reads A's whole slivers in place, at AVX2 and
  * AVX-512: each thread's packed copy of A cost more than the broadcasts
  * from its rows, once those take three row pointers and three offsets
@@ -1214,7 +1221,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     idx_t transposed_rows = attnc_ceil_div(M, VLANES) * VLANES;
     int one_vector_last = M % GEMM_NR != 0 && M % GEMM_NR <= VLANES;
     int transposed = !g->packed_b && ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
-                     M <= GEMM_TRANSPOSED_MAX_ROWS && transposed_rows * kc_max * (idx_t)sizeof(real) <= GEMM_TRANSPOSED_X_BYTES &&
+                     M <= GEMM_TRANSPOSED_MAX_ROWS &&
+                     transposed_rows * kc_max * (idx_t)sizeof(real) <=
+                         (attnc_cpu_is_intel() ? GEMM_TRANSPOSED_X_BYTES_INTEL : GEMM_TRANSPOSED_X_BYTES) &&
                      (b.cs != 1 || (transposed_rows + one_vector_last * GEMM_ONE_VECTOR_TILE_ROWS <=
                                         attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
                                     !rows_evict_each_other(b.rs * (idx_t)sizeof(real), GEMM_MR)));

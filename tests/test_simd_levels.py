@@ -123,6 +123,19 @@ def test_linear_transposed_panels_every_level(m, dtype, simd_mode, restore_threa
     _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
 
 
+@pytest.mark.parametrize("m", [60, 64])
+def test_linear_rows_of_a_whole_k_block_every_level(m, dtype, simd_mode, restore_threads):
+    """60 and 64 rows of x over K = K_BLOCK + 1: their packed block of a
+    whole K block (256 KB of float) is over the transposed order's 144 KB
+    but within the 256 KB it takes on Intel's cores at AVX-512
+    (GEMM_TRANSPOSED_X_BYTES_INTEL), so there they run transposed, and
+    streamed on other CPUs and levels. Against float64, on 1 and 2
+    threads, and each row's bits as when alone."""
+    rng = np.random.default_rng(m)
+    x, w, b = _r(rng, (m, K_BLOCK + 1), dtype), _r(rng, (200, K_BLOCK + 1), dtype), _r(rng, (200,), dtype)
+    _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
 @pytest.mark.parametrize("m,k", [(14, K_BLOCK + 1), (16, K_BLOCK + 1), (23, 300), (47, 300)])
 def test_linear_one_vector_edge_tiles_every_level(m, k, dtype, simd_mode, restore_threads):
     """A tile at C's right edge with at most a vector's lanes of columns
