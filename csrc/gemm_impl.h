@@ -202,9 +202,10 @@
 /* On Intel's server cores at AVX-512 (2 MB of L2, and their packing of the
  * weights dearer), 64 rows of a whole K block: on a Xeon family 6 model 167,
  * against the packed orders (the same bits; 2 threads, best / median),
- * `linear` (64, 768) -> 2304 0.89 / 0.90x the time, (64, 1024) -> 3072 0.85
- * / 0.87x, (60, 768) -> 768 0.98 / 0.98x, module (1, 64, 768) 0.87 / 0.89x,
- * (1, 60, 1024) 0.90 / 0.93x (benchmarks/NOTES.md). */
+ * `linear` (64, 768) -> 2304 0.90 / 0.90x the time, (64, 1024) -> 3072 0.86
+ * / 0.84x, (64, 4096) -> 4096 0.81 / 0.84x, (60, 768) -> 768 0.99 / 0.98x,
+ * module (1, 64, 768) 0.91 / 0.90x, (1, 60, 1024) 0.91 / 0.95x; Zen's
+ * cores, not measured so, keep 144 KB (benchmarks/NOTES.md). */
 #define GEMM_TRANSPOSED_X_BYTES_INTEL (SIMD_BYTES == 64 ? 256 * 1024 : GEMM_TRANSPOSED_X_BYTES)
 /* The streamed order reads A's whole slivers in place, at AVX2 and
  * AVX-512: each thread's packed copy of A cost more than the broadcasts
