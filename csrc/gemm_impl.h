@@ -299,13 +299,15 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * enough that the panel stays in L1 (12 KB at 64 float columns). */
 #define GEMM_PANEL_ROWS 48
 
-/* The micro-kernel's K loop two steps a pass at AVX2: the same operations
- * in the same order (the same bits), half the loop's pointer updates and
- * branches. On a Zen 3 core: `linear` (512, 768, 2304) 0.91-0.93x the time
- * on 1 thread and 0.96x on 2, (256, 256, 768) 0.91x and 0.94x, modules
- * 0.93-0.99x, SDPA 0.95-0.99x (benchmarks/NOTES.md). Not measured at
- * AVX-512 or 16 bytes, which keep the loop as it was. */
-#if SIMD_BYTES == 32
+/* The micro-kernel's K loop two steps a pass at AVX2 and AVX-512: the same
+ * operations in the same order (the same bits), half the loop's pointer
+ * updates and branches. On a Zen 3 core (AVX2): `linear` (512, 768, 2304)
+ * 0.91-0.93x the time on 1 thread and 0.96x on 2, (256, 256, 768) 0.91x
+ * and 0.94x, modules 0.93-0.99x, SDPA 0.95-0.99x. On a Xeon (AVX-512),
+ * SDPA 0.97-0.98x on 1 and 2 threads (its two products' tiles), `linear`
+ * and modules 0.99-1.01x (benchmarks/NOTES.md). Not measured at 16 bytes,
+ * which keeps the loop as it was. */
+#if SIMD_BYTES >= 32
 #  define GEMM_K_UNROLL _Pragma("GCC unroll 2")
 #else
 #  define GEMM_K_UNROLL
