@@ -197,8 +197,7 @@ static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t i = 0; i < nq; i++) max[i] = -(real)INFINITY, sum[i] = 0;
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = FN(block_keys)(a, j0);
-        FN(pack_row_slivers)(t->k_pack, item->k + j0 * a->k.row_stride, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR),
-                             a->E, GEMM_MR, 1, 0);
+        FN(pack_key_tile)(t, a, item, j0, nk);
         FN(score_tile)(t, a, item, i0, nq, j0, nk);
         FN(column_max)(block, t->scores_t, nq, nk); /* (NaN skipped, as the forward's) */
         FN(grow_running_max)(max, sum, block, correction, nq);
@@ -244,7 +243,7 @@ static void FN(prepare_keys)(FN(grad_buffers) *t, const attnc_attention_backward
 {
     const attnc_attention_args *a = &g->forward;
     const elem *k = item->fwd.k + j0 * a->k.row_stride, *v = item->fwd.v + j0 * a->v.row_stride;
-    FN(pack_row_slivers)(t->fwd.k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, 0);
+    FN(pack_key_tile)(&t->fwd, a, &item->fwd, j0, nk);
     FN(pack_row_slivers)(t->v_rows, v, a->v.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->Ev, GEMM_MR, 1, 0);
     if (with_dq) FN(pack_column_slivers)(t->k_cols, k, a->k.row_stride, nk, a->E, t->E_padded, GEMM_NR, t->kb, 0);
 }
@@ -257,7 +256,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
     attnc_mask_cover cover = FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
-    FN(score_product)(t->ds_t, t->v_rows, t->do_rows, nk, nq, a->Ev, NULL, 0);
+    FN(score_product)(t->ds_t, t->v_rows, NULL, 0, 0, t->do_rows, nk, nq, a->Ev, NULL, 0);
     for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
     if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i0, j0);

@@ -49,12 +49,24 @@ static void FN(key_range)(const attnc_attention_args *a, int skip_hidden, idx_t 
     *end = skip_hidden ? attnc_band_end(&a->band, i0 + nq - 1, a->S) : a->S;
 }
 
-/* k_pack <- keys [j0, j0+nk) of the item */
+/* The keys of the tile from j0 that the score product reads in place, in
+ * whole MR slivers: float and double keys (neither widened nor paired), in
+ * every sliver that ends within the item's S keys (rows past a tile's last
+ * key are computed and never used: they may be any key, not past S). The
+ * same for any tile length, so that packing and products agree. */
+static idx_t FN(keys_in_place)(const FN(tile_buffers) *t, const attnc_attention_args *a, idx_t j0)
+{
+    return ELEM_IS_REAL && !t->pairs ? (a->S - j0) / GEMM_MR * GEMM_MR : 0;
+}
+
+/* k_pack <- keys [j0, j0+nk) of the item not read in place (keys_in_place) */
 static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                               idx_t j0, idx_t nk)
 {
-    const elem *k = item->k + j0 * a->k.row_stride;
-    FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk, ROUND_UP(nk, GEMM_MR), a->E, GEMM_MR, 1, t->pairs);
+    idx_t first = attnc_min(FN(keys_in_place)(t, a, j0), nk);
+    const elem *k = item->k + (j0 + first) * a->k.row_stride;
+    FN(pack_row_slivers)(t->k_pack, k, a->k.row_stride, nk - first, ROUND_UP(nk - first, GEMM_MR), a->E, GEMM_MR, 1,
+                         t->pairs);
 }
 
 /* v_pack <- values [j0, j0+nk) of the item */
@@ -154,7 +166,9 @@ static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attentio
                                        idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
     real scale = (real)a->scale; /* pairs' scores are scaled as they are stored */
-    FN(score_product)(t->scores_t, t->k_pack, t->q_pack, nk, nq, a->E, &scale, t->pairs);
+    const real *k_rows = (const real *)(const void *)(item->k + j0 * a->k.row_stride); /* (read if ELEM_IS_REAL) */
+    FN(score_product)(t->scores_t, t->k_pack, k_rows, a->k.row_stride, FN(keys_in_place)(t, a, j0), t->q_pack, nk, nq,
+                      a->E, &scale, t->pairs);
     attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     const attnc_band *band = &a->band;
     if (item->bias) FN(add_bias)(t->scores_t, a, item->bias, i0, nq, j0, nk);

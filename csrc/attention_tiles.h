@@ -42,7 +42,7 @@ _Static_assert(BLOCK_Q % GEMM_NR == 0 && BLOCK_Q % GEMM_MR == 0 && BLOCK_K % GEM
  * is shared by its tiles. */
 typedef struct {
     real *q_pack;   /* per tile: (BLOCK_Q / NR) slivers of (E, NR): scaled queries */
-    real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys                     */
+    real *k_pack;   /* (BLOCK_K / MR) slivers of (E, MR): keys not read in place   */
     real *scores_t; /* (BLOCK_K, BLOCK_Q): scores, then probabilities, by key      */
     real *v_pack;   /* (Ev_padded / NR) slivers of (BLOCK_K, NR): values           */
     real *acc;      /* per tile: (BLOCK_Q, Ev_padded): output accumulator          */
@@ -186,13 +186,13 @@ static const real FN(zero_row)[64];
  * the op cache's 64-byte windows instead of 3, and float SDPA (1, 12, 512,
  * 64) took 1.09x the time on a Zen 3 core (benchmarks/NOTES.md). */
 #define TILE_LOOPS_ALIGNED __attribute__((noinline, optimize("align-loops=64")))
-static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
-                                              real *c, idx_t c_rs, const real *scale, int pairs)
+static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
+                                              const real *b, real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
     else
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
 static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
@@ -204,26 +204,35 @@ static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, id
         FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
-/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- k_pack .
- * q_pack^T (stored, not added: the tile is never cleared first), over E
- * elements packed as product_steps(E, pairs) steps; with pairs, times
- * *scale as they are stored (pairs are packed unscaled). Keys in MR-row
- * slivers, the last on whole GEMM_MR_STEP rows (gemm_tile_rows: the rows
- * past those are not written). The products run over whole NR slivers up
- * to nq; the value product (and pair_probabilities) read whole runs of
- * GEMM_MR_STEP queries, and the columns of those past the last sliver
- * are set to the zeros a product with the zero-padded queries would give,
- * rather than computed as one more sliver (at nq = 32 that sliver was a
- * third of the product: 48 columns for 32 queries at MR 6, NR 16). */
-static void FN(score_product)(real *scores_t, const real *k_pack, const real *q_pack, idx_t nk, idx_t nq,
-                              idx_t E, const real *scale, int pairs)
+/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- keys . q_pack^T
+ * (stored, not added: the tile is never cleared first), over E elements
+ * packed as product_steps(E, pairs) steps; with pairs, times *scale as they
+ * are stored (pairs are packed unscaled). Keys in MR-row slivers: the first
+ * k_in_place keys (whole slivers) read in place from k_rows (rows k_rs
+ * apart, E reals each), the rest from k_pack's slivers; the last sliver on
+ * whole GEMM_MR_STEP rows (gemm_tile_rows: the rows past those are not
+ * written; those past nk, made of whatever keys follow or of the packed
+ * zeros, are never used). Read in place, SDPA over 50 to 128
+ * keys (packed keys shared by no other query tile) took 0.95-0.97x the time
+ * on a Xeon core (AVX-512, 1 thread), over 256 and 1024 keys the same
+ * (benchmarks/NOTES.md). The products run over whole NR slivers up to nq;
+ * the value product (and pair_probabilities) read whole runs of GEMM_MR_STEP
+ * queries, and the columns of those past the last sliver are set to the
+ * zeros a product with the zero-padded queries would give, rather than
+ * computed as one more sliver (at nq = 32 that sliver was a third of the
+ * product: 48 columns for 32 queries at MR 6, NR 16). */
+static void FN(score_product)(real *scores_t, const real *k_pack, const real *k_rows, idx_t k_rs, idx_t k_in_place,
+                              const real *q_pack, idx_t nk, idx_t nq, idx_t E, const real *scale, int pairs)
 {
     idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR_STEP);
     idx_t steps = FN(product_steps)(E, pairs);
-    for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR)
+    for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR) {
+        int in_place = j0 < k_in_place;
+        const real *k = in_place ? k_rows + j0 * k_rs : k_pack + (j0 - k_in_place) * steps;
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
-            FN(tile_store)(nk - j0, steps, k_pack + j0 * steps, GEMM_MR, q_pack + i0 * steps,
+            FN(tile_store)(nk - j0, steps, k, in_place ? k_rs : 1, in_place ? 1 : GEMM_MR, q_pack + i0 * steps,
                            scores_t + j0 * BLOCK_Q + i0, BLOCK_Q, scale, pairs);
+    }
     for (idx_t j = 0; j < nk; j++)
         for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }

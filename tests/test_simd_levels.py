@@ -339,6 +339,43 @@ def test_edge_tiles_of_every_height_every_level(dtype, simd_mode):
                 assert_grad_close(got, expected, dtype, f"{simd_mode} L={n} S={s} d{name}")
 
 
+@pytest.mark.parametrize("S", [11, 12, 13, 191, 192, 193, 205, 216])
+@pytest.mark.parametrize("window", [None, (30, 0)], ids=["full", "window"])
+def test_sdpa_keys_read_in_place_every_level(S, window, dtype, simd_mode, restore_threads):
+    """The score product reads float and double keys in place, in whole MR
+    slivers (12, 6 or 4 keys) that end within the item's S keys, and packs
+    the rest (a last partial sliver): S around multiples of MR and of the
+    192-key tile, keys a view with rows 3 E apart (as a module's projection
+    buffer holds them), the last item's keys ending the buffer (a read past
+    S would leave it: ASan's CI run checks that), and a sliding window,
+    whose key tiles end before S. Against float64 (out, weights, the
+    gradients), on 1 and 2 threads, and the bits of contiguous keys."""
+    rng = np.random.default_rng(S)
+    E, L = 16, 40
+    q, v, d_out = _r(rng, (3, L, E), dtype), _r(rng, (3, S, E), dtype), _r(rng, (3, L, E), dtype)
+    k = _r(rng, (3, S, 3 * E), dtype)[:, :, E:2 * E]  # rows 3 E apart; the buffer ends with the last key
+    if window is None:
+        expected = ref_attend(q, k, v, 1 / np.sqrt(E))[0]
+    else:
+        keep = np.tril(np.triu(np.ones((L, S), bool), -window[0]), window[1])
+        expected = ref_attend(q, k, v, 1 / np.sqrt(E), keep)[0]
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.scaled_dot_product_attention(q, k, v, window=window, return_lse=True))
+    out, lse = outs[0]
+    assert_close(out, expected, dtype, f"{simd_mode} S={S} window={window}")
+    np.testing.assert_array_equal(outs[1][0], out)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, np.ascontiguousarray(k), v, window=window), out)
+    if window is None:
+        out_w, weights = F.scaled_dot_product_attention(q, k, v, return_weights=True)
+        assert_close(out_w, expected, dtype, f"{simd_mode} S={S} with weights")
+        assert_close(weights, ref_attend(q, k, v, 1 / np.sqrt(E))[1], dtype, f"{simd_mode} S={S} weights")
+        grads = F.scaled_dot_product_attention_backward(d_out, q, k, v, out, lse)
+        for name, got, ref in zip("qkv", grads, _attention_grads(q, k, v, d_out, 1 / np.sqrt(E))):
+            assert_grad_close(got, ref, dtype, f"{simd_mode} S={S} d{name}")
+
+
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
