@@ -146,7 +146,7 @@ static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, id
 static __attribute__((noinline)) void FN(tile_add_keys)(idx_t m, idx_t kc, const real *a, const real *b, real *c,
                                                         idx_t c_rs)
 {
-    FN(gemm_tile_rows)(m, GEMM_NR, kc, a, BLOCK_Q, 1, b, c, c_rs, NULL, 0, NULL, 0, 0);
+    FN(gemm_tile_rows)(m, GEMM_NR, kc, a, BLOCK_Q, 1, b, 0, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* acc (nk, width_padded) += tile_t (nk, BLOCK_Q)[:, :nq] . cols (nq queries
@@ -376,7 +376,8 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
         FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
         FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
         if (dq_item)
-            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, nq, nk, t->E_padded, t->kb, 0);
+            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, NULL, 0, 0, nq, nk, t->E_padded, t->kb,
+                              0);
     }
     FN(write_grad_rows)(item->grad_k + j0 * g->grad_k.row_stride, g->grad_k.row_stride, t->dk, t->E_padded, nk,
                         a->E);
@@ -398,7 +399,7 @@ static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_back
         idx_t nk = FN(block_keys)(a, j0);
         FN(prepare_keys)(t, g, item, j0, nk, 1);
         FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
-        FN(value_product)(t->dq, t->ds_t, t->k_cols, nq, nk, t->E_padded, t->kb, 0);
+        FN(value_product)(t->dq, t->ds_t, t->k_cols, NULL, 0, 0, nq, nk, t->E_padded, t->kb, 0);
     }
     FN(write_grad_rows)(item->grad_q + i0 * g->grad_q.row_stride, g->grad_q.row_stride, t->dq, t->E_padded, nq, a->E);
 }

@@ -69,12 +69,26 @@ static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a
                          t->pairs);
 }
 
-/* v_pack <- values [j0, j0+nk) of the item */
+/* The value columns the value product reads in place, in whole NR
+ * slivers: float and double values' (neither widened nor paired) where an
+ * item has one query tile, the only one to read them (on a Xeon core, SDPA
+ * of 50-77 queries 0.95-0.96x the time on one thread); with more, each
+ * reads the packed slivers (SDPA (8, 12, 1024, 64) took 1.02-1.04x the
+ * time with the values read in place; benchmarks/NOTES.md) */
+static idx_t FN(values_in_place)(const FN(tile_buffers) *t, const attnc_attention_args *a)
+{
+    return ELEM_IS_REAL && !t->pairs && a->L <= BLOCK_Q ? a->Ev / GEMM_NR * GEMM_NR : 0;
+}
+
+/* v_pack <- the columns of values [j0, j0+nk) of the item not read in
+ * place (values_in_place) */
 static void FN(pack_value_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                                 idx_t j0, idx_t nk)
 {
-    const elem *v = item->v + j0 * a->v.row_stride;
-    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev, t->Ev_padded, GEMM_NR, BLOCK_K, t->pairs);
+    idx_t first = FN(values_in_place)(t, a);
+    const elem *v = item->v + j0 * a->v.row_stride + first;
+    FN(pack_column_slivers)(t->v_pack, v, a->v.row_stride, nk, a->Ev - first, t->Ev_padded - first, GEMM_NR, BLOCK_K,
+                            t->pairs);
 }
 
 /* q_pack <- the scaled queries [q0, q0+nq) of the item (as pairs
@@ -244,7 +258,9 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
 #if BF16_PAIRS
     if (t->pairs) FN(pair_probabilities)(t->scores_t, ROUND_UP(nq, GEMM_MR_STEP), nk);
 #endif
-    FN(value_product)(t->acc, t->scores_t, t->v_pack, nq, nk, t->Ev_padded, BLOCK_K, t->pairs);
+    const real *v_rows = (const real *)(const void *)(item->v + j0 * a->v.row_stride); /* (read if ELEM_IS_REAL) */
+    FN(value_product)(t->acc, t->scores_t, t->v_pack, v_rows, a->v.row_stride, FN(values_in_place)(t, a), nq, nk,
+                      t->Ev_padded, BLOCK_K, t->pairs);
 }
 
 /* A query tile's state before its first key tile: zero sums, max -inf. */

@@ -190,18 +190,20 @@ static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, 
                                               const real *b, real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, c, c_rs, FN(zero_row), 0, scale, 0, 1);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, scale, 0, 1);
     else
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
 static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
-                                            real *c, idx_t c_rs, int pairs)
+                                            idx_t b_rs, real *c, idx_t c_rs, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 1);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, 0, c, c_rs, NULL, 0, NULL, 0, 1);
+    else if (b_rs) /* (two loops: a constant 0 keeps the packed one's aligned loads) */
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, b_rs, c, c_rs, NULL, 0, NULL, 0, 0);
     else
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, c, c_rs, NULL, 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, 0, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
 /* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- keys . q_pack^T
@@ -237,18 +239,23 @@ static void FN(score_product)(real *scores_t, const real *k_pack, const real *k_
         for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }
 
-/* acc (nq, Ev_padded) += probabilities^T . v_pack (nk keys, column
- * slivers of sliver_rows): the micro-kernel reads the probabilities of MR
- * queries from each key's row of scores_t (nk, BLOCK_Q) in place, BLOCK_Q
- * apart, with no packing. With pairs, scores_t holds the rows of
- * pair_probabilities and v_pack pairs of keys: ceil(nk / 2) steps. */
-static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, idx_t nq, idx_t nk,
-                              idx_t Ev_padded, idx_t sliver_rows, int pairs)
+/* acc (nq, Ev_padded) += probabilities^T . values (nk keys): the first
+ * v_in_place columns (whole NR slivers) read in place from v_rows (rows
+ * v_rs apart), the rest from v_pack's column slivers (of sliver_rows
+ * rows). The micro-kernel reads the probabilities of MR queries from each
+ * key's row of scores_t (nk, BLOCK_Q) in place, BLOCK_Q apart, with no
+ * packing. With pairs, scores_t holds the rows of pair_probabilities and
+ * v_pack pairs of keys: ceil(nk / 2) steps. */
+static void FN(value_product)(real *acc, const real *scores_t, const real *v_pack, const real *v_rows, idx_t v_rs,
+                              idx_t v_in_place, idx_t nq, idx_t nk, idx_t Ev_padded, idx_t sliver_rows, int pairs)
 {
     for (idx_t i0 = 0; i0 < nq; i0 += GEMM_MR)
-        for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR)
-            FN(tile_add)(nq - i0, FN(product_steps)(nk, pairs), scores_t + i0, BLOCK_Q, v_pack + c0 * sliver_rows,
+        for (idx_t c0 = 0; c0 < Ev_padded; c0 += GEMM_NR) {
+            int in_place = c0 < v_in_place;
+            const real *v = in_place ? v_rows + c0 : v_pack + (c0 - v_in_place) * sliver_rows;
+            FN(tile_add)(nq - i0, FN(product_steps)(nk, pairs), scores_t + i0, BLOCK_Q, v, in_place ? v_rs : 0,
                          acc + i0 * Ev_padded + c0, Ev_padded, pairs);
+        }
 }
 
 #if BF16_PAIRS

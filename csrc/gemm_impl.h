@@ -323,8 +323,10 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * init is NULL (a constant NULL compiles the loads away); init's rows are
  * init_rs apart (0: one row for all). With a scale (not NULL, with init
  * only), c = *scale * (init + a . b), rounded as a multiply after the sum.
- * b is a packed sliver: NR contiguous elements per step (of which the
- * first w are read), aligned to the vector size. a's
+ * b is a packed sliver (b_rs 0: a constant): NR contiguous elements per
+ * step (of which the first w are read), aligned to the vector size; or a
+ * matrix's rows read in place, b_rs apart (their first w elements, at any
+ * alignment). a's
  * element (i, p) is a[i * a_rs + p * a_step] (only broadcast): a packed
  * sliver (a_rs 1, a_step MR) or a matrix read in place. Per step, `vectors`
  * vector loads of B and vectors * rows FMAs. c's rows are c_rs apart. With stream_b (a
@@ -340,7 +342,7 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * pack_sliver). */
 static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int vectors, idx_t kc, const real *a,
                                                                 idx_t a_rs, idx_t a_step,
-                                                                const real *b, real *c, idx_t c_rs,
+                                                                const real *b, idx_t b_rs, real *c, idx_t c_rs,
                                                                 const real *init, idx_t init_rs, const real *scale,
                                                                 int stream_b, int pairs, const char *next_rows,
                                                                 idx_t next_rs)
@@ -366,7 +368,7 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int ve
     for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] = 4 * g < rows ? a + 4 * g * a_rs : a;
     idx_t offset[4] = {0, a_rs, 2 * a_rs, 3 * a_rs};
     const size_t step_bytes = sizeof(elem) * (pairs ? 2 : 1); /* a step of next_rows */
-    GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += GEMM_NR) {
+    GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += b_rs ? b_rs : GEMM_NR) {
         if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
             __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
             if (vectors == 2 && GEMM_NR * sizeof(real) > 64)
@@ -375,7 +377,8 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int ve
         if (next_rows && p % (64 / step_bytes) == 0) /* a line of each of the next sliver's rows */
             for (int r = 0; r < GEMM_NEXT_SLIVER_ROWS; r++)
                 __builtin_prefetch(next_rows + r * next_rs + p * step_bytes, 0, 2);
-        vreal b0 = vload(b), b1 = vectors == 2 ? vload(b + VLANES) : vzero();
+        vreal b0 = b_rs ? vloadu(b) : vload(b);
+        vreal b1 = vectors == 2 ? (b_rs ? vloadu(b + VLANES) : vload(b + VLANES)) : vzero();
         _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
             vreal ai = vset1(group[i / 4][offset[i % 4]]);
             acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
@@ -403,14 +406,15 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int ve
  * are padding. Likewise n up to VLANES (C's right edge) runs on one vector
  * of columns, not NR: the columns past it neither computed nor written. */
 static inline __attribute__((always_inline)) void FN(gemm_tile_rows)(idx_t m, idx_t n, idx_t kc, const real *a,
-                                                                     idx_t a_rs, idx_t a_step, const real *b, real *c,
+                                                                     idx_t a_rs, idx_t a_step, const real *b,
+                                                                     idx_t b_rs, real *c,
                                                                      idx_t c_rs, const real *init, idx_t init_rs,
                                                                      const real *scale, int stream_b, int pairs)
 {
     idx_t steps = attnc_ceil_div(m, GEMM_MR_STEP);
     int rows = steps == 1 ? GEMM_MR_STEP : steps == 2 && 2 * GEMM_MR_STEP < GEMM_MR ? 2 * GEMM_MR_STEP : GEMM_MR;
 #define GEMM_TILE_OF(ROWS, VECTORS) \
-    FN(gemm_tile)(ROWS, VECTORS, kc, a, a_rs, a_step, b, c, c_rs, init, init_rs, scale, stream_b, pairs, NULL, 0)
+    FN(gemm_tile)(ROWS, VECTORS, kc, a, a_rs, a_step, b, b_rs, c, c_rs, init, init_rs, scale, stream_b, pairs, NULL, 0)
     if (n <= VLANES) {
         if (rows == GEMM_MR_STEP) GEMM_TILE_OF(GEMM_MR_STEP, 1);
         else if (rows == 2 * GEMM_MR_STEP) GEMM_TILE_OF(2 * GEMM_MR_STEP, 1);
@@ -672,10 +676,10 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
         real *c = job->c + i * job->c_rs + j;
         idx_t next_rs = job->b.rs * (idx_t)sizeof(elem);
         if (first)
-            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, bias ? bias + j : FN(gemm_zeros), 0,
-                          NULL, 1, BF16_PAIRS, next_rows, next_rs);
+            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, 0, c, job->c_rs,
+                          bias ? bias + j : FN(gemm_zeros), 0, NULL, 1, BF16_PAIRS, next_rows, next_rs);
         else
-            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS,
+            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, 0, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS,
                           next_rows, next_rs);
         return;
     }
@@ -684,7 +688,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     real init[GEMM_NR], tile[GEMM_MR * GEMM_NR];
     if (bias)
         for (idx_t s = 0; s < GEMM_NR; s++) init[s] = s < n ? bias[j + s] : 0;
-    FN(gemm_tile_rows)(m, n, job->steps, a, a_rs, a_step, b, tile, GEMM_NR, bias ? init : FN(gemm_zeros), 0, NULL, 1,
+    FN(gemm_tile_rows)(m, n, job->steps, a, a_rs, a_step, b, 0, tile, GEMM_NR, bias ? init : FN(gemm_zeros), 0, NULL, 1,
                        BF16_PAIRS);
     for (idx_t r = 0; r < m; r++)
         for (idx_t s = 0; s < n; s++) {
@@ -731,7 +735,7 @@ static void FN(transposed_block)(const FN(gemm_job) *job, idx_t i0, idx_t i1, co
         for (idx_t r = 0; bias && r < GEMM_MR; r++)
             for (idx_t s = 0; s < GEMM_NR; s++) init[r * GEMM_NR + s] = r < m ? bias[i + r] : 0;
         for (idx_t j = 0; j < job->N; j += GEMM_NR)
-            FN(gemm_tile_rows)(m, job->N - j, job->steps, a, a_rs, a_step, packed_b + j * job->steps,
+            FN(gemm_tile_rows)(m, job->N - j, job->steps, a, a_rs, a_step, packed_b + j * job->steps, 0,
                                panel + (i - i0 - chunk) * job->panel_stride + j, job->panel_stride,
                                bias ? init : FN(gemm_zeros), bias ? GEMM_NR : 0, NULL, 1, BF16_PAIRS);
         if (i + GEMM_MR >= i1 || i + GEMM_MR - i0 - chunk == GEMM_PANEL_ROWS)

@@ -376,6 +376,35 @@ def test_sdpa_keys_read_in_place_every_level(S, window, dtype, simd_mode, restor
             assert_grad_close(got, ref, dtype, f"{simd_mode} S={S} d{name}")
 
 
+@pytest.mark.parametrize("Ev", [8, 40, 64, 72])
+@pytest.mark.parametrize("L", [40, 130], ids=["one_query_tile", "two_query_tiles"])
+def test_sdpa_values_read_in_place_every_level(L, Ev, dtype, simd_mode, restore_threads):
+    """Where an item has one query tile (L up to 96), the value product
+    reads float and double values in place, in whole NR-column slivers (32
+    floats or 16 doubles at AVX-512, 16 or 8 at AVX2, 8 or 4 at the
+    portable level), and packs the rest (the columns past the last whole
+    sliver); with more query tiles it packs them all. Ev below, at and past
+    those widths, values a view with rows 3 Ev apart whose last row ends
+    the buffer; against float64 (out and the gradients), on 1 and 2 threads,
+    and the bits of contiguous values."""
+    rng = np.random.default_rng(L + Ev)
+    S, E = 77, 16
+    q, k, d_out = _r(rng, (2, L, E), dtype), _r(rng, (2, S, E), dtype), _r(rng, (2, L, Ev), dtype)
+    v = _r(rng, (2, S, 3 * Ev), dtype)[:, :, 2 * Ev:]  # rows 3 Ev apart; the buffer ends with the last value
+    expected = ref_attend(q, k, v, 1 / np.sqrt(E))[0]
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.scaled_dot_product_attention(q, k, v, return_lse=True))
+    out, lse = outs[0]
+    assert_close(out, expected, dtype, f"{simd_mode} L={L} Ev={Ev}")
+    np.testing.assert_array_equal(outs[1][0], out)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, np.ascontiguousarray(v)), out)
+    grads = F.scaled_dot_product_attention_backward(d_out, q, k, v, out, lse)
+    for name, got, ref in zip("qkv", grads, _attention_grads(q, k, v, d_out, 1 / np.sqrt(E))):
+        assert_grad_close(got, ref, dtype, f"{simd_mode} L={L} Ev={Ev} d{name}")
+
+
 @pytest.mark.parametrize("L,S,E,Ev", [(1, 1, 1, 1), (7, 13, 5, 3), (97, 193, 17, 33), (131, 389, 64, 65),
                                       (200, 31, 9, 130)])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
