@@ -304,9 +304,10 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
  * updates and branches. On a Zen 3 core (AVX2): `linear` (512, 768, 2304)
  * 0.91-0.93x the time on 1 thread and 0.96x on 2, (256, 256, 768) 0.91x
  * and 0.94x, modules 0.93-0.99x, SDPA 0.95-0.99x. On a Xeon (AVX-512),
- * SDPA 0.97-0.98x on 1 and 2 threads (its two products' tiles), `linear`
- * and modules 0.99-1.01x (benchmarks/NOTES.md). Not measured at 16 bytes,
- * which keeps the loop as it was. */
+ * SDPA 0.95-0.98x on 1 and 2 threads (medians; its two products' tiles;
+ * (4, 16, 256, 128) 1.02x on 2, best 0.98x), `linear` and modules
+ * 0.98-1.02x (benchmarks/NOTES.md). Not measured at 16 bytes, which keeps
+ * the loop as it was. */
 #if SIMD_BYTES >= 32
 #  define GEMM_K_UNROLL _Pragma("GCC unroll 2")
 #else
