@@ -376,8 +376,8 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
         FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
         FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
         if (dq_item)
-            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, NULL, 0, 0, nq, nk, t->E_padded, t->kb,
-                              0);
+            FN(value_product)(dq_item + i0 * t->E_padded, slot.ds_t, t->k_cols, NULL, 0, 0, nq, nk,
+                              t->E_padded, t->kb, 0);
     }
     FN(write_grad_rows)(item->grad_k + j0 * g->grad_k.row_stride, g->grad_k.row_stride, t->dk, t->E_padded, nk,
                         a->E);

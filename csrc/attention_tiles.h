@@ -214,9 +214,9 @@ static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, id
  * apart, E reals each), the rest from k_pack's slivers; the last sliver on
  * whole GEMM_MR_STEP rows (gemm_tile_rows: the rows past those are not
  * written; those past nk, made of whatever keys follow or of the packed
- * zeros, are never used). Read in place, SDPA over 50 to 128
- * keys (packed keys shared by no other query tile) took 0.95-0.97x the time
- * on a Xeon core (AVX-512, 1 thread), over 256 and 1024 keys the same
+ * zeros, are never used). Read in place, SDPA over 50 to 128 keys (packed
+ * keys shared by no other query tile) took 0.95-0.97x the time on a Xeon
+ * core (AVX-512, 1 thread), over 256 and 1024 keys the same
  * (benchmarks/NOTES.md). The products run over whole NR slivers up to nq;
  * the value product (and pair_probabilities) read whole runs of GEMM_MR_STEP
  * queries, and the columns of those past the last sliver are set to the
