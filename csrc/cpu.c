@@ -48,20 +48,32 @@ static int has_avx512bf16(void)
 }
 #endif
 
-/* The levels, each implying the ones before it. */
+/* The levels, each implying the ones before it. Import chooses the last this
+ * CPU runs, but on an Intel CPU the last it runs that is chosen_on_intel:
+ * not avx512bf16, whose bfloat16 products (vdpbf16ps, two products a lane)
+ * are slower there than the AVX-512 level's (widened, one FMA a product).
+ * On a Xeon family 6 model 167 (Sapphire Rapids' features), vdpbf16ps ran
+ * 0.47 a cycle against vfmadd231ps's 1.84, and bfloat16 took at avx512bf16,
+ * against avx512 (2 threads): SDPA (8, 12, 1024, 64) 1.59x the time, (2, 4,
+ * 256, 64) 1.42x, `linear` (4096, 768) -> 2304 1.56x, (64, 768) -> 2304
+ * 1.43x, (1, 768) -> 2304 1.42x, modules (8, 512, 768) 1.52x, (1, 77, 512)
+ * 1.43x, a decoding step's SDPA (memory-bound) 1.00x; on a Zen 4 core the
+ * pairs' SDPA takes 0.57x float32's time (benchmarks/NOTES.md). The level
+ * stays available to set_simd_level. */
 static const struct {
     const char *name;
     int (*cpu_has)(void);
     const attnc_kernels *kernels; /* by dtype */
     const attnc_kernels *bf16;    /* bfloat16's in place of kernels[ATTNC_BF16], or NULL */
+    int chosen_on_intel;
 } levels[] = {
-    {"portable", always, attnc_kernels_portable, NULL},
+    {"portable", always, attnc_kernels_portable, NULL, 1},
 #ifdef ATTNC_X86
-    {"avx2", has_avx2_fma, attnc_kernels_avx2, NULL},
+    {"avx2", has_avx2_fma, attnc_kernels_avx2, NULL, 1},
 #endif
 #if defined(ATTNC_X86) && !defined(ATTNC_WITHOUT_AVX512)
-    {"avx512", has_avx512, attnc_kernels_avx512, NULL},
-    {"avx512bf16", has_avx512bf16, attnc_kernels_avx512, &attnc_kernels_avx512bf16_bf16},
+    {"avx512", has_avx512, attnc_kernels_avx512, NULL, 1},
+    {"avx512bf16", has_avx512bf16, attnc_kernels_avx512, &attnc_kernels_avx512bf16_bf16, 0},
 #endif
 };
 #define N_LEVELS ((int)(sizeof levels / sizeof levels[0]))
@@ -73,16 +85,18 @@ static int is_intel = 0;
 
 void attnc_select_kernels(void)
 {
-    n_runnable = 1;
-    while (n_runnable < N_LEVELS && levels[n_runnable].cpu_has()) n_runnable++;
-    atomic_store(&active_level, n_runnable - 1);
-#ifdef _SC_LEVEL1_DCACHE_ASSOC /* glibc: from CPUID; 0 when it cannot tell */
-    long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
-    atomic_store(&l1d_ways, ways > 0 && ways <= ATTNC_MAX_L1D_WAYS ? (int)ways : 0);
-#endif
 #ifdef ATTNC_X86
     __builtin_cpu_init();
     is_intel = __builtin_cpu_is("intel");
+#endif
+    n_runnable = 1;
+    while (n_runnable < N_LEVELS && levels[n_runnable].cpu_has()) n_runnable++;
+    int chosen = n_runnable - 1;
+    while (is_intel && !levels[chosen].chosen_on_intel) chosen--;
+    atomic_store(&active_level, chosen);
+#ifdef _SC_LEVEL1_DCACHE_ASSOC /* glibc: from CPUID; 0 when it cannot tell */
+    long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC);
+    atomic_store(&l1d_ways, ways > 0 && ways <= ATTNC_MAX_L1D_WAYS ? (int)ways : 0);
 #endif
 }
 

@@ -428,11 +428,14 @@ def test_levels_reported_and_capped():
     best, before = SIMD_LEVELS[-1], attnc._C.simd_level()
     assert SIMD_LEVELS[0] == "portable"
     assert list(SIMD_LEVELS) == [lv for lv in ("portable", "avx2", "avx512", "avx512bf16") if lv in SIMD_LEVELS]
-    # the import chooses the best level (checked in a fresh interpreter: this
+    # the import chooses the best level, but on an Intel CPU not avx512bf16 (its
+    # vdpbf16ps products are slower there than the AVX-512 level's: cpu.c), which
+    # stays available to set_simd_level (checked in a fresh interpreter: this
     # session's level may have been set by conftest)
     chosen = subprocess.run([sys.executable, "-c", "import attnc; print(attnc._C.simd_level())"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    assert chosen == best
+    intel = "GenuineIntel" in open("/proc/cpuinfo").read().split()
+    assert chosen == ("avx512" if intel and best == "avx512bf16" else best)
     try:
         for level in SIMD_LEVELS:
             attnc._C.set_simd_level(level)
