@@ -92,6 +92,21 @@ static void head_view(const attnc_self_attention_args *s, const module_sizes *m,
  * 256, 1024)) 1.06x: single-threaded products of a longer x lose what
  * the other core's data cost (benchmarks/NOTES.md). */
 #define ITEM_GROUP_MAX_X_BYTES (256 * 1024)
+/* Whole items a task (a task per thread of them, or one per item) only when
+ * a task has at least this many rows: each such task multiplies all of the
+ * weights, so each turns or packs all of them for its own rows, where one
+ * product of every row (split by columns) prepares each weight once. With
+ * fewer rows that preparation outweighs the products: on 2 threads of a
+ * Xeon family 6 model 167, split by columns against whole items (best /
+ * median), decoding steps (4, 1, 768) 0.60 / 0.61x the time, (16, 1, 768)
+ * 0.77 / 0.78x, (3, 1, 768) (a task per item) 0.41 / 0.42x, 16 rows a task
+ * (2, 16, 768) 0.80 / 0.79x, (8, 4, 768) 0.81 / 0.79x, (2, 16, 256) 1.00 /
+ * 0.98x, 24 rows (2, 24, 768) 0.71 / 0.74x, (2, 24, 256) 0.89 / 0.87x; 32
+ * rows and more, whole items as fast or faster: (2, 32, 768) 1.01x, (4, 16,
+ * 512) 1.07 / 1.04x, (4, 16, 256) 1.19 / 1.18x, (2, 64, 512) 1.01 / 1.02x,
+ * (2, 128, 256) 1.03 / 1.02x (benchmarks/NOTES.md). A group of one item's
+ * heads multiplies only their weights, so it needs no such rows. */
+#define ITEM_TASK_MIN_ROWS 32
 
 /* Tasks of attend_by_items: items_per_task whole items and heads_per_task
  * of their heads each (items_per_task 1 when an item's heads are split,
@@ -249,10 +264,12 @@ attnc_status attnc_self_attention(const attnc_self_attention_args *s)
     double item_bytes = (double)s->T * (double)s->C * (double)m.elem;
     int inference = threads > 1 && !s->keep_qkv && !s->keep_merged && !s->lse && s->dropout_p == 0 && m.rows > 0;
     int by_groups = inference && items >= threads && items % threads == 0 &&
+                    items / threads * s->T >= ITEM_TASK_MIN_ROWS &&
                     item_bytes * (double)(items / threads) <= ITEM_GROUP_MAX_X_BYTES;
     /* (a frozen module's products read its packs: all rows in one product, split by columns,
      * took 0.73-0.79x the time of a task per item or head group at (1, 8, 768) on 2 threads) */
-    int by_items = by_groups || (inference && item_bytes <= ITEM_TASK_MAX_X_BYTES && !packs_of(s, &m));
+    int by_items = by_groups || (inference && item_bytes <= ITEM_TASK_MAX_X_BYTES && !packs_of(s, &m) &&
+                                 (items < threads || s->T >= ITEM_TASK_MIN_ROWS));
     int projected_out = 0;
     attnc_status status = ATTNC_ENOMEM;
     char *qkv = s->keep_qkv ? s->keep_qkv : by_items ? NULL : attnc_malloc((size_t)(m.rows * m.width) * m.elem);

@@ -135,6 +135,27 @@ def test_items_in_groups_per_thread_same_bits(items, name, restore_threads):
     assert_close(outs[0][1], ref_weights, np.float32)
 
 
+@pytest.mark.parametrize("items,seq", [(2, 31), (2, 32), (3, 31), (3, 32), (4, 15), (4, 16), (3, 1), (6, 1)])
+def test_items_whole_a_task_from_32_rows_same_bits(items, seq, restore_threads):
+    """Whole items a task (a task per thread of them, or one per item) only with at least 32
+    rows a task (ITEM_TASK_MIN_ROWS: each such task multiplies all of the weights); fewer,
+    one product of every row split by columns: 2 and 3 items of 31 and 32 rows (256 wide:
+    32 KB of x an item at 32 rows, a task per item for 3 items on 2 threads), 4 items of 15
+    and 16 rows (two a thread on 2 threads: 30 and 32 rows a task), decoding steps of 3 and 6
+    items. Same bits at every thread count, each item's as when alone (a task per group of
+    its heads), and the float64 oracle's values."""
+    heads, dim = 4, 256
+    case = MODEL["MHA"]
+    m = case.make(dim, heads=heads, dtype=np.float32, rng=np.random.default_rng(seq)).eval()
+    x = np.random.default_rng(items).standard_normal((items, seq, dim)).astype(np.float32)
+    outs = _over_threads(lambda: m(x))
+    _all_equal(outs)
+    for i in range(items):
+        np.testing.assert_array_equal(m(x[i:i + 1])[0], outs[0][i])
+    ref, _ = ref_forward(case.kind, m.state_dict(), x, None, heads)
+    assert_close(outs[0], ref, np.float32)
+
+
 @pytest.mark.parametrize("rows", [13, 20, 32])
 def test_short_sequence_projections_same_bits_any_thread_count(rows, restore_threads, dtype, simd_mode):
     """A few dozen rows of x: the order where each thread packs x for itself (over two K blocks,
