@@ -56,8 +56,9 @@ static int has_avx512bf16(void)
  * 0.47 a cycle against vfmadd231ps's 1.84, and bfloat16 took at avx512bf16,
  * against avx512 (2 threads): SDPA (8, 12, 1024, 64) 1.59x the time, (2, 4,
  * 256, 64) 1.42x, `linear` (4096, 768) -> 2304 1.56x, (64, 768) -> 2304
- * 1.43x, (1, 768) -> 2304 1.42x, modules (8, 512, 768) 1.52x, (1, 77, 512)
- * 1.43x, a decoding step's SDPA (memory-bound) 1.00x; on a Zen 4 core the
+ * 1.43x, (8, 768) -> 2304 1.18x, (1, 768) -> 2304 1.42x, modules (8, 512,
+ * 768) 1.52x, (1, 77, 512) 1.43x, a decoding step's SDPA (memory-bound)
+ * 1.00x (1 thread: 1.14-1.63x, decoding 0.99x); on a Zen 4 core the
  * pairs' SDPA takes 0.57x float32's time (benchmarks/NOTES.md). The level
  * stays available to set_simd_level. */
 static const struct {
