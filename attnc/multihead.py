@@ -4,7 +4,9 @@ Same constructor, parameters (names, shapes, initialisation, state_dict
 order), forward arguments, mask conventions and results as torch's, so a
 torch state_dict loads unchanged. The projections run on attnc's linear
 and the attention on attnc.functional.scaled_dot_product_attention, the
-torch-convention masks turned into one additive score bias.
+torch-convention masks turned into one additive score bias; but an
+eval-mode self-attention call with no masks (and no appended keys) is the
+document modules' one C call, with the same bits.
 """
 import math
 from typing import NamedTuple
@@ -310,6 +312,9 @@ class MultiheadAttention(Module):
         if is_causal and attn_mask is None:
             raise ValueError("is_causal: needs attn_mask (torch's hint); give the causal mask as attn_mask")
         batched, inputs = self._inputs(query, key, value, geometry, keep=training)
+        if (not training and query is key and key is value and attn_mask is None and key_padding_mask is None
+                and not geometry.separate and params["bias_k"] is None and not geometry.zero_attn):
+            return self._self_attention(inputs[0], batched, params, geometry, need_weights, average_attn_weights)
         n, tgt_len, src_len = inputs[0].shape[0], inputs[0].shape[1], inputs[1].shape[1]
         causal = is_causal and key_padding_mask is None and not need_weights
         bias = self._score_bias(None if causal else attn_mask, key_padding_mask, batched, n, tgt_len, src_len,
@@ -319,11 +324,8 @@ class MultiheadAttention(Module):
         try:
             result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
                                                   return_weights=need_weights, return_lse=training)
-        except MemoryError as error:  # the weights that could not be allocated are the caller's need_weights
-            message = str(error)
-            if not message.startswith("return_weights:"):
-                raise
-            raise MemoryError("need_weights" + message[len("return_weights"):]) from None
+        except MemoryError as error:
+            raise _named_need_weights(error) from None
         out_heads, *rest = result if isinstance(result, tuple) else (result,)
         out = linear(_merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
         output = _to_layout(out, batched, geometry)
@@ -335,9 +337,27 @@ class MultiheadAttention(Module):
         if not need_weights:
             return output, None
         weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
-        if average_attn_weights:  # averaged in float32 for 16-bit weights (NumPy's bfloat16 mean adds in bfloat16)
-            weights = _widened(weights).mean(axis=1).astype(weights.dtype, copy=False)
-        return output, weights if batched else weights[0]
+        return output, _returned_weights(weights, batched, average_attn_weights)
+
+    def _self_attention(self, x, batched, params, geometry, need_weights, average_attn_weights):
+        """forward for eval-mode self-attention with no masks (query, key and
+        value one object, the stacked in_proj_weight, no bias_k / bias_v or
+        zero attention): the document modules' one C call over x (N, L, E),
+        the in-projection fused, instead of projection, attention and output
+        projection called one by one from Python, with the same bits (each
+        product's elements summed in one K order, the attention the same
+        kernel's)."""
+        e = geometry.embed_dim
+        spec = (_FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True)
+        weights_and_biases = tuple(params[name] for name in _FUSED_NAMES)
+        try:
+            result = _C.self_attention(x, weights_and_biases, spec, None, self.dtype, 0.0, False, None, need_weights,
+                                       None, False)
+        except MemoryError as error:
+            raise _named_need_weights(error) from None
+        out, weights = result if need_weights else (result, None)
+        output = _to_layout(out, batched, geometry)
+        return output, None if weights is None else _returned_weights(weights, batched, average_attn_weights)
 
     def _geometry(self):
         """The sizes and flags, read once and checked (a user may have changed
@@ -546,6 +566,30 @@ class MultiheadAttention(Module):
         grad_query, grad_key, grad_value = (_to_layout(g, batched, geometry) for g in grad_inputs)
         return (self._finish_backward(state, grads, grad_query), grad_key.astype(grad_dtypes[0], copy=False),
                 grad_value.astype(grad_dtypes[1], copy=False))
+
+
+# The parameters of the self-attention path (MultiheadAttention._self_attention), as its C
+# module spec names them: the in-projection fused, then the output projection.
+_FUSED_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+
+
+def _named_need_weights(error):
+    """A MemoryError raised by a forward's attention, as forward raises it:
+    for the attention weights, which the kernels name return_weights, one
+    naming the caller's need_weights; any other as it is."""
+    message = str(error)
+    if not message.startswith("return_weights:"):
+        return error
+    return MemoryError("need_weights" + message[len("return_weights"):])
+
+
+def _returned_weights(weights, batched, average):
+    """The attention weights (N, H, L, S) as forward returns them: averaged
+    over the heads with `average` (in float32 for 16-bit weights: NumPy's
+    bfloat16 mean adds in bfloat16), the batch axis dropped unbatched."""
+    if average:
+        weights = _widened(weights).mean(axis=1).astype(weights.dtype, copy=False)
+    return weights if batched else weights[0]
 
 
 def _in_weights(params, geometry):

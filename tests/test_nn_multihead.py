@@ -278,6 +278,67 @@ def test_one_input_projected_once_has_the_bits_of_equal_copies(config, sizes, sh
     _close(runs["one"][1], t_weights, dtype, "attn_weights")
 
 
+SELF_ATTENTION_SIZES = {"tiny": (E, HEADS, L, N), "77_rows": (64, 4, 77, 2), "decode": (48, 3, 1, 5),
+                        "no_rows": (E, HEADS, 0, N), "no_items": (E, HEADS, L, 0)}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("weights", ["average", "per_head", "none"])
+@pytest.mark.parametrize("config,sizes", [(config, sizes) for config in ("default", "nobias", "batch_first", "unbatched")
+                                          for sizes in SELF_ATTENTION_SIZES
+                                          if not (config == "unbatched" and sizes == "no_items")])  # (no batch axis)
+def test_eval_self_attention_in_one_call_has_the_bits_of_the_general_path(config, sizes, weights, threads, dtype,
+                                                                         monkeypatch, restore_threads):
+    """An eval-mode call with query, key and value one array and no masks is
+    one C call (the document modules' forward over the fused in_proj_weight):
+    the same bits as the general path (projections, attention and output
+    projection in turn, taken for distinct copies), for any thread count,
+    and torch's values. The one call is what runs: with the general path's
+    attention made to fail, it still gives them."""
+    attnc.set_num_threads(threads)
+    options = {} if config in ("default", "unbatched") else CONFIGS[config]
+    embed_dim, heads, tgt, n = SELF_ATTENTION_SIZES[sizes]
+    tm, am = _pair(dtype, seed=13, embed_dim=embed_dim, heads=heads, **options)
+    am.eval()
+    if am.in_proj_bias is not None:  # torch starts the biases at 0: make them count
+        am.in_proj_bias[...] = np.linspace(-1, 1, 3 * embed_dim)
+        am.out_proj.bias[...] = np.linspace(1, -1, embed_dim)
+        tm.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in am.state_dict().items()})
+    x = np.random.default_rng(14).standard_normal(_layout((tgt, n, embed_dim), options, config != "unbatched"))
+    x = x.astype(dtype)
+    kwargs = dict(need_weights=weights != "none", average_attn_weights=weights == "average")
+    general = am(x, x.copy(), x.copy(), **kwargs)
+
+    def general_path_fails(*args, **kwargs):
+        raise AssertionError("the general path's attention ran")
+
+    monkeypatch.setattr(attnc.multihead, "scaled_dot_product_attention", general_path_fails)
+    one_call = am(x, x, x, **kwargs)
+    with pytest.raises(AssertionError, match="general path"):  # (the patch holds)
+        am(x, x.copy(), x.copy(), **kwargs)
+    assert one_call[0].dtype == general[0].dtype and np.array_equal(one_call[0], general[0]), "attn_output"
+    if weights == "none":
+        assert one_call[1] is None and general[1] is None
+    else:
+        assert one_call[1].dtype == general[1].dtype and np.array_equal(one_call[1], general[1]), "attn_weights"
+    monkeypatch.undo()
+    t_out, t_weights, _ = _torch_run(tm.eval(), x, x, x, {}, **kwargs)
+    _close(one_call[0], t_out, dtype, "attn_output")
+    if weights != "none":
+        _close(one_call[1], t_weights, dtype, "attn_weights")
+
+
+def test_eval_self_attention_names_need_weights_when_the_weights_do_not_fit():
+    """Weights too large to allocate raise MemoryError naming need_weights,
+    through the one C call (query, key, value one array) as through the
+    general path."""
+    am = MultiheadAttention(8, 2, batch_first=True).eval()
+    x = np.zeros((1, 300_000, 8), np.float32)  # weights (1, 2, 3e5, 3e5): 720 GB
+    for key, value in ((x, x), (x.copy(), x.copy())):
+        with pytest.raises(MemoryError, match="^need_weights: "):
+            am(x, key, value, average_attn_weights=False)
+
+
 @pytest.mark.filterwarnings("ignore:Support for mismatched")   # a float attn_mask with a bool key_padding_mask
 @pytest.mark.parametrize("config", ["default", "bias_kv", "zero_attn", "batch_first"])
 @pytest.mark.parametrize("extra", ["none", "kpm_bool"])
