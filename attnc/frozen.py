@@ -10,6 +10,7 @@ those packs. The module itself stays as it was; editing it after freezing
 changes nothing in the frozen one, as an ONNX Runtime session or OpenVINO's
 compiled model keeps the weights it was built with.
 """
+import copy
 import inspect
 
 import numpy as np
@@ -150,3 +151,152 @@ class FrozenAttention:
             raise TypeError(f"attention_mask: {self._kind}'s forward takes no mask")
         return _C.self_attention(x, self._params, self._spec, attention_mask, self._dtype, 0.0, False, None,
                                  return_weights, None, False, self._packed)
+
+
+def _read_only(array):
+    """A copy of `array` no one can make writable (an array over a bytes
+    object, as freeze_module's copies)."""
+    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
+
+
+class FrozenMultiheadAttention:
+    """`attnc.nn.MultiheadAttention`'s eval-mode forward, with its parameters frozen.
+
+    Made by the module's ``freeze()``. Calls take the module's forward
+    arguments and return what its eval-mode forward returned at the moment
+    it was frozen, bit for bit (no dropout; the same bits for any thread
+    count). It holds its own read-only copy of the parameters: later edits
+    to the module, in place or by assignment, do not reach it (freeze again
+    to take them). Its self-attention calls, the module's one C call
+    (`query`, `key` and `value` one array, no masks, the stacked
+    ``in_proj_weight``, neither ``add_bias_kv`` nor ``add_zero_attn``), read
+    the in-projection and output projection weights packed once, as
+    `FrozenAttention` does; its other calls pack them per call, as the
+    module's.
+
+    Parameters
+    ----------
+    module : attnc.nn.MultiheadAttention
+        The module whose forward it reproduces.
+
+    Raises
+    ------
+    TypeError
+        If `module` is not an ``attnc.nn.MultiheadAttention``, or is a
+        subclass that overrides ``forward`` (or ``__call__``).
+    ValueError, TypeError
+        If a parameter or size was replaced by a wrong value (naming it),
+        as a forward would raise.
+    MemoryError
+        If the copies or the packed weights cannot be allocated.
+
+    Notes
+    -----
+    Memory: the parameters' copy plus, with the stacked ``in_proj_weight``,
+    the packed projection weights (see `FrozenAttention`). After
+    ``attnc._C.set_simd_level`` to a level with other kernels, the
+    products pack per call. A frozen module cannot be trained and has no
+    backward; its attributes cannot be set; it pickles as the module it
+    copies (and packs again when loaded).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnc
+    >>> mha = attnc.nn.MultiheadAttention(8, 2, batch_first=True, rng=np.random.default_rng(0)).eval()
+    >>> frozen = mha.freeze()
+    >>> x = np.random.default_rng(1).normal(size=(2, 3, 8))
+    >>> bool(np.array_equal(frozen(x, x, x)[0], mha(x, x, x)[0]))
+    True
+    >>> mha.out_proj.weight[...] = 0  # the frozen copy keeps its weights
+    >>> bool(np.array_equal(frozen(x, x, x)[0], mha(x, x, x)[0]))
+    False
+    """
+
+    __slots__ = ("_module", "_checked")
+
+    def __init__(self, module):
+        from .multihead import _FUSED_NAMES, _PARAMETERS, MultiheadAttention  # (multihead.py imports this file)
+        if not isinstance(module, MultiheadAttention):
+            raise TypeError(f"module: expected an attnc.nn.MultiheadAttention, got {type(module).__name__}")
+        for method in ("forward", "__call__", "_forward", "_self_attention"):  # what a call of the module runs
+            if getattr(type(module), method) is not getattr(MultiheadAttention, method):
+                raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
+                                f"MultiheadAttention's forward only")
+        geometry = module._geometry()
+        _, params = module._checked_parameters(geometry)
+        frozen = {name: None if value is None else _read_only(value) for name, value in params.items()}
+        packed = None
+        if not geometry.separate:  # the self-attention call's weights: copied and packed together
+            e = geometry.embed_dim
+            spec = (_FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True)
+            copies, packed = _C.freeze_module(tuple(params[name] for name in _FUSED_NAMES), spec, module.dtype)
+            frozen.update(zip(_FUSED_NAMES, copies))
+        # a private eval-mode copy computes with the frozen arrays (set past __setattr__, which would make
+        # writable copies of them), out_proj a copy of its own; no gradient buffers
+        private = copy.copy(module)
+        private.out_proj = copy.copy(module.out_proj)
+        for owner in (private, private.out_proj):
+            object.__setattr__(owner, "_grads", {})
+        private.eval()
+        for name in _PARAMETERS:
+            owner, attribute = private._owner_of(name)
+            object.__setattr__(owner, attribute, frozen[name])
+        object.__setattr__(private, "_packed", packed)
+        object.__setattr__(self, "_module", private)
+        # its sizes and parameters, read and checked once (a call's forward would read the same)
+        object.__setattr__(self, "_checked", (geometry, *private._checked_parameters(geometry)))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{name}: a FrozenMultiheadAttention's attributes cannot be set (freeze the module "
+                             f"again)")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{name}: a FrozenMultiheadAttention's attributes cannot be deleted")
+
+    def __reduce__(self):
+        return FrozenMultiheadAttention, (self._module,)  # (its state without the packs: made again when loaded)
+
+    def __copy__(self):
+        return self  # nothing in it changes
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __repr__(self):
+        m = self._module
+        return (f"FrozenMultiheadAttention(embed_dim={m.embed_dim}, num_heads={m.num_heads}, "
+                f"batch_first={m.batch_first}, dtype={np.dtype(m.dtype).name})")
+
+    @property
+    def dtype(self):
+        """The frozen module's dtype (its parameters' and results')."""
+        return self._module.dtype
+
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                 average_attn_weights=True, is_causal=False):
+        """The module's eval-mode forward with the frozen parameters.
+
+        Parameters
+        ----------
+        query, key, value : array_like
+            As `attnc.nn.MultiheadAttention.forward` takes them.
+        key_padding_mask, attn_mask : array_like, optional
+            The masks, in torch's convention, as the forward takes them.
+        need_weights, average_attn_weights, is_causal : bool, optional
+            As the forward takes them.
+
+        Returns
+        -------
+        attn_output : ndarray
+            What the module's eval-mode forward returns.
+        attn_weights : ndarray or None
+            Likewise (None without `need_weights`).
+
+        Raises
+        ------
+        ValueError, TypeError
+            As the module's forward, naming the argument.
+        """
+        return self._module._forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                     average_attn_weights, is_causal, self._checked)

@@ -17,6 +17,7 @@ from . import _C
 from ._checks import as_array, divides, flag, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
+from .frozen import FrozenMultiheadAttention
 from .functional import (_widened, linear, linear_backward, scaled_dot_product_attention,
                          scaled_dot_product_attention_backward)
 from .module import Linear, Module, _grad_dtype, _initial_values, _sized_by
@@ -203,10 +204,53 @@ class MultiheadAttention(Module):
         self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
         self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
 
+    # A frozen copy's packs of its in_proj_weight and out_proj.weight (FrozenMultiheadAttention)
+    _packed = None
+
     def __setattr__(self, name, value):
         if name in ("batch_first", "add_zero_attn"):  # kept as bools, whenever set
             value = flag(value, name)
         super().__setattr__(name, value)
+
+    def __getstate__(self):
+        """As Module's, without a frozen copy's packs (a capsule: freezing
+        makes them again)."""
+        state = super().__getstate__()
+        state.pop("_packed", None)
+        return state
+
+    def freeze(self):
+        """A frozen copy of this module for inference: `FrozenMultiheadAttention`.
+
+        Its calls take `forward`'s arguments and return this module's
+        eval-mode forward as of now, bit for bit; its self-attention calls
+        (query, key and value one array, no masks, the stacked
+        in_proj_weight) read the projection weights packed once instead of
+        at every call. Later edits to this module do not reach it.
+
+        Returns
+        -------
+        FrozenMultiheadAttention
+
+        Raises
+        ------
+        TypeError
+            If this module's class overrides ``forward`` (or ``__call__``).
+        ValueError, TypeError
+            If a parameter or size was replaced by a wrong value (naming
+            it), as a forward would.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import attnc
+        >>> mha = attnc.nn.MultiheadAttention(8, 2, rng=np.random.default_rng(0))
+        >>> x = np.random.default_rng(1).normal(size=(3, 2, 8))  # (L, N, E)
+        >>> out, weights = mha.freeze()(x, x, x)
+        >>> bool(np.array_equal(out, mha.eval()(x, x, x)[0]))
+        True
+        """
+        return FrozenMultiheadAttention(self)
 
     # -- forward ---------------------------------------------------------------
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -302,11 +346,21 @@ class MultiheadAttention(Module):
         >>> print(weights[0, 0, 0])  # the first query sees the first key only
         [1. 0. 0. 0. 0.]
         """
+        return self._forward(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                             is_causal)
+
+    def _forward(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                 is_causal, frozen=None):
+        """forward; with `frozen`, a frozen copy's (geometry, given, params),
+        read and checked once when it was made, instead of at every call."""
         need_weights, average_attn_weights = flag(need_weights, "need_weights"), flag(average_attn_weights,
                                                                                         "average_attn_weights")
         is_causal = flag(is_causal, "is_causal")
-        geometry = self._geometry()
-        given, params = self._checked_parameters(geometry)
+        if frozen is None:
+            geometry = self._geometry()
+            given, params = self._checked_parameters(geometry)
+        else:
+            geometry, given, params = frozen
         training = self.training  # read once: another thread may switch the mode
         p = _C.probability(self.dropout, name="dropout") if training else 0.0
         if is_causal and attn_mask is None:
@@ -346,13 +400,15 @@ class MultiheadAttention(Module):
         the in-projection fused, instead of projection, attention and output
         projection called one by one from Python, with the same bits (each
         product's elements summed in one K order, the attention the same
-        kernel's)."""
+        kernel's). A frozen copy's call reads the packs of its weights
+        (_packed: what freeze_module made of exactly these arrays; None, and
+        ignored for any others, otherwise)."""
         e = geometry.embed_dim
         spec = (_FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True)
         weights_and_biases = tuple(params[name] for name in _FUSED_NAMES)
         try:
             result = _C.self_attention(x, weights_and_biases, spec, None, self.dtype, 0.0, False, None, need_weights,
-                                       None, False)
+                                       None, False, self._packed)
         except MemoryError as error:
             raise _named_need_weights(error) from None
         out, weights = result if need_weights else (result, None)
@@ -376,7 +432,7 @@ class MultiheadAttention(Module):
     def _checked_parameters(self, geometry):
         """(given, params): the parameters by state_dict key as looked up now
         (a user may have replaced any), and as computed with: each in the
-        module dtype (as_parameter: the array itself when it already is
+        module dtype (_computed_with: the array itself when it already is
         one), checked against the shapes `geometry` gives. TypeError or
         ValueError naming the first that does not fit."""
         e, separate = geometry.embed_dim, geometry.separate
@@ -400,7 +456,7 @@ class MultiheadAttention(Module):
                                  f"projection weights are used), got shape {np.shape(value)}")
             if value is None:
                 raise ValueError(f"{name}: expected shape {shape}, got None")
-            params[name] = _C.as_parameter(value, name=name, dtype=self.dtype)
+            params[name] = _computed_with(value, name, self.dtype)
             if params[name].shape != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {params[name].shape}")
         return given, params
@@ -566,6 +622,16 @@ class MultiheadAttention(Module):
         grad_query, grad_key, grad_value = (_to_layout(g, batched, geometry) for g in grad_inputs)
         return (self._finish_backward(state, grads, grad_query), grad_key.astype(grad_dtypes[0], copy=False),
                 grad_value.astype(grad_dtypes[1], copy=False))
+
+
+def _computed_with(value, name, dtype):
+    """A parameter as forward computes with it: the array itself when it is
+    an aligned C-contiguous ndarray of `dtype` (read-only too: a frozen
+    copy's), else converted as an assignment converts it (as_parameter)."""
+    if (type(value) is np.ndarray and value.dtype == dtype and value.flags.c_contiguous
+            and value.flags.aligned):
+        return value
+    return _C.as_parameter(value, name=name, dtype=dtype)
 
 
 # The parameters of the self-attention path (MultiheadAttention._self_attention), as its C

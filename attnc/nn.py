@@ -2,7 +2,8 @@
 
 The documents' attention classes (their names and parameter keys), the
 building blocks Module, Linear and Dropout, and MultiheadAttention, the
-twin of torch.nn.MultiheadAttention. The documents' own multi-head class
+twin of torch.nn.MultiheadAttention (and FrozenMultiheadAttention, what its
+freeze() returns). The documents' own multi-head class
 is attnc.MultiHeadAttention, at the top level only: no two public names
 here differ only by letter case.
 """
@@ -16,10 +17,11 @@ from .attention import (
     SelfAttentionV4,
 )
 from .module import Dropout, Linear, Module
+from .frozen import FrozenMultiheadAttention
 from .multihead import MultiheadAttention
 
 __all__ = [
     "Module", "Linear", "Dropout",
     "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3", "SelfAttentionV4", "SelfAttentionInterview",
-    "SelfAttention", "MultiHeadSelfAttention", "MultiheadAttention",
+    "SelfAttention", "MultiHeadSelfAttention", "MultiheadAttention", "FrozenMultiheadAttention",
 ]

@@ -211,27 +211,39 @@ def test_frozen_from_many_threads(restore_threads):
     attnc.set_num_threads(2)
     module, x = mha((2, 77, 96, 4))
     frozen = module.freeze()
-    expected = module(x)
+    assert_same_from_threads(lambda: frozen(x), module(x))
+
+
+def assert_same_from_threads(call, expected, threads=4, calls=20):
+    """call() from several Python threads at once, `calls` times each: no
+    error, and every result `expected`'s bits."""
     results, errors = [], []
 
-    def call():
+    def run():
         try:
-            for _ in range(20):
-                results.append(frozen(x))
+            for _ in range(calls):
+                results.append(call())
         except BaseException as error:  # noqa: BLE001 (reported below)
             errors.append(error)
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for t in threads:
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for t in started:
         t.start()
-    for t in threads:
+    for t in started:
         t.join()
     assert not errors
-    assert len(results) == 80 and all(np.array_equal(r, expected) for r in results)
+    assert len(results) == threads * calls and all(np.array_equal(r, expected) for r in results)
 
 
-def test_freeze_out_of_memory_raises_and_frees():
-    module, x = mha((1, 77, 96, 4))
+@pytest.mark.parametrize("kind", ["MultiHeadAttention", "nn.MultiheadAttention"])
+def test_freeze_out_of_memory_raises_and_frees(kind):
+    if kind == "MultiHeadAttention":
+        module, x = mha((1, 77, 96, 4))
+        forward = lambda m: m(x)  # noqa: E731
+    else:
+        module = nn_mha("default")
+        (x, _, _), _ = nn_calls("default", np.float32)["self"]
+        forward = lambda m: m(x, x, x)[0]  # noqa: E731
     for n in range(2):  # the Q, K, V weights' packs, then the output projection's
         _C.fail_alloc_after(n)
         try:
@@ -239,7 +251,7 @@ def test_freeze_out_of_memory_raises_and_frees():
                 module.freeze()
         finally:
             _C.fail_alloc_after(-1)
-    np.testing.assert_array_equal(module.freeze()(x), module(x))
+    np.testing.assert_array_equal(forward(module.freeze()), forward(module))
 
 
 class Calling(attnc.MultiHeadAttention):
@@ -265,3 +277,202 @@ def test_frozen_attributes_cannot_be_set():
     with pytest.raises(AttributeError, match="^_packed: "):
         del frozen._packed
     np.testing.assert_array_equal(frozen(x), expected)
+
+
+# ----------------------------------------------------------------------------
+# attnc.nn.MultiheadAttention's freeze(): FrozenMultiheadAttention
+
+NN_CONFIGS = {"default": {}, "nobias": dict(bias=False), "batch_first": dict(batch_first=True),
+              "bias_kv": dict(add_bias_kv=True), "zero_attn": dict(add_zero_attn=True),
+              "kdim_vdim": dict(kdim=24, vdim=40)}
+
+
+def nn_mha(config, dtype=np.float32, seed=0, embed_dim=32, heads=4):
+    """An eval-mode nn.MultiheadAttention of `config`, its biases made nonzero."""
+    module = attnc.nn.MultiheadAttention(embed_dim, heads, **NN_CONFIGS[config], dtype=dtype,
+                                         rng=np.random.default_rng(seed)).eval()
+    if module.in_proj_bias is not None:
+        module.in_proj_bias[...] = np.linspace(-1, 1, 3 * embed_dim)
+        module.out_proj.bias[...] = np.linspace(1, -1, embed_dim)
+    return module
+
+
+def nn_calls(config, dtype, length=40, batch=3, embed_dim=32):
+    """{name: (args, kwargs)} of forward calls: self-attention (the one C
+    call), key and value one array, three arrays, masks, no weights,
+    unbatched."""
+    options = NN_CONFIGS[config]
+    rng = np.random.default_rng(1)
+
+    def seq(n, features, batched=True):
+        if not batched:
+            return rng.standard_normal((n, features)).astype(dtype)
+        shape = (batch, n, features) if options.get("batch_first") else (n, batch, features)
+        return rng.standard_normal(shape).astype(dtype)
+
+    kdim, vdim = options.get("kdim", embed_dim), options.get("vdim", embed_dim)
+    x, memory, single = seq(length, embed_dim), seq(length + 5, kdim), seq(length, embed_dim, batched=False)
+    value = seq(length + 5, vdim) if kdim != vdim else memory
+    padding = rng.random((batch, length + 5)) < 0.2
+    causal = np.triu(np.ones((length, length), bool), k=1)
+    calls = {"cross": ((x, memory, value), {}), "cross_padding": ((x, memory, value), {"key_padding_mask": padding}),
+             "cross_per_head": ((x, memory, value), {"average_attn_weights": False})}
+    if kdim == vdim == embed_dim:
+        calls.update({"self": ((x, x, x), {}), "self_no_weights": ((x, x, x), {"need_weights": False}),
+                      "self_per_head": ((x, x, x), {"average_attn_weights": False}),
+                      "self_causal": ((x, x, x), {"attn_mask": causal, "is_causal": True, "need_weights": False}),
+                      "self_unbatched": ((single, single, single), {})})
+    return calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("config", NN_CONFIGS)
+def test_frozen_nn_mha_has_the_module_bits(config, threads, dtype, restore_threads):
+    """Every kind of call of a frozen nn.MultiheadAttention gives the bits of
+    the module's eval-mode forward (outputs and weights); its self-attention
+    reads the packs (made only for the stacked in_proj_weight)."""
+    attnc.set_num_threads(threads)
+    module = nn_mha(config, dtype)
+    frozen = module.freeze()
+    assert (frozen._module._packed is not None) == (module.in_proj_weight is not None)
+    private = frozen._module  # computes with its frozen arrays themselves, whose pointers the packs match
+    _, params = private._checked_parameters(private._geometry())
+    assert all(params[key] is value for key, value in private.named_parameters())
+    for name, (args, kwargs) in nn_calls(config, dtype).items():
+        expected, got = module(*args, **kwargs), frozen(*args, **kwargs)
+        for e, g in zip(expected, got):
+            assert (e is None) == (g is None), name
+            if e is not None:
+                assert g.dtype == e.dtype and np.array_equal(g, e), (config, name)
+
+
+def test_frozen_nn_mha_matches_torch():
+    """The independent oracle: torch's module loaded with the same state_dict."""
+    import torch
+    module = nn_mha("default", np.float64)
+    twin = torch.nn.MultiheadAttention(32, 4, dtype=torch.float64)
+    twin.load_state_dict({key: torch.from_numpy(np.array(value)) for key, value in module.state_dict().items()})
+    frozen = module.freeze()
+    for name, (args, kwargs) in nn_calls("default", np.float64).items():
+        with torch.no_grad():
+            t_out, t_weights = twin.eval()(*(torch.from_numpy(a) for a in args),
+                                           **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                                              for k, v in kwargs.items()})
+        out, weights = frozen(*args, **kwargs)
+        assert_close(out, t_out.numpy(), np.float64, name)
+        if weights is not None:
+            assert_close(weights, t_weights.numpy(), np.float64, name)
+
+
+def test_frozen_nn_mha_is_a_snapshot():
+    """Edits to the module after freezing (in place, by assignment, a new
+    out_proj, its layout or dtype) do not reach the frozen module; they
+    reach the next freeze."""
+    module = nn_mha("default")
+    (x, _, _), _ = nn_calls("default", np.float32)["self"]
+    before = module(x, x, x)
+    frozen = module.freeze()
+    module.in_proj_weight *= 2
+    module.in_proj_bias[...] = 1
+    module.out_proj = attnc.Linear(32, 32, rng=np.random.default_rng(9))
+    module.batch_first = True
+    for got, expected in zip(frozen(x, x, x), before):
+        np.testing.assert_array_equal(got, expected)
+    module.batch_first = False
+    np.testing.assert_array_equal(module.freeze()(x, x, x)[0], module(x, x, x)[0])
+    assert not np.array_equal(module(x, x, x)[0], before[0])
+    wide = module.to(np.float64)
+    assert frozen.dtype == np.float32 and frozen(x, x, x)[0].dtype == np.float32 and wide.dtype == np.float64
+
+
+def test_frozen_nn_mha_parameters_cannot_be_made_writable():
+    for config in ("default", "bias_kv", "kdim_vdim"):
+        frozen = nn_mha(config).freeze()
+        params = [value for _, value in frozen._module.named_parameters() if value is not None]
+        assert len(params) >= 4
+        for param in params:
+            with pytest.raises(ValueError):
+                param.flags.writeable = True
+            with pytest.raises(ValueError):
+                param[...] = 0
+
+
+def test_frozen_nn_mha_packs_made_at_one_level_are_not_read_at_another(restore_threads):
+    if len(KERNEL_LEVELS) < 2:
+        pytest.skip("this CPU has one kernel level")
+    module = nn_mha("default")
+    (x, _, _), _ = nn_calls("default", np.float32)["self"]
+    frozen = module.freeze()  # at the best level
+    for level in KERNEL_LEVELS[:-1]:
+        for _ in at_level(level):
+            np.testing.assert_array_equal(frozen(x, x, x)[0], module(x, x, x)[0])
+
+
+class OverridingNN(attnc.nn.MultiheadAttention):
+    def forward(self, *args, **kwargs):
+        out, weights = super().forward(*args, **kwargs)
+        return out * 2, weights
+
+
+class CallingNN(attnc.nn.MultiheadAttention):
+    def __call__(self, query, *args, **kwargs):
+        return super().__call__(np.clip(query, -1, 1), *args, **kwargs)
+
+
+class InheritingNN(attnc.nn.MultiheadAttention):
+    pass
+
+
+def test_frozen_nn_mha_refuses_what_it_cannot_reproduce():
+    with pytest.raises(TypeError, match="^module: OverridingNN overrides forward"):
+        OverridingNN(8, 2).freeze()
+    with pytest.raises(TypeError, match="^module: CallingNN overrides __call__"):
+        CallingNN(8, 2).freeze()
+    with pytest.raises(TypeError, match="^module: expected an attnc.nn.MultiheadAttention, got MultiHeadAttention"):
+        attnc.nn.FrozenMultiheadAttention(attnc.MultiHeadAttention(8, 2))
+    sub = InheritingNN(8, 2, rng=np.random.default_rng(0)).eval()
+    x = np.ones((3, 1, 8), np.float32)
+    np.testing.assert_array_equal(sub.freeze()(x, x, x)[0], sub(x, x, x)[0])
+
+
+def test_frozen_nn_mha_names_a_bad_parameter_and_bad_input():
+    module = nn_mha("default")
+    frozen = module.freeze()
+    with pytest.raises(ValueError, match="^query: "):
+        frozen(np.ones((5, 2, 31), np.float32), np.ones((5, 2, 32)), np.ones((5, 2, 32)))
+    x = np.ones((5, 2, 32), np.float32)
+    with pytest.raises(ValueError, match="^key_padding_mask: "):
+        frozen(x, x, x, key_padding_mask=np.zeros((2, 4), bool))
+    module.in_proj_weight = np.zeros((95, 32), np.float32)
+    with pytest.raises(ValueError, match="^in_proj_weight: "):
+        module.freeze()
+    module.in_proj_weight = None
+    with pytest.raises(ValueError, match="^in_proj_weight: "):
+        module.freeze()
+
+
+def test_frozen_nn_mha_pickles_copies_and_cannot_be_set():
+    module = nn_mha("batch_first")
+    (x, _, _), _ = nn_calls("batch_first", np.float32)["self"]
+    frozen = module.freeze()
+    expected = module(x, x, x)
+    loaded = pickle.loads(pickle.dumps(frozen))
+    assert loaded._module._packed is not None
+    for got, want in zip(loaded(x, x, x), expected):
+        np.testing.assert_array_equal(got, want)
+    assert copy.copy(frozen) is frozen and copy.deepcopy(frozen) is frozen
+    assert repr(frozen) == "FrozenMultiheadAttention(embed_dim=32, num_heads=4, batch_first=True, dtype=float32)"
+    with pytest.raises(AttributeError, match="^_module: "):
+        frozen._module = module
+    with pytest.raises(AttributeError, match="^_module: "):
+        del frozen._module
+    np.testing.assert_array_equal(frozen(x, x, x)[0], expected[0])
+    assert module._packed is None and "_packed" not in pickle.loads(pickle.dumps(frozen._module)).__dict__
+
+
+def test_frozen_nn_mha_from_many_threads(restore_threads):
+    attnc.set_num_threads(2)
+    module = nn_mha("default")
+    (x, _, _), _ = nn_calls("default", np.float32)["self"]
+    frozen = module.freeze()
+    assert_same_from_threads(lambda: frozen(x, x, x, need_weights=False)[0], module(x, x, x, need_weights=False)[0])

@@ -639,9 +639,9 @@ def test_errors():
 def test_nn_exports():
     expected = {"Module", "Linear", "Dropout", "SelfAttentionV1", "SelfAttentionV2", "SelfAttentionV3",
                 "SelfAttentionV4", "SelfAttentionInterview", "SelfAttention", "MultiHeadSelfAttention",
-                "MultiheadAttention"}
+                "MultiheadAttention", "FrozenMultiheadAttention"}
     assert set(attnc.nn.__all__) == expected
-    for name in expected - {"MultiheadAttention"}:
+    for name in expected - {"MultiheadAttention", "FrozenMultiheadAttention"}:
         assert getattr(attnc.nn, name) is getattr(attnc, name), name
     assert attnc.nn.MultiheadAttention is not attnc.MultiHeadAttention
     assert not hasattr(attnc.nn, "MultiHeadAttention") and not hasattr(attnc, "MultiheadAttention")
