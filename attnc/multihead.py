@@ -239,6 +239,8 @@ class MultiheadAttention(Module):
         ValueError, TypeError
             If a parameter or size was replaced by a wrong value (naming
             it), as a forward would.
+        MemoryError
+            If the copies or the packed weights cannot be allocated.
 
         Examples
         --------

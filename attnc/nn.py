@@ -1,11 +1,11 @@
 """attnc.nn: the modules, as torch.nn holds torch's.
 
 The documents' attention classes (their names and parameter keys), the
-building blocks Module, Linear and Dropout, and MultiheadAttention, the
-twin of torch.nn.MultiheadAttention (and FrozenMultiheadAttention, what its
-freeze() returns). The documents' own multi-head class
-is attnc.MultiHeadAttention, at the top level only: no two public names
-here differ only by letter case.
+building blocks Module, Linear and Dropout, MultiheadAttention, the twin
+of torch.nn.MultiheadAttention, and FrozenMultiheadAttention, what its
+freeze() returns. The documents' own multi-head class is
+attnc.MultiHeadAttention, at the top level only: no two public names here
+differ only by letter case.
 """
 from .attention import (
     MultiHeadSelfAttention,
@@ -16,8 +16,8 @@ from .attention import (
     SelfAttentionV3,
     SelfAttentionV4,
 )
-from .module import Dropout, Linear, Module
 from .frozen import FrozenMultiheadAttention
+from .module import Dropout, Linear, Module
 from .multihead import MultiheadAttention
 
 __all__ = [
