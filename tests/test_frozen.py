@@ -1,5 +1,5 @@
-"""A frozen module (`module.freeze()`): the module's eval-mode forward with
-its weights copied once (read-only) and packed once. Oracles: the document's
+"""A frozen module (`module.freeze()`, and attnc.nn.MultiheadAttention's): the
+module's eval-mode forward with its weights copied once (read-only) and packed once. Oracles: the document's
 torch module, the float64 NumPy reference, and the module's own forward bit
 for bit (a frozen module must be the same computation with the packing done
 ahead). Its snapshot must never go stale or be writable, and packs that are

@@ -595,6 +595,29 @@ def test_nn_multihead_sums_and_averages_16_bits_in_float32(low):
     np.testing.assert_array_equal(averaged, exact.astype(np.float32).astype(low))
 
 
+@pytest.mark.parametrize("low", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_nn_mha_self_attention_in_one_call(low, simd_mode):
+    """A 16-bit nn.MultiheadAttention's eval-mode self-attention, the document
+    modules' one C call: the general path's bits (the same call with distinct
+    copies) at every kernel level, and torch's values (the float64 oracle,
+    within twice torch's own float16 / bfloat16 error)."""
+    m = attnc.nn.MultiheadAttention(32, 4, batch_first=True, dtype=low, rng=np.random.default_rng(15)).eval()
+    m.in_proj_bias[...] = np.linspace(-1, 1, 96)
+    x = normal(np.random.default_rng(16), (3, 20, 32), low)
+    one_call, general = m(x, x, x, average_attn_weights=False), m(x, x.copy(), x.copy(), average_attn_weights=False)
+    for got, expected in zip(one_call, general):
+        assert got.dtype == expected.dtype and np.array_equal(got.view(np.uint16), expected.view(np.uint16))
+    state = {key: torch.from_numpy(np.asarray(value, np.float64)) for key, value in m.state_dict().items()}
+    outputs = {}
+    for tdt in (torch.float64, torch_low(low)):
+        tm = torch.nn.MultiheadAttention(32, 4, batch_first=True, dtype=tdt)
+        tm.load_state_dict({key: value.to(tdt) for key, value in state.items()})
+        with torch.no_grad():
+            outputs[tdt] = tm.eval()(*(torch.from_numpy(np.asarray(x, np.float64)).to(tdt),) * 3)[0]
+    assert_as_close_as_torch(one_call[0], outputs[torch.float64].numpy(),
+                             outputs[torch_low(low)].double().numpy(), low, "attn_output")
+
+
 def set_dropout(module, p):
     """The dropout submodule's rate (the same attribute name in attnc and the documents)."""
     for name in ("attention_dropout", "dropout"):
