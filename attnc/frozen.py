@@ -216,7 +216,7 @@ class FrozenMultiheadAttention:
     __slots__ = ("_module", "_checked")
 
     def __init__(self, module):
-        from .multihead import _FUSED_NAMES, _PARAMETERS, MultiheadAttention  # (multihead.py imports this file)
+        from .multihead import _FUSED_NAMES, _PARAMETERS, MultiheadAttention, _fused_spec  # (it imports this file)
         if not isinstance(module, MultiheadAttention):
             raise TypeError(f"module: expected an attnc.nn.MultiheadAttention, got {type(module).__name__}")
         for method in ("forward", "__call__", "_forward", "_self_attention"):  # what a call of the module runs
@@ -228,9 +228,8 @@ class FrozenMultiheadAttention:
         frozen = {name: None if value is None else _read_only(value) for name, value in params.items()}
         packed = None
         if not geometry.separate:  # the self-attention call's weights: copied and packed together
-            e = geometry.embed_dim
-            spec = (_FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True)
-            copies, packed = _C.freeze_module(tuple(params[name] for name in _FUSED_NAMES), spec, module.dtype)
+            copies, packed = _C.freeze_module(tuple(params[name] for name in _FUSED_NAMES), _fused_spec(geometry),
+                                              module.dtype)
             frozen.update(zip(_FUSED_NAMES, copies))
         # a private eval-mode copy computes with the frozen arrays (set past __setattr__, which would make
         # writable copies of them), out_proj a copy of its own; no gradient buffers

@@ -405,12 +405,10 @@ class MultiheadAttention(Module):
         kernel's). A frozen copy's call reads the packs of its weights
         (_packed: what freeze_module made of exactly these arrays; None, and
         ignored for any others, otherwise)."""
-        e = geometry.embed_dim
-        spec = (_FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True)
         weights_and_biases = tuple(params[name] for name in _FUSED_NAMES)
         try:
-            result = _C.self_attention(x, weights_and_biases, spec, None, self.dtype, 0.0, False, None, need_weights,
-                                       None, False, self._packed)
+            result = _C.self_attention(x, weights_and_biases, _fused_spec(geometry), None, self.dtype, 0.0, False,
+                                       None, need_weights, None, False, self._packed)
         except MemoryError as error:
             raise _named_need_weights(error) from None
         out, weights = result if need_weights else (result, None)
@@ -639,6 +637,13 @@ def _computed_with(value, name, dtype):
 # The parameters of the self-attention path (MultiheadAttention._self_attention), as its C
 # module spec names them: the in-projection fused, then the output projection.
 _FUSED_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+
+
+def _fused_spec(geometry):
+    """The C module spec of the self-attention path (and of a frozen copy's
+    packs): _FUSED_NAMES, E wide everywhere, a heads axis in the weights."""
+    e = geometry.embed_dim
+    return _FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True
 
 
 def _named_need_weights(error):

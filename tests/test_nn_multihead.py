@@ -284,7 +284,8 @@ SELF_ATTENTION_SIZES = {"tiny": (E, HEADS, L, N), "77_rows": (64, 4, 77, 2), "de
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("weights", ["average", "per_head", "none"])
-@pytest.mark.parametrize("config,sizes", [(config, sizes) for config in ("default", "nobias", "batch_first", "unbatched")
+@pytest.mark.parametrize("config,sizes", [(config, sizes)
+                                          for config in ("default", "nobias", "batch_first", "unbatched")
                                           for sizes in SELF_ATTENTION_SIZES
                                           if not (config == "unbatched" and sizes == "no_items")])  # (no batch axis)
 def test_eval_self_attention_in_one_call_has_the_bits_of_the_general_path(config, sizes, weights, threads, dtype,
