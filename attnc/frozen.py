@@ -10,7 +10,6 @@ those packs. The module itself stays as it was; editing it after freezing
 changes nothing in the frozen one, as an ONNX Runtime session or OpenVINO's
 compiled model keeps the weights it was built with.
 """
-import copy
 import inspect
 
 import numpy as np
@@ -233,8 +232,8 @@ class FrozenMultiheadAttention:
             frozen.update(zip(_FUSED_NAMES, copies))
         # a private eval-mode copy computes with the frozen arrays (set past __setattr__, which would make
         # writable copies of them), out_proj a copy of its own; no gradient buffers
-        private = copy.copy(module)
-        private.out_proj = copy.copy(module.out_proj)
+        private = module._shallow_copy()
+        private.out_proj = module.out_proj._shallow_copy()
         for owner in (private, private.out_proj):
             object.__setattr__(owner, "_grads", {})
         private.eval()

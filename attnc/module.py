@@ -232,6 +232,29 @@ class Module:
             list(self._parameters), dict(self._modules), dict(self._grads)
         return state
 
+    def __copy__(self):
+        """A shallow copy, as torch's: it shares the parameters, submodules
+        and gradient buffers, but not the registries (__getstate__). The
+        module's own parameters' buffers are made now where a parameter has
+        none yet (torch's ``.grad`` lives on the shared parameter): made
+        later, on first use, each module's would have been its own, and a
+        backward of one left the other's at zero."""
+        for name in self._parameters:
+            value = self.__dict__.get(name)
+            if isinstance(value, np.ndarray):
+                try:
+                    self._grad(name, name, value)
+                except ValueError:  # a buffer changed in place: shared as it is (its use names it)
+                    pass
+        return self._shallow_copy()
+
+    def _shallow_copy(self):
+        """A copy sharing the state's values (copy.copy's, without making
+        gradient buffers)."""
+        copied = type(self).__new__(type(self))
+        copied.__setstate__(self.__getstate__())
+        return copied
+
     def __setstate__(self, state):
         """Unpickling sets attributes without __setattr__: convert the
         parameters here (out-of-band buffers may be read-only or unaligned),

@@ -293,3 +293,43 @@ def test_a_shallow_copy_has_registries_of_its_own():
     m.proj.weight[...] = 0  # an edit of the original's layer is the original's forward's
     assert not np.array_equal(m(x), before)
     np.testing.assert_array_equal(c(x), fresh(x))
+
+
+@pytest.mark.parametrize("kind", ["Linear", "nn.MultiheadAttention"])
+def test_a_shallow_copy_made_before_any_backward_shares_its_gradients(kind):
+    """Regression (audit): gradient buffers were made on first use, each module its own, so
+    a copy made before any backward kept zeros after the original's backward, and an
+    optimizer of the copy stepped with them. torch's copy shares `.grad` (it lives on the
+    shared parameter): the oracle here, copied and stepped the same way."""
+    import copy
+    torch.manual_seed(0)
+    if kind == "Linear":
+        reference = torch.nn.Linear(4, 3).double()
+        module = attnc.Linear(4, 3, dtype=np.float64)
+        x = np.random.default_rng(22).standard_normal((2, 4))
+    else:
+        reference = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+        module = attnc.nn.MultiheadAttention(8, 2, batch_first=True, dtype=np.float64)
+        x = np.random.default_rng(22).standard_normal((2, 3, 8))
+    module.load_state_dict({k: v.detach().numpy() for k, v in reference.state_dict().items()})
+    copied, reference_copy = copy.copy(module), copy.copy(reference)
+    grad_out = np.random.default_rng(23).standard_normal((2, 3) if kind == "Linear" else (2, 3, 8))
+    tx = torch.from_numpy(x)
+    if kind == "Linear":
+        module(x)
+        module.backward(grad_out)
+        reference(tx).backward(torch.from_numpy(grad_out))
+    else:
+        module(x, x, x, need_weights=False)
+        module.backward(grad_out)
+        reference(tx, tx, tx, need_weights=False)[0].backward(torch.from_numpy(grad_out))
+    expected = {name: p.grad.numpy() for name, p in reference_copy.named_parameters()}
+    grads = dict(copied.named_grads())
+    assert sorted(grads) == sorted(expected)
+    for name, grad in dict(module.named_grads()).items():
+        assert grads[name] is grad, name  # one buffer, as torch's one .grad
+        assert_close(grads[name], expected[name], np.float64, name)
+    attnc.optim.SGD(copied, lr=0.1).step()
+    torch.optim.SGD(reference_copy.parameters(), lr=0.1).step()
+    for name, value in module.state_dict().items():  # the copy's step moved the shared parameters
+        assert_close(value, reference.state_dict()[name], np.float64, name)
