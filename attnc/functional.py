@@ -9,9 +9,9 @@ if any is float64; float16 or bfloat16 if all floating inputs are that
 dtype and none is an integer or bool; else float32. Integer and bool
 inputs count as float32, and float16 with bfloat16 gives float32 (neither
 holds the other). Mixed inputs promote, never narrow (but longdouble,
-which no kernel computes in, is taken as float64). A mask or bias
-never changes the result dtype (a bias is converted to it), nor does
-``lse``. bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
+which no kernel computes in, is taken as float64). A mask or an
+``attn_bias`` never changes the result dtype (it is converted to it), nor
+does ``lse`` (``linear``'s ``bias`` is a data input, as listed above). bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
 ``import attnc`` does not import ml_dtypes (asking for "bfloat16" by name
 does). Complex, object and string inputs raise TypeError.
 
@@ -366,7 +366,10 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     -----
     A position masked by `attn_mask` has the constant score -1e20, so it
     passes no gradient to query or key (a fully masked row still passes
-    its uniform weights' gradient to value). The tiles outside every band
+    its uniform weights' gradient to value); but a NaN or inf in a hidden
+    key, which the forward keeps out of the row, reaches the row's query
+    gradient as 0 x NaN, as torch's autograd of ``masked_fill(..., -1e20)``
+    does. The tiles outside every band
     of `is_causal` or `window` are not computed. The gradients are
     bit-identical for any thread count.
 
