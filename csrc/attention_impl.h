@@ -74,10 +74,13 @@ static void FN(pack_key_tile)(FN(tile_buffers) *t, const attnc_attention_args *a
  * item has one query tile, the only one to read them (on a Xeon core, SDPA
  * of 50-77 queries 0.95-0.96x the time on one thread); with more, each
  * reads the packed slivers (SDPA (8, 12, 1024, 64) took 1.02-1.04x the
- * time with the values read in place; benchmarks/NOTES.md) */
+ * time with the values read in place; benchmarks/NOTES.md). Not values
+ * whose rows are one row (a zero row stride, a broadcast): the
+ * micro-kernel's b_rs 0 names a packed sliver, so it would read that row
+ * as one (past its end); packed, they give the same bits. */
 static idx_t FN(values_in_place)(const FN(tile_buffers) *t, const attnc_attention_args *a)
 {
-    return ELEM_IS_REAL && !t->pairs && a->L <= BLOCK_Q ? a->Ev / GEMM_NR * GEMM_NR : 0;
+    return ELEM_IS_REAL && !t->pairs && a->L <= BLOCK_Q && a->v.row_stride != 0 ? a->Ev / GEMM_NR * GEMM_NR : 0;
 }
 
 /* v_pack <- the columns of values [j0, j0+nk) of the item not read in

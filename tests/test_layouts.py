@@ -253,3 +253,21 @@ def test_functional_empty():
     out, w = F.scaled_dot_product_attention(q, k, v, return_weights=True)
     assert out.shape == (0, 3, 5, 6) and w.shape == (0, 3, 5, 7)
     assert attnc.Dropout(0.5)(np.zeros((0, 3), np.float32)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("L, Ev", [(17, 32), (50, 64), (96, 16), (97, 64), (300, 128)])
+def test_broadcast_value_rows_give_the_copy_bits(simd_mode, dtype, L, Ev):
+    """Regression (fuzzing): value rows one row apart by a zero stride (np.broadcast_to,
+    v[None]) were read in place as if they were a packed sliver (whose step the kernels
+    mark with a zero stride): past the row's end, a segfault or the next rows' values.
+    Bits of the contiguous copy, and every query's output that row (float64 NumPy)."""
+    rng = np.random.default_rng(31)
+    q = rng.standard_normal((2, L, 8)).astype(dtype)
+    k = rng.standard_normal((2, 5, 8)).astype(dtype)
+    block = np.full((4, Ev), 1000, dtype)  # the row, then rows a wrong read would find
+    block[0] = rng.standard_normal(Ev)
+    v = np.broadcast_to(block[:1], (2, 5, Ev))
+    out = F.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_array_equal(out, F.scaled_dot_product_attention(q, k, v.copy()))
+    assert_close(out, np.broadcast_to(block[0].astype(np.float64), out.shape), dtype)
