@@ -1301,7 +1301,8 @@ done:
 /*    heads_axis, fused)                                                    */
 /* names: the state_dict keys of params, in order: the Q, K, V weight and   */
 /* bias (fused: the one (3 * qk_dim, in_dim) weight and bias), then the     */
-/* output projection's weight and bias when out_dim >= 0.                   */
+/* output projection's weight and bias when out_dim >= 0. heads_axis: the  */
+/* weights and mask have a heads axis (needed when n_heads > 1).            */
 
 typedef struct {
     PyObject *names, *dropout_name;
@@ -1317,7 +1318,8 @@ static int parse_spec(PyObject *obj, module_spec *s)
         return 0;
     s->n_params = (s->fused ? 2 : 6) + (s->out_dim >= 0 ? 2 : 0);
     if (PyTuple_GET_SIZE(s->names) == s->n_params && s->in_dim > 0 && s->n_heads > 0 && s->qk_dim % s->n_heads == 0 &&
-        s->v_dim % s->n_heads == 0 && s->qk_dim > 0 && s->v_dim > 0 && (!s->fused || s->qk_dim == s->v_dim))
+        s->v_dim % s->n_heads == 0 && s->qk_dim > 0 && s->v_dim > 0 && (!s->fused || s->qk_dim == s->v_dim) &&
+        (s->heads_axis || s->n_heads == 1)) /* the weights and mask have a heads axis with several heads */
         return 1;
     PyErr_Format(PyExc_ValueError, "spec: inconsistent module description %R", obj);
     return 0;
@@ -2017,7 +2019,7 @@ static PyMethodDef methods[] = {
      "rng=None, return_weights=False, scale=None, save=False, packed=None)\n--\n\n"
      "A whole module forward. params: the parameter arrays in the order of spec's names; spec: "
      "(names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused), built at the "
-     "module's construction. scale None: 1/sqrt(qk_dim // n_heads). save: also return what the backward needs, "
+     "module's construction (heads_axis: the weights and mask have a heads axis, needed when n_heads > 1). scale None: 1/sqrt(qk_dim // n_heads). save: also return what the backward needs, "
      "as (result, saved). packed: what freeze_module returned for these params (else ignored)."},
     {"freeze_module", FN(py_freeze_module), KW,
      "freeze_module($module, /, params, spec, dtype)\n--\n\n"

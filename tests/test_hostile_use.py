@@ -1602,3 +1602,29 @@ def test_result_dtype_reads_its_arguments_as_given():
             return np.ones(3, np.float16)
 
     assert attnc._C.result_dtype(marker_a=GrowsTheDict(), marker_b=np.ones(2, np.float16)) == np.float16
+
+
+@pytest.mark.parametrize("heads_axis, heads, ok", [(False, 8, False), (False, 1, True), (True, 8, True), (True, 1, True)])
+def test_self_attention_spec_without_a_heads_axis_for_several_heads_is_refused(heads_axis, heads, ok):
+    """Regression (fuzzing): attnc._C.self_attention took a spec of several heads without a
+    heads axis: the weights were allocated without it and the kernel wrote every head's
+    (a heap overflow: "double free or corruption", or a segfault). One head without the
+    axis, or any count with it, is a description the modules use: the weights against
+    float64 NumPy's attention of the same projections."""
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    w = [rng.standard_normal((16, 16)).astype(np.float32) * 0.2 for _ in range(3)]
+    params = (w[0], None, w[1], None, w[2], None)
+    spec = (("a", "b", "c", "d", "e", "f"), "p", (16, 16, 16, -1), heads, heads_axis, False)
+    call = lambda: attnc._C.self_attention(x, params, spec, None, np.float32, 0.0, False, None, True)  # noqa: E731
+    if not ok:
+        with pytest.raises(ValueError, match="spec: inconsistent"):
+            call()
+        return
+    out, weights = call()
+    q, k = (x.astype(np.float64) @ m.T.astype(np.float64) for m in w[:2])
+    split = lambda t: t.reshape(2, 5, heads, 16 // heads).swapaxes(1, 2)  # noqa: E731
+    scores = split(q) @ split(k).swapaxes(-1, -2) / np.sqrt(16 // heads)
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(weights, expected if heads_axis else expected[:, 0], rtol=2e-5, atol=2e-6)
