@@ -64,6 +64,15 @@ def _nonnegative(value, name):
     return number
 
 
+_COUNT_LIMIT = 2 ** 63  # a state count's bound: int64's (AdamW's 1 - beta ** step needs it as a float)
+
+
+try:  # (first byte, one past the last) of the memory an array spans
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds  # NumPy 2
+except ImportError:  # NumPy 1
+    _byte_bounds = np.byte_bounds
+
+
 def _may_overlap_itself(array):
     """True when two elements of `array` may share memory (a zero stride
     along an axis of more than one element, or strides that interleave):
@@ -161,8 +170,10 @@ class Optimizer:
             construction to a value the constructor refuses (checked at
             every step); naming the entry, with no parameter updated, if
             an entry of `state` was set to an array of another shape or
-            dtype, read-only or with elements sharing memory, to a
-            negative step count, or an AdamW state lost some entries.
+            dtype, read-only or with elements sharing memory, to an
+            array sharing memory with another the step reads or writes (a
+            parameter, a gradient buffer, another entry), to a step count
+            below 0 or from 2**63 on, or an AdamW state lost some entries.
         TypeError
             Naming the setting, for a hyper-parameter attribute set to
             something that is not a real number; naming the entry, with
@@ -195,6 +206,7 @@ class Optimizer:
                                  f"{param.shape} and dtype {param.dtype} (was {before[0]}, {before[1]}); "
                                  "its optimizer state cannot follow it: make a new optimizer")
             self._check_state(name, param)
+        self._check_apart(triples)
         for name, param, grad in triples:
             state = self.state.setdefault(name, {})
             if param.dtype.itemsize == 2:  # float16, bfloat16: in float32, rounded once into param
@@ -244,8 +256,39 @@ class Optimizer:
             count = state[key]
             if isinstance(count, bool) or not isinstance(count, numbers.Integral):
                 raise TypeError(f"{where}[{key!r}]: expected an int >= 0, got {type(count).__name__} {count!r}")
-            if count < 0:
-                raise ValueError(f"{where}[{key!r}]: expected an int >= 0, got {count!r}")
+            if not 0 <= count < _COUNT_LIMIT:  # (a float power of a larger one overflows)
+                raise ValueError(f"{where}[{key!r}]: expected an int >= 0 and below 2**63, got {count!r}")
+
+    def _check_apart(self, triples):
+        """Every array step() writes in place (the parameters and their state
+        arrays) shares no memory with another it reads or writes (those and
+        the gradient buffers, which it only reads): else the update's result
+        would depend on the order of its writes (two state entries one array,
+        a state entry that is a gradient buffer). ValueError naming both;
+        checked before any parameter is updated. By the arrays' byte spans:
+        sufficient, not exact (two interleaved views of one buffer are
+        refused too); only where some array is a view, or one array comes
+        twice (arrays that own their memory, as the module's and the
+        optimizer's own, never share it)."""
+        entries = []
+        for name, param, grad in triples:
+            entries += [(name, param, True), (f"the gradient buffer of {name}", grad, False)]
+            state = self.state.get(name) or {}
+            entries += [(f"state[{name!r}][{key!r}]", state[key], True) for key in self._state_arrays
+                        if isinstance(state.get(key), np.ndarray)]
+        if all(array.base is None for _, array, _ in entries) and len({id(e[1]) for e in entries}) == len(entries):
+            return
+        spans = [(*_byte_bounds(array), label, written) for label, array, written in entries if array.size]
+        spans.sort(key=lambda span: span[0])
+        open_spans = []  # those not yet ended where the current one starts
+        for low, high, label, written in spans:
+            open_spans = [span for span in open_spans if span[1] > low]
+            for other in open_spans:
+                if written or other[3]:
+                    first, second = (label, other[2]) if written else (other[2], label)
+                    raise ValueError(f"{first}: shares memory with {second}, and step() writes it in place: "
+                                     "give it an array of its own")
+            open_spans.append((low, high, label, written))
 
     _state_arrays = ()  # the arrays the update rule keeps in a parameter's state
     _state_counts = ()  # its counts; with any, the state is all of these or empty

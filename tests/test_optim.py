@@ -463,3 +463,35 @@ def test_betas_are_read_once_as_given():
     betas.append(Grows(0.99))
     opt = attnc.optim.AdamW(MODULES["V2"](np.float32), betas=betas)
     assert opt.betas == (0.9, 0.99) and len(betas) == 3
+
+
+# A state entry made a view of another array the step reads or writes: (optimizer case,
+# entry, that array from (module, optimizer, last parameter's name), the other's label).
+ALIASED_STATE = [
+    ("AdamW", "exp_avg_sq", lambda m, opt, last: opt.state[last]["exp_avg"], "state[{last!r}]['exp_avg']"),
+    ("AdamW", "exp_avg", lambda m, opt, last: dict(m.named_parameters())[last], "{last}"),
+    ("SGD-momentum-decay", "momentum_buffer", lambda m, opt, last: dict(m.named_grads())[last],
+     "the gradient buffer of {last}"),
+]
+
+
+@pytest.mark.parametrize("case, entry, other, label", ALIASED_STATE,
+                         ids=[f"{c}-{e}-{i}" for i, (c, e, _, _) in enumerate(ALIASED_STATE)])
+def test_a_state_entry_sharing_memory_raises_naming_both_before_any_update(case, entry, other, label):
+    """Regression (fuzzing): entries were checked one by one, not against each other: two
+    AdamW moments one array stepped to other values than torch's (0.08 off), and a
+    momentum buffer that was the gradient buffer had the step write the gradient, which
+    steps only read."""
+    module, opt, last, _ = stepped_once(case, 7)
+    opt.state[last][entry] = other(module, opt, last)[...]  # a view of it
+    assert_step_refused(module, opt, ValueError,
+                        f"state[{last!r}][{entry!r}]: shares memory with {label.format(last=last)}")
+
+
+@pytest.mark.parametrize("count", [2 ** 63, 10 ** 400])
+def test_a_step_count_past_int64_raises_naming_it_before_any_update(count):
+    """Regression (fuzzing): a count too large for a float reached AdamW's 1 - beta ** step
+    as an OverflowError naming nothing, after the parameters before it were updated."""
+    module, opt, last, _ = stepped_once("AdamW", 8)
+    opt.state[last]["step"] = count
+    assert_step_refused(module, opt, ValueError, f"state[{last!r}]['step']: expected an int >= 0 and below 2**63")
