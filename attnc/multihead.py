@@ -425,8 +425,13 @@ class MultiheadAttention(Module):
         if head_dim != e // heads:
             raise ValueError(f"num_heads: {heads} heads of embed_dim={e} are {e // heads} "
                              f"wide, but head_dim is {head_dim}")
-        return _Geometry(e, heads, head_dim, positive_int(self.kdim, "kdim"), positive_int(self.vdim, "vdim"),
-                         not self._qkv_same_embed_dim, flag(self.batch_first, "batch_first"),
+        kdim, vdim, separate = positive_int(self.kdim, "kdim"), positive_int(self.vdim, "vdim"), \
+            not self._qkv_same_embed_dim
+        for name, size in (("kdim", kdim), ("vdim", vdim)):
+            if not separate and size != e:  # the stacked in_proj_weight projects E features of each
+                raise ValueError(f"{name}: the stacked in_proj_weight projects embed_dim={e} features of key "
+                                 f"and value, but {name} is {size}")
+        return _Geometry(e, heads, head_dim, kdim, vdim, separate, flag(self.batch_first, "batch_first"),
                          flag(self.add_zero_attn, "add_zero_attn"))
 
     def _checked_parameters(self, geometry):

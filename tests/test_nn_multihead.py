@@ -633,6 +633,23 @@ def test_errors():
         am(q.astype(complex), k, v)
 
 
+@pytest.mark.parametrize("size", ["kdim", "vdim"])
+@pytest.mark.parametrize("call", ["forward", "freeze"])
+def test_kdim_or_vdim_changed_under_the_stacked_weights_is_named(size, call):
+    """Regression (fuzzing): kdim or vdim set after construction to another size than
+    embed_dim, with the stacked in_proj_weight (which projects embed_dim features of each,
+    as torch's): a key of that size raised "x: expected last dimension (in_features)",
+    naming no argument of the forward, and freeze() took the module."""
+    am = MultiheadAttention(8, 2)
+    setattr(am, size, 4)
+    rng = np.random.default_rng(30)
+    q = rng.standard_normal((3, 1, 8))
+    k = rng.standard_normal((5, 1, 4 if size == "kdim" else 8))
+    v = rng.standard_normal((5, 1, 4 if size == "vdim" else 8))
+    with pytest.raises(ValueError, match=f"^{size}: the stacked in_proj_weight projects embed_dim=8"):
+        am(q, k, v) if call == "forward" else am.freeze()
+
+
 # ----------------------------------------------------------------------------
 # attnc.nn
 
