@@ -14,7 +14,7 @@ import numpy as np
 from .attention import (MultiHeadAttention, MultiHeadSelfAttention, SelfAttention, SelfAttentionV1, SelfAttentionV2,
                         SelfAttentionV3, SelfAttentionV4)
 from .module import Dropout, Linear
-from ._checks import module_dtype
+from ._checks import integer, module_dtype
 from .multihead import MultiheadAttention
 
 
@@ -70,7 +70,7 @@ def _multi_head_self_attention(heads):
     """MultiHeadSelfAttention's (dim_in, dim_k, dim_v, num_heads, bias); num_heads from attribute `heads`."""
     def args(module, weights):
         dim_in, dim_k, dim_v, bias = _self_attention(module, weights)
-        return dim_in, dim_k, dim_v, int(getattr(module, heads)), bias
+        return dim_in, dim_k, dim_v, integer(getattr(module, heads), heads), bias
     return args
 
 
@@ -96,7 +96,8 @@ _TWINS = {
     "MuitiHeadAttention": [_Twin(
         MultiHeadAttention,
         {name: name for name in ("query_linear", "key_linear", "value_linear", "output_linear")},
-        lambda module, weights: (weights["query_linear.weight"].shape[1], int(module.head_num)), "dropout")],
+        lambda module, weights: (weights["query_linear.weight"].shape[1], integer(module.head_num, "head_num")),
+        "dropout")],
     # 002
     "SelfattentionV1": [_Twin(SelfAttentionV1, {"querry_proj": "Q_proj", "key_proj": "K_proj",
                                                 "value_proj": "V_proj"}, _in_dim("Q_proj"))],

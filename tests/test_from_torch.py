@@ -463,3 +463,17 @@ def test_a_document_class_without_its_attributes_is_refused():
     del tm.num_heads
     with pytest.raises(TypeError, match=r"^from_torch: this MultiHeadSelfAttention lacks an attribute .*num_heads"):
         attnc.from_torch(tm)
+
+
+@pytest.mark.parametrize("make, attribute", [
+    (lambda: dm.MuitiHeadAttention(D, 3, 0.2), "head_num"),
+    (lambda: type("MultiHeadSelfAttention", (dm.MultiHeadSelfAttention003,), {})(D, 6, 6, 2), "nums_head"),
+    (lambda: dm.MultiHeadSelfAttention(D, 6, 6, 2), "num_heads")])
+@pytest.mark.parametrize("heads", [2.7, True, "3"])
+def test_a_head_count_that_is_not_an_integer_is_refused_naming_it(make, attribute, heads):
+    """Regression (fuzzing): from_torch read a document module's head count with int(), so
+    2.7 made a twin of 2 heads and True one of 1, where the attnc constructors refuse both."""
+    module = make()
+    setattr(module, attribute, heads)
+    with pytest.raises(TypeError, match=f"^{attribute}: expected an integer"):
+        attnc.from_torch(module)
