@@ -196,6 +196,10 @@ class Module:
         if isinstance(value, Module):
             if name in self._parameters:
                 raise TypeError(f"{name}: a parameter takes an array or None, got a {type(value).__name__} module")
+            if value._contains(self):
+                raise ValueError(f"{name}: the {type(value).__name__} assigned contains this module (or is it): a "
+                                 "module tree has no cycles (every walk of it, state_dict, train, repr, would "
+                                 "not end)")
             self._modules[name] = value
         elif name in self._modules:
             raise TypeError(f"{name}: a submodule takes a Module, got {type(value).__name__}")
@@ -206,6 +210,18 @@ class Module:
         elif name == "training":  # its truth, as train(mode) takes it
             value = flag(value, "training")
         object.__setattr__(self, name, value)
+
+    def _contains(self, module):
+        """Whether `module` is this module or one of its submodules, at any depth."""
+        seen, stack = set(), [self]
+        while stack:
+            current = stack.pop()
+            if current is module:
+                return True
+            if id(current) not in seen:
+                seen.add(id(current))
+                stack.extend(getattr(current, "_modules", {}).values())  # (one whose __init__ has not run: none)
+        return False
 
     def __delattr__(self, name):
         """A deleted submodule leaves the module (its forward then names it);

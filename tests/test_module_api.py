@@ -333,3 +333,26 @@ def test_a_shallow_copy_made_before_any_backward_shares_its_gradients(kind):
     torch.optim.SGD(reference_copy.parameters(), lr=0.1).step()
     for name, value in module.state_dict().items():  # the copy's step moved the shared parameters
         assert_close(value, reference.state_dict()[name], np.float64, name)
+
+
+def test_a_module_assigned_into_its_own_tree_is_refused_naming_the_attribute():
+    """Regression (fuzzing): `lin.me = lin` (or a cycle through two modules) was taken, and
+    then state_dict, named_parameters, train and repr raised RecursionError naming nothing.
+    The assignment is refused, the module left as it was; a submodule shared by two
+    attributes (no cycle) is still taken, its parameters listed once, as torch lists them."""
+    lin = attnc.Linear(2, 2, rng=np.random.default_rng(1))
+    with pytest.raises(ValueError, match="^me: the Linear assigned contains this module"):
+        lin.me = lin
+    assert not hasattr(lin, "me") and lin._modules == {}
+    outer, inner = (attnc.SelfAttentionV2(4, rng=np.random.default_rng(s)) for s in (2, 3))
+    outer.inner = inner
+    deeper = attnc.SelfAttentionV2(4, rng=np.random.default_rng(4))
+    inner.deeper = deeper
+    with pytest.raises(ValueError, match="^back: the SelfAttentionV2 assigned contains this module"):
+        deeper.back = outer
+    assert list(deeper.state_dict()) == ["proj.weight", "proj.bias"]
+    outer.again = inner  # shared, not a cycle
+    keys = ["proj.weight", "proj.bias", "inner.proj.weight", "inner.proj.bias", "inner.deeper.proj.weight",
+            "inner.deeper.proj.bias"]
+    assert [name for name, _ in outer.named_parameters()] == keys
+    assert "again" in repr(outer.train())
