@@ -46,8 +46,10 @@ def as_array(value, name):
 
 
 def is_floating(dtype):
-    """True for a floating dtype NumPy or ml_dtypes knows (bfloat16 included)."""
-    return dtype.kind == "f" or (dtype.kind == "V" and dtype == bfloat16())
+    """True for a floating dtype NumPy or ml_dtypes knows: bfloat16 and
+    ml_dtypes' float8, float6 and float4 included (some of which NumPy
+    calls kind "f", others "V", as its structured and opaque dtypes)."""
+    return dtype.kind == "f" or (dtype.kind == "V" and (dtype == bfloat16() or dtype.name.startswith("float")))
 
 
 def module_dtype(dtype):

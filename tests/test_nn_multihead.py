@@ -679,3 +679,25 @@ def test_a_huge_broadcast_mask_of_the_wrong_shape_is_named_before_it_is_converte
     huge = np.broadcast_to(np.bool_(False), (2 ** 40, 4))
     with pytest.raises(ValueError, match=f"^{name}: expected shape"):
         m(x, x, x, **{name: huge})
+
+
+@pytest.mark.parametrize("dtype_name", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "bfloat16"])
+def test_a_float_mask_of_ml_dtypes_is_a_float_mask(dtype_name):
+    """Regression (fuzzing): a float8_e5m2 key_padding_mask (NumPy kind "f") was taken and a
+    float8_e4m3fn one (kind "V") refused as "not floating", where the functional layer takes
+    both as attn_bias. Every float of ml_dtypes is a float mask: the float32 mask's bits,
+    and torch's result for it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # (in the test extras)
+    tm, am = _pair(np.float32, seed=31)
+    tm.eval(), am.eval()
+    q, k, v = _qkv(np.random.default_rng(32), np.float32, {})
+    padding = np.zeros((N, S), np.float32)
+    padding[:, -1] = -2.0  # exact in every one of these formats
+    expected = am(q, k, v, key_padding_mask=padding)
+    got = am(q, k, v, key_padding_mask=padding.astype(getattr(ml_dtypes, dtype_name)))
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    with torch.no_grad():
+        reference = tm(*(torch.from_numpy(t) for t in (q, k, v)), key_padding_mask=torch.from_numpy(padding))
+    for a, b, what in zip(got, reference, ("output", "weights")):
+        _close(a, b, np.float32, what)
