@@ -476,14 +476,71 @@ static attnc_dtype result_dtype(PyArrayObject *const *arrays, int n)
     return half ? ATTNC_F16 : ATTNC_BF16;
 }
 
+/* A view of rows [first, end) of arr along `axis`, its base `base`. */
+static PyArrayObject *rows_view(PyArrayObject *arr, int axis, npy_intp first, npy_intp end)
+{
+    npy_intp dims[NPY_MAXDIMS];
+    for (int d = 0; d < PyArray_NDIM(arr); d++) dims[d] = PyArray_DIM(arr, d);
+    dims[axis] = end - first;
+    PyArray_Descr *descr = PyArray_DESCR(arr);
+    Py_INCREF(descr);
+    PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(
+        &PyArray_Type, descr, PyArray_NDIM(arr), dims, PyArray_STRIDES(arr),
+        PyArray_BYTES(arr) + first * PyArray_STRIDE(arr, axis), NPY_ARRAY_WRITEABLE & PyArray_FLAGS(arr), NULL);
+    Py_INCREF(arr);
+    if (view && PyArray_SetBaseObject(view, (PyObject *)arr) < 0) { /* steals arr */
+        Py_DECREF(view);
+        return NULL;
+    }
+    if (!view) Py_DECREF(arr);
+    return view;
+}
+
+/* A copy of arr as a C-contiguous array of descr (stolen), made a block of
+ * COPY_BLOCK_BYTES at a time along its first axis longer than 1 (its whole
+ * rows of the axes after it), polling for Ctrl-C between blocks: NumPy's
+ * own copy holds the GIL and polls nothing (a transposed (8192, 8192)
+ * float32 input took 0.4 s to convert, Ctrl-C waiting for all of it). */
+#define COPY_BLOCK_BYTES (8 * 1024 * 1024)
+static PyArrayObject *copy_polling(PyArrayObject *arr, PyArray_Descr *descr)
+{
+    int nd = PyArray_NDIM(arr), axis = 0;
+    while (axis < nd - 1 && PyArray_DIM(arr, axis) == 1) axis++;
+    PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, PyArray_DIMS(arr), NULL,
+                                                               NULL, 0, NULL);
+    if (!out) return NULL;
+    npy_intp n = PyArray_DIM(arr, axis), row_bytes = PyArray_NBYTES(out) / n; /* (not empty: see convert) */
+    npy_intp block = row_bytes < COPY_BLOCK_BYTES ? COPY_BLOCK_BYTES / row_bytes : 1;
+    for (npy_intp first = 0; first < n; first += block) {
+        npy_intp end = n - first < block ? n : first + block;
+        PyArrayObject *src = rows_view(arr, axis, first, end), *dst = src ? rows_view(out, axis, first, end) : NULL;
+        int failed = !dst || PyArray_CopyInto(dst, src) < 0 || PyErr_CheckSignals() < 0;
+        Py_XDECREF(src);
+        Py_XDECREF(dst);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 /* arr as an aligned, native-byte-order base-class array of dt (a new
- * reference); C-contiguous too with `contiguous`. Copies only if needed. */
+ * reference); C-contiguous too with `contiguous`. Copies only if needed:
+ * a copy of more than COPY_BLOCK_BYTES a block at a time (copy_polling). */
 static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
 {
     int flags = NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
                 (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
     PyArray_Descr *descr = dtype_descr(dt);
-    return descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL) : NULL;
+    if (!descr) return NULL;
+    int fits = PyArray_CheckExact(arr) && PyArray_EquivTypes(PyArray_DESCR(arr), descr) &&
+               PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) && (!contiguous || PyArray_IS_C_CONTIGUOUS(arr));
+    idx_t out_bytes; /* (an overflowing size: FromAny's error) */
+    if (fits || !attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &out_bytes) ||
+        out_bytes <= COPY_BLOCK_BYTES)
+        return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
+    return copy_polling(arr, descr);
 }
 
 /* Replaces *arr, the argument `name`, by its conversion (see convert); 0

@@ -391,6 +391,28 @@ def test_sigint_stops_one_long_softmax_row():
         assert float(delay) < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
 
 
+def test_sigint_stops_the_copy_of_a_large_input():
+    """Regression (fuzzing): an input the kernels need in another layout or dtype was
+    copied by NumPy holding the GIL, polling nothing: Ctrl-C 10 ms into a softmax of a
+    transposed (8192, 8192) float32 array came 0.4-0.6 s later, after the whole copy.
+    Copies of more than 8 MB are made 8 MB at a time, Ctrl-C asked about between."""
+    out = _run_child("""
+        import numpy as np
+        from attnc import functional as F
+        x = np.ones((1 << 13, 1 << 13), np.float32).T
+        start = time.perf_counter()
+        np.ascontiguousarray(x)
+        copy = time.perf_counter() - start
+        for _ in range(3):
+            print("delay", sigint_delay(0.01, lambda: F.softmax(x)), "copy", copy)
+    """, timeout=300, sigint=True)
+    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
+    assert len(runs) == 3
+    for _, delay, _, copy in runs:
+        assert float(copy) > 0.1, f"the copy took {copy} s: too short to tell"
+        assert float(delay) < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (the copy: {copy} s)"
+
+
 def test_sigint_is_one_slow_question_late_not_sixteen():
     """The caller read the clock only every 16th question (a key tile, or a
     row), so when questions were slow (a head of 16384: one query tile

@@ -271,3 +271,26 @@ def test_broadcast_value_rows_give_the_copy_bits(simd_mode, dtype, L, Ev):
     out = F.scaled_dot_product_attention(q, k, v)
     np.testing.assert_array_equal(out, F.scaled_dot_product_attention(q, k, v.copy()))
     assert_close(out, np.broadcast_to(block[0].astype(np.float64), out.shape), dtype)
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng: rng.standard_normal((1200, 2600)).astype(np.float32).T,          # transposed: 12 MB
+    lambda rng: rng.standard_normal((1, 1, 2600, 1200)).astype(">f8"),           # byte-swapped, first axes 1
+    lambda rng: rng.standard_normal((3, 2600, 1200))[:, ::2],                    # strided float64
+    lambda rng: np.broadcast_to(rng.standard_normal((1, 1200)), (2600, 1200))],  # a broadcast
+    ids=["transposed", "byte-swapped", "strided", "broadcast"])
+def test_large_inputs_copied_block_by_block_give_the_copy_bits(make):
+    """Inputs of more than 8 MB in another layout or byte order are copied 8 MB at a time
+    along their first axis longer than 1 (so that Ctrl-C can stop the copy): the results
+    of the plain C-contiguous copy, bit for bit, and the inputs unchanged. softmax's against
+    float64 NumPy's."""
+    x = make(np.random.default_rng(33))
+    before = x.copy()
+    plain = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+    got = F.softmax(x, axis=-1)
+    np.testing.assert_array_equal(got, F.softmax(plain, axis=-1))
+    expected = np.exp(plain - plain.max(-1, keepdims=True))
+    assert_close(got, expected / expected.sum(-1, keepdims=True), got.dtype)
+    w = np.random.default_rng(34).standard_normal((8, x.shape[-1])).astype(got.dtype)
+    np.testing.assert_array_equal(F.linear(x, w), F.linear(plain, w))
+    np.testing.assert_array_equal(x, before)
