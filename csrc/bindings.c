@@ -476,17 +476,16 @@ static attnc_dtype result_dtype(PyArrayObject *const *arrays, int n)
     return half ? ATTNC_F16 : ATTNC_BF16;
 }
 
-/* A view of rows [first, end) of arr along `axis`, its base `base`. */
-static PyArrayObject *rows_view(PyArrayObject *arr, int axis, npy_intp first, npy_intp end)
+/* A view of arr's memory from `data`, of shape `dims` and arr's dtype and
+ * strides, writable with `writable` (if arr is), its base arr (a new
+ * reference; NULL on failure). */
+static PyArrayObject *view_of(PyArrayObject *arr, const npy_intp *dims, char *data, int writable)
 {
-    npy_intp dims[NPY_MAXDIMS];
-    for (int d = 0; d < PyArray_NDIM(arr); d++) dims[d] = PyArray_DIM(arr, d);
-    dims[axis] = end - first;
     PyArray_Descr *descr = PyArray_DESCR(arr);
     Py_INCREF(descr);
     PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(
-        &PyArray_Type, descr, PyArray_NDIM(arr), dims, PyArray_STRIDES(arr),
-        PyArray_BYTES(arr) + first * PyArray_STRIDE(arr, axis), NPY_ARRAY_WRITEABLE & PyArray_FLAGS(arr), NULL);
+        &PyArray_Type, descr, PyArray_NDIM(arr), (npy_intp *)dims, PyArray_STRIDES(arr), data,
+        writable ? NPY_ARRAY_WRITEABLE & PyArray_FLAGS(arr) : 0, NULL);
     Py_INCREF(arr);
     if (view && PyArray_SetBaseObject(view, (PyObject *)arr) < 0) { /* steals arr */
         Py_DECREF(view);
@@ -494,6 +493,15 @@ static PyArrayObject *rows_view(PyArrayObject *arr, int axis, npy_intp first, np
     }
     if (!view) Py_DECREF(arr);
     return view;
+}
+
+/* A view of rows [first, end) of arr along `axis` (writable if arr is). */
+static PyArrayObject *rows_view(PyArrayObject *arr, int axis, npy_intp first, npy_intp end)
+{
+    npy_intp dims[NPY_MAXDIMS];
+    for (int d = 0; d < PyArray_NDIM(arr); d++) dims[d] = PyArray_DIM(arr, d);
+    dims[axis] = end - first;
+    return view_of(arr, dims, PyArray_BYTES(arr) + first * PyArray_STRIDE(arr, axis), 1);
 }
 
 /* A copy of arr as a C-contiguous array of descr (stolen), made a block of
@@ -575,17 +583,7 @@ static PyArrayObject *repeats_cut(PyArrayObject *arr, int cut_last)
         Py_INCREF(arr);
         return arr;
     }
-    PyArray_Descr *descr = PyArray_DESCR(arr);
-    Py_INCREF(descr);
-    PyArrayObject *view = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, PyArray_STRIDES(arr),
-                                                                PyArray_DATA(arr), 0, NULL);
-    Py_INCREF(arr);
-    if (view && PyArray_SetBaseObject(view, (PyObject *)arr) < 0) { /* steals arr */
-        Py_DECREF(view);
-        return NULL;
-    }
-    if (!view) Py_DECREF(arr);
-    return view;
+    return view_of(arr, dims, PyArray_BYTES(arr), 0);
 }
 
 /* Whether arr, written out in dt, would fit in this machine's memory (1 if
