@@ -11,9 +11,10 @@ inputs count as float32, and float16 with bfloat16 gives float32 (neither
 holds the other). Mixed inputs promote, never narrow (but longdouble,
 which no kernel computes in, is taken as float64). A mask or an
 ``attn_bias`` never changes the result dtype (it is converted to it), nor
-does ``lse`` (``linear``'s ``bias`` is a data input, as listed above). bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``);
-``import attnc`` does not import ml_dtypes (asking for "bfloat16" by name
-does). Complex, object and string inputs raise TypeError.
+does ``lse`` (``linear``'s ``bias`` is a data input, as listed above).
+bfloat16 is ``ml_dtypes.bfloat16`` (``pip install ml_dtypes``); ``import
+attnc`` does not import ml_dtypes (asking for "bfloat16" by name does).
+Complex, object and string inputs raise TypeError.
 
 float16 and bfloat16 are stored in 16 bits and computed in float32:
 products are accumulated, softmax and log-sum-exp taken in float32, and

@@ -542,8 +542,8 @@ static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous
                 (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
     PyArray_Descr *descr = dtype_descr(dt);
     if (!descr) return NULL;
-    int fits = PyArray_CheckExact(arr) && PyArray_EquivTypes(PyArray_DESCR(arr), descr) &&
-               PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) && (!contiguous || PyArray_IS_C_CONTIGUOUS(arr));
+    int fits = PyArray_EquivTypes(PyArray_DESCR(arr), descr) && PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) &&
+               (!contiguous || PyArray_IS_C_CONTIGUOUS(arr)); /* (arr is a base-class array: real_array) */
     idx_t out_bytes; /* (an overflowing size: FromAny's error) */
     if (fits || !attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &out_bytes) ||
         out_bytes <= COPY_BLOCK_BYTES)
