@@ -46,6 +46,13 @@ def sigint_delay(seconds, call):
 """
 
 
+def _delay_runs(out, count):
+    """The child's lines "delay <s> <what> <s>" as (delay, what's seconds), `count` of them."""
+    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
+    assert len(runs) == count, out
+    return [(float(delay), float(other)) for _, delay, _, other in runs]
+
+
 def _run_child(code, timeout=120, sigint=False):
     """Runs `code` in a fresh interpreter (same environment), after
     _SIGINT_AFTER with `sigint`; returns its stdout."""
@@ -385,10 +392,8 @@ def test_sigint_stops_one_long_softmax_row():
         for _ in range(3):
             print("delay", sigint_delay(0.02, lambda: F.softmax(x)), "whole", whole)
     """, timeout=300, sigint=True)
-    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
-    assert len(runs) == 3
-    for _, delay, _, whole in runs:
-        assert float(delay) < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
+    for delay, whole in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
 
 
 def test_sigint_stops_the_copy_of_a_large_input():
@@ -406,11 +411,9 @@ def test_sigint_stops_the_copy_of_a_large_input():
         for _ in range(3):
             print("delay", sigint_delay(0.01, lambda: F.softmax(x)), "copy", copy)
     """, timeout=300, sigint=True)
-    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
-    assert len(runs) == 3
-    for _, delay, _, copy in runs:
-        assert float(copy) > 0.1, f"the copy took {copy} s: too short to tell"
-        assert float(delay) < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (the copy: {copy} s)"
+    for delay, copy in _delay_runs(out, 3):
+        assert copy > 0.1, f"the copy took {copy} s: too short to tell"
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (the copy: {copy} s)"
 
 
 def test_sigint_is_one_slow_question_late_not_sixteen():
@@ -438,10 +441,7 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
         for _ in range(4):
             print("delay", sigint_delay(0.03, lambda: F.scaled_dot_product_attention(q, k, k)), "question", question)
     """, timeout=300, sigint=True)
-    runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
-    assert len(runs) == 4
-    for _, delay, _, question in runs:
-        delay, question = float(delay), float(question)
+    for delay, question in _delay_runs(out, 4):
         assert delay < 0.03 + 2 * question, f"KeyboardInterrupt {delay:.3f} s after SIGINT, a question {question:.3f} s"
 
 
