@@ -443,9 +443,9 @@ class _Grouped:
         heads, kv_heads = query.shape[-3], key.shape[-3]
         if value.shape[-3] != kv_heads:
             raise ValueError(f"value: expected {kv_heads} heads (as key), got {value.shape[-3]}")
-        if kv_heads == 0 or heads % kv_heads:
+        if heads % kv_heads if kv_heads else heads:  # no heads of either: a zero-size batch, an empty result
             raise ValueError(f"key: {kv_heads} key/value heads do not divide the query's {heads} heads")
-        self.heads, self.kv_heads, self.group = heads, kv_heads, heads // kv_heads
+        self.heads, self.kv_heads, self.group = heads, kv_heads, heads // kv_heads if kv_heads else 1
         # the forward's out is (batch, H, L, Ev), lse (batch, H, L)
         batch = _broadcast_shape(query.shape[:-3], key.shape[:-3], value.shape[:-3])
         self.result_shape = None if batch is None else batch + (heads, query.shape[-2], value.shape[-1])

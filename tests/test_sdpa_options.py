@@ -615,3 +615,19 @@ def test_gqa_backward_names_the_forwards_shape(wrong):
     args[wrong] = args[wrong][0]
     with pytest.raises(ValueError, match=rf"^{wrong}: expected shape {re.escape(str(expected))}"):
         F.scaled_dot_product_attention_backward(args["grad_out"], q, k, v, args["out"], args["lse"], enable_gqa=True)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(0, 0), (0, 2)])
+def test_gqa_with_no_heads_is_a_zero_size_batch(heads, kv_heads):
+    """Regression (a review helper, 2026-12-01): enable_gqa refused a query and key with no
+    heads at all ("0 key/value heads do not divide the query's 0 heads"); without grouping,
+    and in torch with it, that is a zero-size batch with an empty result (docs/API.md). Shapes
+    and the backward's against torch's SDPA; heads without key/value heads stay refused."""
+    q, k, v = np.zeros((1, heads, 3, 4)), np.zeros((1, kv_heads, 5, 4)), np.zeros((1, kv_heads, 5, 2))
+    expected = TF.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), enable_gqa=True).shape
+    out, lse = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_lse=True)
+    assert out.shape == tuple(expected) == (1, 0, 3, 2) and lse.shape == (1, 0, 3)
+    grads = F.scaled_dot_product_attention_backward(np.zeros_like(out), q, k, v, out, lse, enable_gqa=True)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    with pytest.raises(ValueError, match="^key: 0 key/value heads do not divide the query's 4 heads"):
+        F.scaled_dot_product_attention(np.zeros((1, 4, 3, 4)), k[:, :0], v[:, :0], enable_gqa=True)
