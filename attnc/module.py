@@ -50,15 +50,18 @@ _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", 
 
 def _grad_dtype(x, module_dtype):
     """The dtype of the gradient with respect to input x: x's when it is a
-    floating array of 16 bits or more (as torch's x.grad), else the module's
-    (a float8 x's gradient would keep 2 or 3 mantissa bits)."""
+    floating array of 16 bits or more (as torch's x.grad), in native byte
+    order as every result, else the module's (a float8 x's gradient would
+    keep 2 or 3 mantissa bits)."""
     dtype = getattr(x, "dtype", None)
     if dtype is not None and not isinstance(dtype, np.dtype):  # a torch tensor's: torch.float64 ...
         try:
             dtype = np.dtype(str(dtype).removeprefix("torch."))
         except TypeError:
             dtype = None
-    return dtype if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2 else module_dtype
+    if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2:
+        return dtype.newbyteorder("=")
+    return module_dtype
 
 
 # The arguments a module's constructor names its parameters' sizes by, while it

@@ -294,3 +294,31 @@ def test_large_inputs_copied_block_by_block_give_the_copy_bits(make):
     w = np.random.default_rng(34).standard_normal((8, x.shape[-1])).astype(got.dtype)
     np.testing.assert_array_equal(F.linear(x, w), F.linear(plain, w))
     np.testing.assert_array_equal(x, before)
+
+
+@pytest.mark.parametrize("order", [">", "<"], ids=["big", "little"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=["f16", "f32", "f64"])
+def test_gradients_of_byte_swapped_inputs_come_in_native_order(order, dtype):
+    """Regression (a review helper, 2026-12-01): a module's backward returned the gradient of a
+    byte-swapped x in x's byte order ('>f4'), though every other result is native. Now the
+    native dtype of x's width, with the bits of the native input's gradient; so for
+    nn.MultiheadAttention's key and value gradients."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 5, 8)).astype(dtype)
+    swapped = x.astype(x.dtype.newbyteorder(order))
+    m = attnc.MultiHeadAttention(8, 2, dropout=0.0).train()
+    g = rng.standard_normal((2, 5, 8))
+    m(x)
+    expected = m.backward(g)
+    m(swapped)
+    got = m.backward(g)
+    assert got.dtype == np.dtype(dtype) and got.dtype.isnative
+    np.testing.assert_array_equal(got, expected)
+    nn = attnc.nn.MultiheadAttention(8, 2, batch_first=True).train()
+    nn(x, x, x)
+    expected = nn.backward(g)
+    nn(swapped, x.copy(), swapped)
+    got = nn.backward(g)
+    for e, a in zip(expected, got):
+        assert a.dtype == np.dtype(dtype) and a.dtype.isnative
+        np.testing.assert_array_equal(a, e)
