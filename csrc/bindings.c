@@ -92,17 +92,19 @@ static int kernel_ok(attnc_status status, const char *function)
 /* ======================================================================== */
 /* scalar arguments                                                         */
 
-/* Replaces a TypeError, ValueError or RuntimeError (torch's, for a tensor
- * of several elements asked for its truth) being raised by one of the same
- * type whose message starts with `name` (the original becomes its
- * __cause__). */
+/* Replaces a TypeError, ValueError, OverflowError or RuntimeError (torch's,
+ * for a tensor of several elements asked for its truth) being raised by
+ * one of the same type whose message starts with `name` (the original
+ * becomes its __cause__). */
 static void name_the_error(const char *name)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     /* a MemoryError of any kind (NumPy's own takes other arguments) as a
      * plain one */
-    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_RuntimeError ? type
+    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_RuntimeError ||
+                              type == PyExc_OverflowError
+                          ? type
                       : type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ? PyExc_MemoryError
                                                                                     : NULL;
     if (!named) {
@@ -228,6 +230,14 @@ static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
     *out = PyLong_AsLongAndOverflow(index, overflow);
     Py_DECREF(index);
     return !(*out == -1 && PyErr_Occurred());
+}
+
+/* Whether obj is a tuple (the module calls' params, spec and saved). */
+static int tuple_argument(PyObject *obj, const char *name)
+{
+    if (PyTuple_Check(obj)) return 1;
+    PyErr_Format(PyExc_TypeError, "%s: expected a tuple, got %s", name, Py_TYPE(obj)->tp_name);
+    return 0;
 }
 
 static int check_rng(PyObject *rng)
@@ -1366,14 +1376,29 @@ typedef struct {
     Py_ssize_t n_params;
 } module_spec;
 
+/* A spec's sizes at most: the fused weight's 3 qk_dim rows and the
+ * projections' qk_dim + qk_dim + v_dim columns are counted without
+ * overflow (a qk_dim of (2**64 + 26) / 3 had made 26 rows) */
+#define SPEC_DIM_MAX (PY_SSIZE_T_MAX / 4)
+
 static int parse_spec(PyObject *obj, module_spec *s)
 {
+    if (!tuple_argument(obj, "spec")) return 0;
     if (!PyArg_ParseTuple(obj, "O!U(nnnn)npp:self_attention spec", &PyTuple_Type, &s->names, &s->dropout_name,
-                          &s->in_dim, &s->qk_dim, &s->v_dim, &s->out_dim, &s->n_heads, &s->heads_axis, &s->fused))
+                          &s->in_dim, &s->qk_dim, &s->v_dim, &s->out_dim, &s->n_heads, &s->heads_axis, &s->fused)) {
+        name_the_error("spec");
         return 0;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(s->names); i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(s->names, i))) {
+            PyErr_Format(PyExc_TypeError, "spec: expected parameter names of type str, got %R", s->names);
+            return 0;
+        }
     s->n_params = (s->fused ? 2 : 6) + (s->out_dim >= 0 ? 2 : 0);
     if (PyTuple_GET_SIZE(s->names) == s->n_params && s->in_dim > 0 && s->n_heads > 0 && s->qk_dim % s->n_heads == 0 &&
         s->v_dim % s->n_heads == 0 && s->qk_dim > 0 && s->v_dim > 0 && (!s->fused || s->qk_dim == s->v_dim) &&
+        s->in_dim <= SPEC_DIM_MAX && s->qk_dim <= SPEC_DIM_MAX && s->v_dim <= SPEC_DIM_MAX &&
+        s->out_dim <= SPEC_DIM_MAX &&
         (s->heads_axis || s->n_heads == 1)) /* the weights and mask have a heads axis with several heads */
         return 1;
     PyErr_Format(PyExc_ValueError, "spec: inconsistent module description %R", obj);
@@ -1636,8 +1661,8 @@ static PyObject *py_freeze_module(PyObject *self, PyObject *args, PyObject *kwar
 {
     static char *kwlist[] = {"params", "spec", "dtype", NULL};
     PyObject *params, *spec_obj, *dtype_obj, *frozen = NULL, *result = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O:freeze_module", kwlist, &PyTuple_Type, &params,
-                                     &PyTuple_Type, &spec_obj, &dtype_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:freeze_module", kwlist, &params, &spec_obj, &dtype_obj) ||
+        !tuple_argument(params, "params"))
         return NULL;
     module_call given = {.held = {NULL}}, c = {.held = {NULL}};
     frozen_weights *f = NULL;
@@ -1682,12 +1707,13 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
     static char *kwlist[] = {"x", "params", "spec", "attention_mask", "dtype", "dropout_p", "training", "rng",
                              "return_weights", "scale", "save", "packed", NULL};
     PyObject *x_obj, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL, *rng = Py_None,
-             *weights_obj = Py_False, *scale_obj = Py_None, *packed_obj = Py_None;
+             *training_obj = NULL, *weights_obj = NULL, *scale_obj = Py_None, *save_obj = NULL, *packed_obj = Py_None;
     int training = 0, want_weights = 0, save = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!OO|OpOOOpO:self_attention", kwlist, &x_obj, &PyTuple_Type,
-                                     &params, &PyTuple_Type, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &training,
-                                     &rng, &weights_obj, &scale_obj, &save, &packed_obj) ||
-        !flag_argument(weights_obj, "return_weights", &want_weights))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OOOOOOO:self_attention", kwlist, &x_obj, &params, &spec_obj,
+                                     &mask_obj, &dtype_obj, &p_obj, &training_obj, &rng, &weights_obj, &scale_obj,
+                                     &save_obj, &packed_obj) ||
+        !tuple_argument(params, "params") || !flag_argument(training_obj, "training", &training) ||
+        !flag_argument(weights_obj, "return_weights", &want_weights) || !flag_argument(save_obj, "save", &save))
         return NULL;
     if (packed_obj != Py_None && !PyCapsule_IsValid(packed_obj, FROZEN_CAPSULE)) {
         PyErr_Format(PyExc_TypeError, "packed: expected what freeze_module returned, or None, got %s",
@@ -1774,14 +1800,16 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     PyObject *grad_obj, *saved, *params, *spec_obj, *mask_obj = Py_None, *dtype_obj = NULL, *p_obj = NULL,
              *scale_obj = Py_None, *x_obj, *kept[3], *seed_obj;
     uint64_t seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!O!|O$OOO:self_attention_backward", kwlist, &grad_obj,
-                                     &PyTuple_Type, &saved, &PyTuple_Type, &params, &PyTuple_Type, &spec_obj,
-                                     &mask_obj, &dtype_obj, &p_obj, &scale_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O$OOO:self_attention_backward", kwlist, &grad_obj, &saved,
+                                     &params, &spec_obj, &mask_obj, &dtype_obj, &p_obj, &scale_obj) ||
+        !tuple_argument(saved, "saved") || !tuple_argument(params, "params"))
         return NULL;
     if (!PyArg_ParseTuple(saved, "O!O!O!O!O:self_attention_backward saved", &PyArray_Type, &x_obj, &PyArray_Type,
-                          &kept[0], &PyArray_Type, &kept[1], &PyArray_Type, &kept[2], &seed_obj) ||
-        !seed_argument(seed_obj, &seed))
+                          &kept[0], &PyArray_Type, &kept[1], &PyArray_Type, &kept[2], &seed_obj)) {
+        name_the_error("saved");
         return NULL;
+    }
+    if (!seed_argument(seed_obj, &seed)) return NULL;
     module_call c = {.held = {NULL}};
     PyArrayObject *grad = NULL, *kept_views[3] = {NULL};
     PyObject *grads[5] = {NULL}, *result = NULL;
@@ -2024,19 +2052,28 @@ static PyObject *py_l1d_ways(PyObject *self, PyObject *unused) { return PyLong_F
 static PyObject *py_set_l1d_ways(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"ways", NULL};
-    int ways;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "i:set_l1d_ways", kwlist, &ways)) return NULL;
-    if (ways < 0 || ways > ATTNC_MAX_L1D_WAYS)
-        return PyErr_Format(PyExc_ValueError, "ways: expected 0 to %d, got %d", ATTNC_MAX_L1D_WAYS, ways);
-    attnc_set_l1d_ways(ways);
+    PyObject *ways_obj;
+    long ways;
+    int overflow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_l1d_ways", kwlist, &ways_obj) ||
+        !as_long(ways_obj, "ways", &ways, &overflow))
+        return NULL;
+    if (overflow || ways < 0 || ways > ATTNC_MAX_L1D_WAYS)
+        return PyErr_Format(PyExc_ValueError, "ways: expected 0 to %d, got %R", ATTNC_MAX_L1D_WAYS, ways_obj);
+    attnc_set_l1d_ways((int)ways);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"n", NULL};
+    PyObject *n_obj;
     long n;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "l:fail_alloc_after", kwlist, &n)) return NULL;
+    int overflow;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:fail_alloc_after", kwlist, &n_obj) ||
+        !as_long(n_obj, "n", &n, &overflow))
+        return NULL;
+    if (overflow) return PyErr_Format(PyExc_ValueError, "n: expected a C long, got %R", n_obj);
     attnc_fail_alloc_after(n);
     Py_RETURN_NONE;
 }

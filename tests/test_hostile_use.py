@@ -1628,3 +1628,57 @@ def test_self_attention_spec_without_a_heads_axis_for_several_heads_is_refused(h
     expected = np.exp(scores - scores.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
     np.testing.assert_allclose(weights, expected if heads_axis else expected[:, 0], rtol=2e-5, atol=2e-6)
+
+
+def test_a_spec_whose_sizes_wrap_is_refused():
+    """Regression (fuzzing under UBSan, 2026-12-01): a fused spec's 3 * qk_dim rows were
+    counted without an overflow check: qk_dim (2**64 + 26) // 3 made 26 rows, a (26, 8)
+    weight passed, and the row blocks' pointers overflowed (UBSan aborted; the plain build's
+    freeze_module packed the nonsense spec). Sizes past a quarter of the address range are
+    refused as inconsistent; a real fused spec of the same weight still works (its output
+    against float64 NumPy's projection, one head of qk_dim 8 over the (24, 8) weight)."""
+    wrapping = (2 ** 64 + 26) // 3
+    spec = (("w", "b"), "p", (8, wrapping, wrapping, -1), 1, False, True)
+    params = (np.ones((26, 8), np.float32), np.ones(26, np.float32))
+    with pytest.raises(ValueError, match="^spec: inconsistent"):
+        attnc._C.freeze_module(params, spec, "float32")
+    with pytest.raises(ValueError, match="^spec: inconsistent"):
+        attnc._C.self_attention(np.ones((1, 2, 8), np.float32), params, spec, None, "float32")
+    rng = np.random.default_rng(5)
+    w, x = rng.standard_normal((24, 8)).astype(np.float32), rng.standard_normal((1, 3, 8)).astype(np.float32)
+    out = attnc._C.self_attention(x, (w, None), (("w", "b"), "p", (8, 8, 8, -1), 1, False, True), None, "float32")
+    q, k, v = np.split(x.astype(np.float64) @ w.astype(np.float64).T, 3, axis=-1)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(8)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, p / p.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
+
+
+C_ARGUMENTS = {
+    "training": lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", 0.0, np.array([1, 2])),
+    "save": lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", save=np.array([])),
+    "params": lambda C, x, params, spec: C.self_attention(x, list(params), spec, None, "float32"),
+    "spec": lambda C, x, params, spec: C.self_attention(x, params, ((1,) * 6,) + spec[1:], None, "float32"),
+    "spec ": lambda C, x, params, spec: C.freeze_module(params, spec[:2] + ("abcd",) + spec[3:], "float32"),
+    "spec  ": lambda C, x, params, spec: C.freeze_module(params, spec[:3] + (2 ** 63,) + spec[4:], "float32"),
+    "spec   ": lambda C, x, params, spec: C.freeze_module(params, list(spec), "float32"),
+    "saved": lambda C, x, params, spec: C.self_attention_backward(x, [x], params, spec),
+    "saved ": lambda C, x, params, spec: C.self_attention_backward(x, (x,), params, spec),
+    "ways": lambda C, x, params, spec: C.set_l1d_ways(2 ** 31),
+    "ways ": lambda C, x, params, spec: C.set_l1d_ways(1.5),
+    "n": lambda C, x, params, spec: C.fail_alloc_after(2 ** 63),
+}
+
+
+@pytest.mark.parametrize("name", list(C_ARGUMENTS))
+def test_the_c_calls_name_every_bad_argument(name):
+    """Regression (fuzzing, 2026-12-01): attnc._C's module calls raised errors that named no
+    argument for an unclear truth value of training= or save= ("The truth value of an array
+    ... is ambiguous"), a spec whose fields had the wrong types ("bad argument type for
+    built-in operation", "Python int too large to convert to C ssize_t"), a params, spec or
+    saved that was no tuple ("argument 2 must be tuple"), and the test hooks' integers."""
+    x = np.ones((1, 2, 4), np.float32)
+    spec = (("wq", "bq", "wk", "bk", "wv", "bv"), "dropout", (4, 4, 4, -1), 1, False, False)
+    params = tuple(np.ones(s, np.float32) for s in [(4, 4), (4,)] * 3)
+    with pytest.raises((TypeError, ValueError, OverflowError), match=rf"^{name.strip()}: "):
+        C_ARGUMENTS[name](attnc._C, x, params, spec)
+    assert attnc._C.l1d_ways() > 0  # the hooks' refusals changed nothing
