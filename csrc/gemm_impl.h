@@ -21,8 +21,9 @@
  * GEMM_PANEL_ROWS rows; an A that
  * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
  * "streamed": each task of pass 2 packs its B slivers one at a time and
- * multiplies all of A by each, so the weights are read once and never
- * written back packed; at AVX2 and AVX-512, A's whole slivers are read in
+ * multiplies all of A by each (on Intel at AVX-512 an A far beyond L2
+ * too, by blocks of slivers: GEMM_FAR_A_BY_B_BLOCKS), so the weights are
+ * read once and never written back packed; at AVX2 and AVX-512, A's whole slivers are read in
  * place (rows of reals with unit column stride), and only a last partial
  * one is packed (else all of A is). In both, on up to
  * GEMM_OWN_COPY_THREADS threads, each thread packs what it packs of the
@@ -80,6 +81,23 @@
  * when B has the slivers; with fewer than two slivers a thread, the
  * blocked order splits the rows instead. */
 #define GEMM_STREAMED_TASKS 4
+/* On Intel's server cores at AVX-512, an A of more than
+ * GEMM_STREAMED_A_BYTES is streamed too, by blocks of B slivers: each task
+ * packs up to this much of its slivers (they stay in L2) and multiplies A,
+ * from L3, by them a sliver of A at a time, so A is read once a block, not
+ * once a sliver. The blocked order had packed all of B for every task
+ * into memory, written and read back from L3 (12 MB for a (1024, 1024) x
+ * (3072, 1024)^T product). On a Xeon family 6 model 167, 2 threads, 15
+ * rounds, best / median: `linear` (4096, 768) -> 768 0.92 / 0.89x the
+ * time, (2048, 1024) -> 4096 0.95 / 0.95x, (1024, 1024) -> 3072 0.98 /
+ * 0.97x, modules (4, 256, 1024) 0.97 / 0.95x, (8, 512, 768) 0.95 / 0.96x;
+ * frozen 0.98x. Between GEMM_STREAMED_A_BYTES_FAR_L3 and 3 MB the blocked
+ * order stays: blocks took 0.99-1.03x at (1024, 512) -> 1536 and 1.02-1.08x
+ * at module (8, 128, 512). Blocks of 1 MB and 256 KB, packed copies of A,
+ * a task per block: no better (benchmarks/NOTES.md). Not measured on other
+ * CPUs or levels, which keep the blocked order. */
+#define GEMM_FAR_A_BY_B_BLOCKS (SIMD_BYTES == 64)
+#define GEMM_STREAMED_B_BLOCK_BYTES (512 * 1024)
 /* Up to this many threads, each thread packs the small operand (A
  * streamed, B transposed), which every one of its tasks multiplies, for
  * itself, into its own copy, instead of the threads packing one shared
@@ -485,6 +503,7 @@ typedef struct {
     real *panels;
     idx_t panel_stride;
     idx_t p0, kc, steps; /* steps: product_steps(kc, BF16_PAIRS) */
+    idx_t block_slivers; /* streamed: B slivers a task packs (or reads) at a time, A multiplied by each */
     /* B packed before the call (pack_weights), or NULL: the blocked and
      * streamed orders then read its slivers there and pack none */
     const real *packed_weights;
@@ -758,17 +777,18 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
     return copy;
 }
 
-/* The weight rows the streamed order's tile `tile` of sliver j asks for
- * (gemm_tile's next_rows): GEMM_NEXT_SLIVER_ROWS rows of the next sliver
- * a tile, from the K block's first element, while there are rows left for
- * the first tiles of the sliver to ask for (the next task's first sliver
+/* The weight rows the streamed order's tile `tile` of a block (its tiles
+ * counted in the order they run) asks for (gemm_tile's next_rows):
+ * GEMM_NEXT_SLIVER_ROWS rows a tile of the `rows` from row `next` on (the
+ * next block's), from the K block's first element, while there are rows
+ * left for the block's first tiles to ask for (the next task's first block
  * after a task's last: the same thread's, but for its share's last); NULL
  * where the rows are not contiguous runs of elements one part holds
  * (pack_sliver then reads them as before). */
-static const char *FN(next_sliver_rows)(const FN(gemm_job) *job, idx_t tile, idx_t j)
+static const char *FN(next_sliver_rows)(const FN(gemm_job) *job, idx_t tile, idx_t next, idx_t rows)
 {
-    idx_t first = j + GEMM_NR + tile * GEMM_NEXT_SLIVER_ROWS, last = first + GEMM_NEXT_SLIVER_ROWS - 1;
-    if (tile >= GEMM_NR / GEMM_NEXT_SLIVER_ROWS || last >= job->N || job->b.cs != 1) return NULL;
+    idx_t first = next + tile * GEMM_NEXT_SLIVER_ROWS, last = first + GEMM_NEXT_SLIVER_ROWS - 1;
+    if (tile >= rows / GEMM_NEXT_SLIVER_ROWS || last >= job->N || job->b.cs != 1) return NULL;
     int q = 0;
     while (q < job->b.n_parts - 1 && first >= job->b.ends[q]) q++;
     if (last >= job->b.ends[q]) return NULL; /* the rows span two parts */
@@ -778,8 +798,9 @@ static const char *FN(next_sliver_rows)(const FN(gemm_job) *job, idx_t tile, idx
 /* Pass 2, task t: add the current K block to one block of C. Consecutive
  * tasks share a column block, so its B slivers stay in cache. A streamed
  * job has one row block, so t is its column block: the task packs each B
- * sliver of the block in turn into slot t of packed_b (it stays in L2) and
- * multiplies all of A by it. A transposed job has one column block: the
+ * sliver of the block in turn, or each block of block_slivers of them,
+ * into slot t of packed_b (it stays in L2) and multiplies all of A by it,
+ * a sliver of A by each of the block's in turn. A transposed job has one column block: the
  * task is transposed_block. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
@@ -801,14 +822,21 @@ static void FN(multiply_task)(void *ctx, idx_t t)
         FN(transposed_block)(job, i0, i1, packed_b);
         return;
     }
-    int pack = job->streamed && !job->packed_weights; /* a sliver at a time, into slot t */
-    real *sliver = pack ? job->packed_b + t * GEMM_NR * job->steps : NULL;
+    int pack = job->streamed && !job->packed_weights; /* a block of slivers at a time, into slot t */
+    idx_t width = (job->streamed ? job->block_slivers : 1) * GEMM_NR;
+    real *slot = pack ? job->packed_b + t * width * job->steps : NULL;
     if (job->packed_weights) packed_b = job->packed_weights + job->p0 / ATTNC_GEMM_KC * job->packed_block;
-    for (idx_t j = j0; j < j1 && !attnc_interrupted(); j += GEMM_NR) { /* a task may be long: a few rows, all of N */
-        if (pack) FN(pack_sliver)(sliver, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR, job->p0, job->kc);
-        const real *b = pack ? sliver : packed_b + j * job->steps;
+    for (idx_t jb = j0; jb < j1 && !attnc_interrupted(); jb += width) { /* a task may be long: a few rows, all of N */
+        idx_t je = attnc_min(j1, jb + width);
+        for (idx_t j = jb; pack && j < je; j += GEMM_NR)
+            FN(pack_sliver)(slot + (j - jb) * job->steps, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR,
+                            job->p0, job->kc);
+        idx_t tile = 0;
         for (idx_t i = i0; i < i1; i += GEMM_MR)
-            FN(run_tile)(job, i, j, packed_a, b, pack ? FN(next_sliver_rows)(job, (i - i0) / GEMM_MR, j) : NULL);
+            for (idx_t j = jb; j < je; j += GEMM_NR, tile++) {
+                const real *b = pack ? slot + (j - jb) * job->steps : packed_b + j * job->steps;
+                FN(run_tile)(job, i, j, packed_a, b, pack ? FN(next_sliver_rows)(job, tile, je, width) : NULL);
+            }
     }
 }
 
@@ -1236,10 +1264,12 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                                         attnc_ceil_div(M, GEMM_MR_STEP) * GEMM_MR_STEP + GEMM_PACKING_ROWS &&
                                     !rows_evict_each_other(b.rs * (idx_t)sizeof(real), GEMM_MR)));
     /* A whole packed A that stays in L2, and B slivers for every thread:
-     * the streamed order (see the top) */
+     * the streamed order (see the top); on Intel at AVX-512, also an A far
+     * beyond L2, by blocks of B slivers (GEMM_FAR_A_BY_B_BLOCKS) */
+    idx_t a_block_bytes = attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real);
+    int far_a = GEMM_FAR_A_BY_B_BLOCKS && attnc_cpu_is_intel() && a_block_bytes > GEMM_STREAMED_A_BYTES;
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
-                   attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real) <=
-                       (attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES);
+                   (far_a || a_block_bytes <= (attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES));
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
                         .packed_weights = transposed ? NULL : g->packed_b,
                         .packed_block = g->packed_b ? FN(packed_block_elems)(N, K) : 0};
@@ -1255,10 +1285,15 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         }
     } else if (streamed) {
         /* one row block; GEMM_STREAMED_TASKS column blocks per thread of
-         * whole B slivers, at most a sliver each */
+         * whole B slivers, at most a sliver each; a far A's tasks take their
+         * slivers in even blocks of at most GEMM_STREAMED_B_BLOCK_BYTES */
         job.M = M, job.N = N, job.a = a, job.b = b;
         job.n_row_blocks = 1;
         job.n_col_blocks = attnc_min(attnc_ceil_div(N, GEMM_NR), GEMM_STREAMED_TASKS * threads);
+        idx_t task_slivers = attnc_ceil_div(attnc_ceil_div(N, GEMM_NR), job.n_col_blocks);
+        idx_t block_max = GEMM_STREAMED_B_BLOCK_BYTES / (GEMM_NR * kc_max * (idx_t)sizeof(real));
+        job.block_slivers =
+            far_a && block_max > 1 ? attnc_ceil_div(task_slivers, attnc_ceil_div(task_slivers, block_max)) : 1;
     } else {
         /* row blocks of at most mc rows; column blocks of at most NC
          * columns, narrower when there are too few row blocks to keep every
@@ -1270,7 +1305,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         job.n_col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
     }
     /* packed A and B: a transposed job's A its irregular slivers, a
-     * streamed job's B a sliver per task; the small operand (A streamed, B
+     * streamed job's B a block of slivers per task; the small operand (A streamed, B
      * transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
     job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
     /* Streamed, A's whole slivers read in place by the micro-kernel's
@@ -1284,8 +1319,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
-        !FN(packed_bytes)(job.packed_weights ? 0 : streamed ? job.n_col_blocks * GEMM_NR : job.N, GEMM_NR, steps_max,
-                          &b_bytes))
+        !FN(packed_bytes)(job.packed_weights ? 0 : streamed ? job.n_col_blocks * job.block_slivers * GEMM_NR : job.N,
+                          GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
     size_t *small = transposed ? &b_bytes : &a_bytes;
     job.own_stride = (idx_t)(*small / sizeof(real));

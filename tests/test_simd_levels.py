@@ -83,7 +83,7 @@ def _linear_on_threads_and_alone(x, w, b, rows, label):
     return outs[0]
 
 
-@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 3000])
+@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 1500, 3000])
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
     transposed at every level (the weights read in place; x's rows the
@@ -98,8 +98,11 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
     130 outputs are at least two slivers a thread at every level), 3000 the
     blocked order (x over 3 MB packed; 1000 rows of float, 1.2 MB, were
-    streamed): each against float64, on 1 and 2 threads, and each row's bits as
-    when alone (one row takes the few-rows order)."""
+    streamed), but on Intel at AVX-512 streamed by blocks of weight slivers
+    (GEMM_FAR_A_BY_B_BLOCKS), where 1500 rows of float (1.8 MB) take the
+    blocked order (streamed elsewhere): each against float64, on 1 and 2
+    threads, and each row's bits as when alone (one row takes the few-rows
+    order)."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
@@ -150,6 +153,19 @@ def test_linear_one_vector_edge_tiles_every_level(m, k, dtype, simd_mode, restor
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, k), dtype), _r(rng, (301, k), dtype), _r(rng, (301,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m} K={k}")
+
+
+@pytest.mark.parametrize("k", [K_BLOCK + 76, K_BLOCK], ids=["in-place", "packed"])
+def test_linear_far_x_by_weight_blocks_every_level(k, dtype, simd_mode, restore_threads):
+    """On Intel at AVX-512, an x far beyond L2 (800 rows of a whole K block, 3.3 MB of float)
+    is streamed by blocks of weight slivers: 1530 outputs are 48 float slivers (96 double),
+    6 (12) a task on 2 threads, in blocks of 3 (4) of 512 KB, the last sliver cut at 26 (10)
+    columns. x read in place over two K blocks (rows 1100 elements apart), or packed, a copy
+    a thread (rows 4 KB apart: one K block). Other CPUs and levels take the blocked order.
+    Against float64, on 1 and 2 threads, and each row's bits as when alone."""
+    rng = np.random.default_rng(k)
+    x, w, b = _r(rng, (800, k), dtype), _r(rng, (1530, k), dtype), _r(rng, (1530,), dtype)
+    _linear_on_threads_and_alone(x, w, b, (0, 399, 799), f"{simd_mode} K={k}")
 
 
 @pytest.mark.parametrize("m", [200, 401])
