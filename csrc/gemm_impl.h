@@ -23,8 +23,9 @@
  * "streamed": each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each (on Intel at AVX-512 an A far beyond L2
  * too, by blocks of slivers: GEMM_FAR_A_BY_B_BLOCKS), so the weights are
- * read once and never written back packed; at AVX2 and AVX-512, A's whole slivers are read in
- * place (rows of reals with unit column stride), and only a last partial
+ * read once and never written back packed; at AVX2 and AVX-512, A's
+ * whole slivers are read in place (rows of reals with unit column
+ * stride), and only a last partial
  * one is packed (else all of A is). In both, on up to
  * GEMM_OWN_COPY_THREADS threads, each thread packs what it packs of the
  * small operand in a copy of its own instead of sharing one. B may come
@@ -800,8 +801,8 @@ static const char *FN(next_sliver_rows)(const FN(gemm_job) *job, idx_t tile, idx
  * job has one row block, so t is its column block: the task packs each B
  * sliver of the block in turn, or each block of block_slivers of them,
  * into slot t of packed_b (it stays in L2) and multiplies all of A by it,
- * a sliver of A by each of the block's in turn. A transposed job has one column block: the
- * task is transposed_block. */
+ * a sliver of A by each of the block's in turn. A transposed job has one
+ * column block: the task is transposed_block. */
 static void FN(multiply_task)(void *ctx, idx_t t)
 {
     FN(gemm_job) *job = ctx;
@@ -1267,9 +1268,9 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * the streamed order (see the top); on Intel at AVX-512, also an A far
      * beyond L2, by blocks of B slivers (GEMM_FAR_A_BY_B_BLOCKS) */
     idx_t a_block_bytes = attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real);
+    idx_t streamed_max = attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES;
     int far_a = GEMM_FAR_A_BY_B_BLOCKS && attnc_cpu_is_intel() && a_block_bytes > GEMM_STREAMED_A_BYTES;
-    int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads &&
-                   (far_a || a_block_bytes <= (attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES));
+    int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads && (far_a || a_block_bytes <= streamed_max);
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
                         .packed_weights = transposed ? NULL : g->packed_b,
                         .packed_block = g->packed_b ? FN(packed_block_elems)(N, K) : 0};
@@ -1305,8 +1306,8 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
         job.n_col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
     }
     /* packed A and B: a transposed job's A its irregular slivers, a
-     * streamed job's B a block of slivers per task; the small operand (A streamed, B
-     * transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
+     * streamed job's B a block of slivers per task; the small operand (A
+     * streamed, B transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
     job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
     /* Streamed, A's whole slivers read in place by the micro-kernel's
      * broadcasts (contiguous rows of reals), only a last partial one packed
