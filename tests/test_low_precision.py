@@ -328,11 +328,13 @@ def test_sdpa_is_float32_rounded_once(low, L, S, simd_mode):
 
 
 @pytest.mark.parametrize("M,K,N", [(3, 5, 7), (1, 4 * K_BLOCK, 64), (64, K_BLOCK + 232, 96), (130, 64, 700),
-                                   (1000, K_BLOCK + 8, 40)])
+                                   (1000, K_BLOCK + 8, 40), (1300, K_BLOCK + 8, 1100)])
 def test_linear_against_float64(low, M, K, N, simd_mode):
     """K past one K block sums over several (K_BLOCK): the sums stay in
     float32 between them, rounded once. (130, 64, 700) takes the GEMM's streamed
-    order, (1000, K_BLOCK + 8, 40) its blocked order."""
+    order, (1000, K_BLOCK + 8, 40) its blocked order, (1300, K_BLOCK + 8, 1100)
+    the blocked order too but on Intel at AVX-512, where its x (5.3 MB widened)
+    is streamed by blocks of weight slivers (GEMM_FAR_A_BY_B_BLOCKS)."""
     rng = np.random.default_rng(M + K + N)
     x, w, b = normal(rng, (M, K), low), normal(rng, (N, K), low) / np.sqrt(K).astype(low), normal(rng, (N,), low)
     out = F.linear(x, w, b)
