@@ -1653,24 +1653,24 @@ def test_a_spec_whose_sizes_wrap_is_refused():
     np.testing.assert_allclose(out, p / p.sum(-1, keepdims=True) @ v, rtol=2e-5, atol=2e-6)
 
 
-C_ARGUMENTS = {
-    "training": lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", 0.0, np.array([1, 2])),
-    "save": lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", save=np.array([])),
-    "params": lambda C, x, params, spec: C.self_attention(x, list(params), spec, None, "float32"),
-    "spec": lambda C, x, params, spec: C.self_attention(x, params, ((1,) * 6,) + spec[1:], None, "float32"),
-    "spec ": lambda C, x, params, spec: C.freeze_module(params, spec[:2] + ("abcd",) + spec[3:], "float32"),
-    "spec  ": lambda C, x, params, spec: C.freeze_module(params, spec[:3] + (2 ** 63,) + spec[4:], "float32"),
-    "spec   ": lambda C, x, params, spec: C.freeze_module(params, list(spec), "float32"),
-    "saved": lambda C, x, params, spec: C.self_attention_backward(x, [x], params, spec),
-    "saved ": lambda C, x, params, spec: C.self_attention_backward(x, (x,), params, spec),
-    "ways": lambda C, x, params, spec: C.set_l1d_ways(2 ** 31),
-    "ways ": lambda C, x, params, spec: C.set_l1d_ways(1.5),
-    "n": lambda C, x, params, spec: C.fail_alloc_after(2 ** 63),
-}
+C_ARGUMENTS = [  # (the argument the error names, a call with it wrong)
+    ("training", lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", 0.0, np.array([1, 2]))),
+    ("save", lambda C, x, params, spec: C.self_attention(x, params, spec, None, "float32", save=np.array([]))),
+    ("params", lambda C, x, params, spec: C.self_attention(x, list(params), spec, None, "float32")),
+    ("spec", lambda C, x, params, spec: C.self_attention(x, params, ((1,) * 6,) + spec[1:], None, "float32")),
+    ("spec", lambda C, x, params, spec: C.freeze_module(params, spec[:2] + ("abcd",) + spec[3:], "float32")),
+    ("spec", lambda C, x, params, spec: C.freeze_module(params, spec[:3] + (2 ** 63,) + spec[4:], "float32")),
+    ("spec", lambda C, x, params, spec: C.freeze_module(params, list(spec), "float32")),
+    ("saved", lambda C, x, params, spec: C.self_attention_backward(x, [x], params, spec)),
+    ("saved", lambda C, x, params, spec: C.self_attention_backward(x, (x,), params, spec)),
+    ("ways", lambda C, x, params, spec: C.set_l1d_ways(2 ** 31)),
+    ("ways", lambda C, x, params, spec: C.set_l1d_ways(1.5)),
+    ("n", lambda C, x, params, spec: C.fail_alloc_after(2 ** 63)),
+]
 
 
-@pytest.mark.parametrize("name", list(C_ARGUMENTS))
-def test_the_c_calls_name_every_bad_argument(name):
+@pytest.mark.parametrize("name, call", C_ARGUMENTS, ids=[f"{name}-{i}" for i, (name, _) in enumerate(C_ARGUMENTS)])
+def test_the_c_calls_name_every_bad_argument(name, call):
     """Regression (fuzzing, 2026-12-01): attnc._C's module calls raised errors that named no
     argument for an unclear truth value of training= or save= ("The truth value of an array
     ... is ambiguous"), a spec whose fields had the wrong types ("bad argument type for
@@ -1679,6 +1679,6 @@ def test_the_c_calls_name_every_bad_argument(name):
     x = np.ones((1, 2, 4), np.float32)
     spec = (("wq", "bq", "wk", "bk", "wv", "bv"), "dropout", (4, 4, 4, -1), 1, False, False)
     params = tuple(np.ones(s, np.float32) for s in [(4, 4), (4,)] * 3)
-    with pytest.raises((TypeError, ValueError, OverflowError), match=rf"^{name.strip()}: "):
-        C_ARGUMENTS[name](attnc._C, x, params, spec)
+    with pytest.raises((TypeError, ValueError, OverflowError), match=rf"^{name}: "):
+        call(attnc._C, x, params, spec)
     assert attnc._C.l1d_ways() > 0  # the hooks' refusals changed nothing

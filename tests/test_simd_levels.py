@@ -159,8 +159,8 @@ def test_linear_one_vector_edge_tiles_every_level(m, k, dtype, simd_mode, restor
 def test_linear_far_x_by_weight_blocks_every_level(k, dtype, simd_mode, restore_threads):
     """On Intel at AVX-512, an x far beyond L2 (800 rows of a whole K block, 3.3 MB of float)
     is streamed by blocks of weight slivers: 1530 outputs are 48 float slivers (96 double),
-    6 (12) a task on 2 threads, in blocks of 3 (4) of 512 KB, the last sliver cut at 26 (10)
-    columns. x read in place over two K blocks (rows 1100 elements apart), or packed, a copy
+    6 (12) a task on 2 threads, in blocks of 3 (4) slivers, 384 (512) KB, the last sliver cut
+    at 26 (10) columns. x read in place over two K blocks (rows 1100 elements apart), or packed, a copy
     a thread (rows 4 KB apart: one K block). Other CPUs and levels take the blocked order.
     Against float64, on 1 and 2 threads, and each row's bits as when alone."""
     rng = np.random.default_rng(k)
