@@ -369,7 +369,47 @@ class SelfAttentionV2(_Attention):
 
 
 @shared_docs
-class SelfAttentionV3(_Attention):
+class _MaskedWithDropout(_Attention):
+    """Levels 3 and 4 of document 000: one head, a mask, and dropout on the
+    weights from the `attention_dropout` submodule."""
+
+    def _dropout(self):
+        return self._dropout_of("attention_dropout")
+
+    def forward(self, x, attention_mask=None, *, return_weights=False):
+        """Attend over the sequence axis of `x`, with a mask and dropout.
+
+        {dropout_in_training}
+        {what_forward_keeps}
+
+        Parameters
+        ----------
+        x : array_like, shape (..., seq, dim)
+            {x_description}
+        {attention_mask}
+        {return_weights}
+
+        Returns
+        -------
+        output : ndarray, shape (..., seq, dim)
+            {output_description}
+        weights : ndarray, shape (..., seq, seq)
+            ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
+            with ``return_weights=True``.
+
+        Raises
+        ------
+        ValueError
+            If `x` has fewer than 2 dims or its last dimension is not `dim`; or
+            if `attention_mask` does not broadcast to the scores' shape.
+        TypeError
+            If `x` or `attention_mask` is complex, object or string.
+        """
+        return self._attend(x, attention_mask, return_weights)
+
+
+@shared_docs
+class SelfAttentionV3(_MaskedWithDropout):
     """Self-attention with mask, dropout, output projection (document 000, level 3).
 
     The fused projection of `SelfAttentionV2`, then the mask, the
@@ -438,43 +478,9 @@ class SelfAttentionV3(_Attention):
         self._spec = _spec(("proj", "output_proj"), in_dim=dim, qk_dim=dim, v_dim=dim, out_dim=dim, fused=True,
                            dropout="attention_dropout.p")
 
-    def _dropout(self):
-        return self._dropout_of("attention_dropout")
-
-    def forward(self, x, attention_mask=None, *, return_weights=False):
-        """Attend over the sequence axis of `x`, with a mask and dropout.
-
-        {dropout_in_training}
-        {what_forward_keeps}
-
-        Parameters
-        ----------
-        x : array_like, shape (..., seq, dim)
-            {x_description}
-        {attention_mask}
-        {return_weights}
-
-        Returns
-        -------
-        output : ndarray, shape (..., seq, dim)
-            {output_description}
-        weights : ndarray, shape (..., seq, seq)
-            ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
-            with ``return_weights=True``.
-
-        Raises
-        ------
-        ValueError
-            If `x` has fewer than 2 dims or its last dimension is not `dim`; or
-            if `attention_mask` does not broadcast to the scores' shape.
-        TypeError
-            If `x` or `attention_mask` is complex, object or string.
-        """
-        return self._attend(x, attention_mask, return_weights)
-
 
 @shared_docs
-class SelfAttentionV4(_Attention):
+class SelfAttentionV4(_MaskedWithDropout):
     """Self-attention, the interview version (document 000, level 4).
 
     Separate ``query``, ``key``, ``value`` projections, the mask, the
@@ -540,40 +546,6 @@ class SelfAttentionV4(_Attention):
         self.attention_dropout = Dropout(_C.probability(dropout_rate, name="dropout_rate"), dtype=dtype, rng=rng)
         self._spec = _spec(("query", "key", "value"), in_dim=dim, qk_dim=dim, v_dim=dim,
                            dropout="attention_dropout.p")
-
-    def _dropout(self):
-        return self._dropout_of("attention_dropout")
-
-    def forward(self, x, attention_mask=None, *, return_weights=False):
-        """Attend over the sequence axis of `x`, with a mask and dropout.
-
-        {dropout_in_training}
-        {what_forward_keeps}
-
-        Parameters
-        ----------
-        x : array_like, shape (..., seq, dim)
-            {x_description}
-        {attention_mask}
-        {return_weights}
-
-        Returns
-        -------
-        output : ndarray, shape (..., seq, dim)
-            {output_description}
-        weights : ndarray, shape (..., seq, seq)
-            ``softmax(masked(Q @ K^T / sqrt(dim)))`` (before dropout); only
-            with ``return_weights=True``.
-
-        Raises
-        ------
-        ValueError
-            If `x` has fewer than 2 dims or its last dimension is not `dim`; or
-            if `attention_mask` does not broadcast to the scores' shape.
-        TypeError
-            If `x` or `attention_mask` is complex, object or string.
-        """
-        return self._attend(x, attention_mask, return_weights)
 
 
 SelfAttentionInterview = SelfAttentionV4
