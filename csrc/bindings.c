@@ -1993,18 +1993,27 @@ done:
 /* ======================================================================== */
 /* threads, kernel levels, test hooks                                       */
 
+/* The one integer argument `name` of `function`, in [low, high]; a
+ * TypeError or ValueError naming it otherwise. */
+static int bounded_long_argument(PyObject *args, PyObject *kwargs, const char *function, char *name, long low,
+                                 long high, long *out)
+{
+    char *kwlist[] = {name, NULL};
+    char format[64];
+    PyObject *obj;
+    int overflow;
+    snprintf(format, sizeof format, "O:%s", function); /* errors of the call itself name the function */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &obj)) return 0;
+    if (!as_long(obj, name, out, &overflow)) return 0;
+    if (!overflow && *out >= low && *out <= high) return 1;
+    PyErr_Format(PyExc_ValueError, "%s: %s expects %ld to %ld, got %R", name, function, low, high, obj);
+    return 0;
+}
+
 static PyObject *py_set_num_threads(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"n", NULL};
-    PyObject *n_obj;
     long n;
-    int overflow;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_num_threads", kwlist, &n_obj) ||
-        !as_long(n_obj, "n", &n, &overflow))
-        return NULL;
-    if (overflow > 0 || (!overflow && n > INT_MAX)) /* more than the pool could count */
-        return PyErr_Format(PyExc_ValueError, "n: expected at most %d threads, got %R", INT_MAX, n_obj);
-    if (overflow < 0 || n < 1) return PyErr_Format(PyExc_ValueError, "n: expected at least 1 thread, got %R", n_obj);
+    if (!bounded_long_argument(args, kwargs, "set_num_threads", "n", 1, INT_MAX, &n)) return NULL;
     attnc_set_num_threads((int)n);
     Py_RETURN_NONE;
 }
@@ -2051,29 +2060,16 @@ static PyObject *py_l1d_ways(PyObject *self, PyObject *unused) { return PyLong_F
 
 static PyObject *py_set_l1d_ways(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"ways", NULL};
-    PyObject *ways_obj;
     long ways;
-    int overflow;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_l1d_ways", kwlist, &ways_obj) ||
-        !as_long(ways_obj, "ways", &ways, &overflow))
-        return NULL;
-    if (overflow || ways < 0 || ways > ATTNC_MAX_L1D_WAYS)
-        return PyErr_Format(PyExc_ValueError, "ways: expected 0 to %d, got %R", ATTNC_MAX_L1D_WAYS, ways_obj);
+    if (!bounded_long_argument(args, kwargs, "set_l1d_ways", "ways", 0, ATTNC_MAX_L1D_WAYS, &ways)) return NULL;
     attnc_set_l1d_ways((int)ways);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"n", NULL};
-    PyObject *n_obj;
     long n;
-    int overflow;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:fail_alloc_after", kwlist, &n_obj) ||
-        !as_long(n_obj, "n", &n, &overflow))
-        return NULL;
-    if (overflow) return PyErr_Format(PyExc_ValueError, "n: expected a C long, got %R", n_obj);
+    if (!bounded_long_argument(args, kwargs, "fail_alloc_after", "n", LONG_MIN, LONG_MAX, &n)) return NULL;
     attnc_fail_alloc_after(n);
     Py_RETURN_NONE;
 }
