@@ -1221,28 +1221,13 @@ attnc_status FN(pack_weights)(const attnc_gemm_args *g, void **packed)
     return ATTNC_OK;
 }
 
-attnc_status FN(gemm)(const attnc_gemm_args *g)
+/* The order and tiling of a product (see the top): which operand is read
+ * in place and which packed, how C is cut into tasks, and which packed
+ * copies are a thread's own. Sizes only; no buffer is allocated here. */
+static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, FN(gemm_operand) b, idx_t N,
+                                 idx_t kc_max, idx_t threads)
 {
-    idx_t M = g->M, N, K = g->K;
-    FN(gemm_operand) a = {{g->a}, {M}, 1, g->a_rs, g->a_cs}, b = FN(stacked_parts)(g, &N);
-    int any_bias = 0;
-    for (int q = 0; q < g->n_parts; q++) any_bias |= g->parts[q].bias != NULL;
-    if (M <= 0 || N <= 0) return ATTNC_OK;
-    /* (pairs: the direct loops' products would not be vdot_pairs') */
-    if (K == 0 || (!BF16_PAIRS && (double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS)) {
-        FN(gemm_direct)(g, N, &a, &b);
-        return ATTNC_OK;
-    }
-    /* The few-rows and transposed orders read the weights in place because
-     * packing them costs more than a few rows' products: weights packed
-     * already (packed_b) take the packed orders at any M (the same bits).
-     * On a Xeon family 6 model 207, frozen modules against frozen modules
-     * without this (best / median, 2 threads): (1, 8, 768) 0.74 / 0.79x the
-     * time, (1, 16, 512) 0.68 / 0.73x, (4, 8, 768) 0.82 / 0.73x, (1, 4,
-     * 1024) 0.90 / 0.88x, (1, 1, 768) 0.90 / 0.96x, (1, 32, 256) 0.97 /
-     * 0.96x; 1 thread (1, 8, 768) 0.82 / 0.72x (benchmarks/NOTES.md). */
-    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1 && !g->packed_b) return FN(gemm_few_rows)(g, N, &a, &b);
-    idx_t kc_max = attnc_min(K, ATTNC_GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
+    idx_t M = g->M;
     idx_t mc = GEMM_A_BLOCK_BYTES / (ATTNC_GEMM_KC * (idx_t)sizeof(real)) / GEMM_MR * GEMM_MR;
     /* Few rows of A (a short sequence): C^T = B . A^T, so the weights B are
      * read in place by the micro-kernel's broadcasts and only A is packed,
@@ -1275,7 +1260,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads && (far_a || a_block_bytes <= streamed_max);
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
                         .packed_weights = transposed ? NULL : g->packed_b,
-                        .packed_block = g->packed_b ? FN(packed_block_elems)(N, K) : 0};
+                        .packed_block = g->packed_b ? FN(packed_block_elems)(N, g->K) : 0};
     if (transposed) {
         /* the job's rows are B's: two blocks of them per thread */
         job.M = N, job.N = M, job.a = b, job.b = a;
@@ -1319,6 +1304,33 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                                 (a.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0
                             ? M / GEMM_MR * GEMM_MR
                             : 0;
+    return job;
+}
+
+attnc_status FN(gemm)(const attnc_gemm_args *g)
+{
+    idx_t M = g->M, N, K = g->K;
+    FN(gemm_operand) a = {{g->a}, {M}, 1, g->a_rs, g->a_cs}, b = FN(stacked_parts)(g, &N);
+    int any_bias = 0;
+    for (int q = 0; q < g->n_parts; q++) any_bias |= g->parts[q].bias != NULL;
+    if (M <= 0 || N <= 0) return ATTNC_OK;
+    /* (pairs: the direct loops' products would not be vdot_pairs') */
+    if (K == 0 || (!BF16_PAIRS && (double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS)) {
+        FN(gemm_direct)(g, N, &a, &b);
+        return ATTNC_OK;
+    }
+    /* The few-rows and transposed orders read the weights in place because
+     * packing them costs more than a few rows' products: weights packed
+     * already (packed_b) take the packed orders at any M (the same bits).
+     * On a Xeon family 6 model 207, frozen modules against frozen modules
+     * without this (best / median, 2 threads): (1, 8, 768) 0.74 / 0.79x the
+     * time, (1, 16, 512) 0.68 / 0.73x, (4, 8, 768) 0.82 / 0.73x, (1, 4,
+     * 1024) 0.90 / 0.88x, (1, 1, 768) 0.90 / 0.96x, (1, 32, 256) 0.97 /
+     * 0.96x; 1 thread (1, 8, 768) 0.82 / 0.72x (benchmarks/NOTES.md). */
+    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1 && !g->packed_b) return FN(gemm_few_rows)(g, N, &a, &b);
+    idx_t kc_max = attnc_min(K, ATTNC_GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
+    FN(gemm_job) job = FN(plan_job)(g, a, b, N, kc_max, threads);
+    int transposed = job.transposed, streamed = job.streamed;
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
