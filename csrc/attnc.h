@@ -86,6 +86,10 @@ int attnc_get_num_threads(void);
 /* The threads a parallel_for would compute on: the count asked for, at most
  * the CPUs; for kernels sizing their tasks (never their results) by it. */
 int attnc_running_threads(void);
+/* A test hook: count n CPUs (n >= 1) instead of the ones this process may
+ * use, so that a test's thread counts split the work as they would on a
+ * larger machine; 0 counts the real ones again. */
+void attnc_set_cpus_for_tests(int n);
 /* The threads a parallel_for of work_flops would compute on: 1 below the
  * work that pays for waking a thread, or inside a task (which runs nested
  * work inline), else attnc_running_threads(). */

@@ -2066,6 +2066,16 @@ static PyObject *py_set_l1d_ways(PyObject *self, PyObject *args, PyObject *kwarg
     Py_RETURN_NONE;
 }
 
+#define ATTNC_MAX_CPUS_FOR_TESTS 64 /* more threads than a test would ask for */
+
+static PyObject *py_set_cpus_for_tests(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    long n;
+    if (!bounded_long_argument(args, kwargs, "set_cpus_for_tests", "n", 0, ATTNC_MAX_CPUS_FOR_TESTS, &n)) return NULL;
+    attnc_set_cpus_for_tests((int)n);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     long n;
@@ -2171,6 +2181,9 @@ static PyMethodDef methods[] = {
      "l1d_ways($module, /)\n--\n\nThe ways of a set of this CPU's L1 data cache as the GEMM counts them (0: unknown)."},
     {"set_l1d_ways", FN(py_set_l1d_ways), KW,
      "set_l1d_ways($module, /, ways)\n--\n\nTesting hook: the GEMM counts `ways` ways (0: unknown), as on another CPU."},
+    {"set_cpus_for_tests", FN(py_set_cpus_for_tests), KW,
+     "set_cpus_for_tests($module, /, n)\n--\n\nTesting hook: count `n` CPUs (0: the real ones), so that `set_num_threads`\n"
+     "counts up to `n` split the work as on a machine that many CPUs wide (0 to 64)."},
     {"fail_alloc_after", FN(py_fail_alloc_after), KW,
      "fail_alloc_after($module, /, n)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails (n < 0: never)."},
     {NULL, NULL, 0, NULL},

@@ -86,11 +86,17 @@ static int count_cpus(void)
     return n > 0 ? n : 1;
 }
 
+static atomic_int cpus_for_tests = 0; /* attnc_set_cpus_for_tests; 0: none */
+
 static int available_cpus(void)
 {
-    int n = atomic_load(&cpu_count);
+    int n = atomic_load(&cpus_for_tests);
+    if (n > 0) return n;
+    n = atomic_load(&cpu_count);
     return n > 0 ? n : count_cpus();
 }
+
+void attnc_set_cpus_for_tests(int n) { atomic_store(&cpus_for_tests, n > 0 ? n : 0); }
 
 int attnc_get_num_threads(void)
 {
@@ -224,7 +230,6 @@ static void *worker_main(void *index)
     unsigned long seen = pool.start_generation;
     int share = (int)(uintptr_t)index + 1;
     thread_index = share;
-    pthread_setname_np(pthread_self(), "attnc-worker"); /* as top -H and /proc/<pid>/task/<tid>/comm show it */
     for (;;) {
         spin_while(no_new_job, seen);
         pthread_mutex_lock(&pool.lock);
@@ -308,6 +313,8 @@ static int resize_pool(int n_workers)
     pool.start_generation = pool.generation;
     for (int i = 0; i < n_workers; i++) {
         if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(uintptr_t)i) != 0) break;
+        /* named here, before any job can end, as top -H and /proc/<pid>/task/<tid>/comm show it */
+        pthread_setname_np(pool.threads[i], "attnc-worker");
         pool.n_workers++;
     }
     return pool.n_workers;

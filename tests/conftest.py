@@ -13,6 +13,10 @@ from toolkit import KERNEL_LEVELS, SIMD_LEVELS  # noqa: E402
 
 torch.set_num_threads(2)
 
+# The most threads a test compares (1 to 4): restore_threads makes the pool
+# split the work for that many whatever this machine's CPUs
+MAX_TEST_THREADS = 4
+
 # The level every test runs at unless it asks for another: the best this CPU
 # has, or ATTNC_TEST_SIMD_LEVEL (.ci/wide_vectors.sh runs the portable level
 # built with the AVX-512 vector width)
@@ -44,8 +48,13 @@ def simd_mode_all(request):
 
 @pytest.fixture
 def restore_threads():
+    """Tests that set thread counts: each count really runs that many threads
+    and splits the work for them, even past this machine's CPUs (a 2-CPU
+    machine would otherwise run 3 and 4 threads as 2)."""
     before = attnc.get_num_threads()
+    attnc._C.set_cpus_for_tests(MAX_TEST_THREADS)
     yield before
+    attnc._C.set_cpus_for_tests(0)
     attnc.set_num_threads(before)
 
 
