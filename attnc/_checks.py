@@ -61,6 +61,9 @@ def module_dtype(dtype):
         if bfloat16() is None:
             raise TypeError(f"dtype: {_BFLOAT16_HELP}")
         return bfloat16()
+    if hasattr(dtype, "dtype") and not isinstance(dtype, (type, np.dtype, np.generic)):
+        # np.dtype would take the object's .dtype (a module's, an array's): a slip
+        raise TypeError(f"dtype: expected a data-type, got a {type(dtype).__name__}")
     try:
         resolved = np.dtype(dtype)
     except TypeError as error:

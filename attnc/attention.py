@@ -11,6 +11,7 @@ resized or replaced after construction gives an error naming it, never a
 crash) and scales by 1/sqrt(Q's columns per head), which is each document's
 scale; attributes such as `head_dim` are informational only.
 """
+import functools
 import math
 
 import numpy as np
@@ -44,6 +45,23 @@ def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_ax
     return names, dropout or "dropout_p", (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused
 
 
+@functools.lru_cache(maxsize=64)
+def _projection_names(parameter_names):
+    """The projections' names (the submodules) in a spec's dotted parameter names."""
+    return tuple(dict.fromkeys(name.split(".")[0] for name in parameter_names))
+
+
+def _check_projection(name, projection):
+    """TypeError unless `projection` computes as attnc.Linear does (a subclass
+    that keeps Linear's forward and __call__ does)."""
+    if not isinstance(projection, Linear):
+        raise TypeError(f"{name}: expected a Linear, got a {type(projection).__name__}")
+    for method in ("forward", "__call__"):
+        if getattr(type(projection), method) is not getattr(Linear, method):
+            raise TypeError(f"{name}: {type(projection).__name__} overrides {method}, which this module would not "
+                            "call (it reads the projection's weight and bias); assign a Linear")
+
+
 class _Attention(Module):
     """What the seven attention modules share: the forward as one C call
     over the parameters the spec names, and its backward as another, from
@@ -64,8 +82,22 @@ class _Attention(Module):
             raise TypeError(f"{child}: expected a Dropout, got a {type(dropout).__name__}")
         return dropout.p, dropout.training
 
+    def _params(self):
+        """The values of the parameters the spec names, looked up now; TypeError
+        naming a projection that is no longer a plain Linear: the forward
+        reads a projection's weight and bias and never calls it, so a
+        module of another kind, or a Linear subclass with its own forward,
+        would be computed as if it were a Linear."""
+        names = self._spec[0]
+        params = self._values_of(names)
+        for child in _projection_names(names):
+            projection = self._modules[child]
+            if type(projection) is not Linear:
+                _check_projection(child, projection)
+        return params
+
     def _attend(self, x, attention_mask=None, return_weights=False):
-        params = self._values_of(self._spec[0])
+        params = self._params()
         # read once: another thread may switch the modes
         (p, dropout_active), training = self._dropout(), self.training
         if training and attention_mask is not None:  # read once, for the forward and its backward alike

@@ -149,6 +149,14 @@ def _check_torch_class(obj, torch_name, what):
                         "overrides forward (the twin would compute torch's)")
 
 
+def _linear_shape(weight):
+    """(out_features, in_features) of a torch.nn.Linear's weight; ValueError unless it is 2-D."""
+    shape = tuple(weight.shape)
+    if len(shape) != 2:
+        raise ValueError(f"from_torch: weight: expected 2 dims (out_features, in_features), got shape {shape}")
+    return shape
+
+
 def _torch_twin(module, name, dtype, rng):
     """The attnc twin of torch.nn.Linear or torch.nn.MultiheadAttention, or None; TypeError
     for another class of the same name (a user's own MultiheadAttention), which lacks the
@@ -158,7 +166,8 @@ def _torch_twin(module, name, dtype, rng):
     _check_torch_class(module, "MultiheadAttention" if name == "MultiheadAttention" else "Linear", f"this {name}")
     try:
         if name != "MultiheadAttention":
-            args = (module.in_features, module.out_features), dict(bias=module.bias is not None)
+            out_features, in_features = _linear_shape(module.weight)  # (torch's forward reads the weight alone)
+            args = (in_features, out_features), dict(bias=module.bias is not None)
         else:
             args = (module.embed_dim, module.num_heads), dict(
                 dropout=module.dropout, bias=module.in_proj_bias is not None, add_bias_kv=module.bias_k is not None,

@@ -48,6 +48,14 @@ def _forget(key, dead):
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
+def _dotted(prefix):
+    """A `prefix` argument as the start of dotted names: torch's rule, the
+    prefix and a dot (none for ""); TypeError naming it unless a str."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+    return prefix + "." if prefix else ""
+
+
 def _grad_dtype(x, module_dtype):
     """The dtype of the gradient with respect to input x: x's when it is a
     floating array of 16 bits or more (as torch's x.grad), in native byte
@@ -196,7 +204,14 @@ class Module:
         self.training = True
 
     def __setattr__(self, name, value):
-        if isinstance(value, Module):
+        if "_modules" not in self.__dict__:
+            raise AttributeError(f"{name}: assigned before Module.__init__ ran; call super().__init__() first in "
+                                 f"{type(self).__name__}.__init__")
+        if name == "dtype":  # (before the Module branch: a module assigned here is no dtype)
+            value = module_dtype(value)
+        elif name == "training":  # its truth, as train(mode) takes it
+            value = flag(value, "training")
+        elif isinstance(value, Module):
             if name in self._parameters:
                 raise TypeError(f"{name}: a parameter takes an array or None, got a {type(value).__name__} module")
             if value._contains(self):
@@ -208,10 +223,6 @@ class Module:
             raise TypeError(f"{name}: a submodule takes a Module, got {type(value).__name__}")
         elif name in self._parameters:
             value = self._as_parameter(name, value)
-        elif name == "dtype":
-            value = module_dtype(value)
-        elif name == "training":  # its truth, as train(mode) takes it
-            value = flag(value, "training")
         object.__setattr__(self, name, value)
 
     def _contains(self, module):
@@ -434,7 +445,8 @@ class Module:
         Parameters
         ----------
         prefix : str, default ""
-            Prepended to every name.
+            Prepended to every name with a dot (``"model"`` gives
+            ``"model.weight"``), as in torch.
         remove_duplicate : bool, default True
             False: every name, a shared parameter under each (the keys of
             `state_dict`).
@@ -452,6 +464,7 @@ class Module:
         >>> [(name, p.shape) for name, p in attnc.Linear(3, 2).named_parameters()]
         [('weight', (2, 3)), ('bias', (2,))]
         """
+        prefix = _dotted(prefix)
         if not flag(remove_duplicate, "remove_duplicate"):
             for name, value, _, _ in self._every_parameter_slot(prefix):
                 yield name, value
@@ -568,8 +581,11 @@ class Module:
                 continue
             owner, name = self._owner_of(key)
             array = _C.as_parameter(value, name=key, dtype=owner.dtype)
-            if array.shape != own[key].shape:
-                raise ValueError(f"{key}: expected shape {own[key].shape}, got {array.shape}")
+            current = own[key]
+            if not isinstance(current, np.ndarray):  # placed past assignment (a list, a tensor): as a forward reads it
+                current = _C.as_parameter(current, name=key, dtype=owner.dtype)
+            if array.shape != current.shape:
+                raise ValueError(f"{key}: expected shape {current.shape}, got {array.shape}")
             if any(np.may_share_memory(array, param) for param in own.values()):
                 array = array.copy()  # a parameter's own memory (a swap): read before any is overwritten
             converted[key] = owner, name, array
@@ -579,8 +595,8 @@ class Module:
         replacements = {}  # id(parameter) -> (it, its replacement): a tied parameter stays tied
         for key, (owner, name, array) in converted.items():
             current = own[key]
-            flags = current.flags
-            if flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
+            flags = current.flags if isinstance(current, np.ndarray) else None
+            if flags and flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
                 np.copyto(current, array)
                 continue
             _, replacement = replacements.get(id(current), (None, None))
@@ -659,6 +675,9 @@ class Module:
         ------
         TypeError
             If `dtype` is not one of the four.
+        AttributeError, TypeError, ValueError
+            If a parameter was deleted or holds a value that does not
+            convert (naming it); the module is then left as it was.
 
         Examples
         --------
@@ -668,10 +687,12 @@ class Module:
         dtype('float64')
         """
         dtype = module_dtype(dtype)
+        slots = list(self._every_parameter_slot(""))  # (a deleted parameter raises here, before any change)
         converted = {}  # id(parameter) -> (it, its conversion): a tied parameter stays tied
-        for _, value, owner, name in self._every_parameter_slot(""):
+        for key, value, _, _ in slots:  # all converted first: a failure changes nothing
             if id(value) not in converted:
-                converted[id(value)] = value, _C.as_parameter(value, name=name, dtype=dtype)
+                converted[id(value)] = value, _C.as_parameter(value, name=key, dtype=dtype)
+        for _, value, owner, name in slots:
             object.__setattr__(owner, name, converted[id(value)][1])
         self._set_dtype(dtype)
         return self
@@ -700,7 +721,7 @@ class Module:
         Parameters
         ----------
         prefix : str, default ""
-            Prepended to every name.
+            As in `named_parameters`: prepended with a dot.
         remove_duplicate : bool, default True
             As in `named_parameters`: False yields every name.
 
@@ -712,6 +733,7 @@ class Module:
             Its gradient buffer itself (writable; optimizers read it), or
             the sum of a tied array's buffers.
         """
+        prefix = _dotted(prefix)
         if not flag(remove_duplicate, "remove_duplicate"):
             for name, value, owner, attribute in self._every_parameter_slot(prefix):
                 yield name, owner._grad(attribute, name, value)

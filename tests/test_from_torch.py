@@ -477,3 +477,25 @@ def test_a_head_count_that_is_not_an_integer_is_refused_naming_it(make, attribut
     setattr(module, attribute, heads)
     with pytest.raises(TypeError, match=f"^{attribute}: expected an integer"):
         attnc.from_torch(module)
+
+
+def test_linear_sizes_come_from_the_weight():
+    """Regression (API audit): the docs say a torch Linear's sizes come from its weight's
+    shape, and torch's forward reads only the weight; from_torch read in_features and
+    out_features, so a weight legally replaced by one of another shape (or an attribute
+    edited) failed to convert. The twin now has the weight's sizes and torch's outputs."""
+    torch.manual_seed(6)
+    reference = nn.Linear(4, 3)
+    reference.weight = nn.Parameter(torch.randn(3, 5))
+    twin = attnc.from_torch(reference)
+    assert (twin.in_features, twin.out_features) == (5, 3)
+    x = np.random.default_rng(2).standard_normal((2, 5)).astype(np.float32)
+    with torch.no_grad():
+        assert_close(twin(x), reference(torch.from_numpy(x)), np.float32)
+    edited = nn.Linear(4, 3)
+    edited.in_features = 7
+    assert attnc.from_torch(edited).in_features == 4
+    flat = nn.Linear(4, 3)
+    flat.weight = nn.Parameter(torch.randn(12))
+    with pytest.raises(ValueError, match=r"weight: expected 2 dims"):
+        attnc.from_torch(flat)

@@ -476,3 +476,17 @@ def test_frozen_nn_mha_from_many_threads(restore_threads):
     (x, _, _), _ = nn_calls("default", np.float32)["self"]
     frozen = module.freeze()
     assert_same_from_threads(lambda: frozen(x, x, x, need_weights=False)[0], module(x, x, x, need_weights=False)[0])
+
+
+def test_freeze_checks_the_dropout_probability_as_a_forward_does():
+    """Regression (API audit): an eval-mode forward of a module whose dropout p was set to
+    5 raises ValueError naming it, but freeze() took the module (a frozen call has no
+    dropout). freeze() now checks it as the forward does; a valid p is taken."""
+    module = attnc.SelfAttentionV3(8, rng=np.random.default_rng(0)).eval()
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    module.attention_dropout.p = 5
+    for call in (lambda: module(x), module.freeze):
+        with pytest.raises(ValueError, match=r"^attention_dropout.p: expected a probability in \[0, 1\]"):
+            call()
+    module.attention_dropout.p = 0.3
+    np.testing.assert_array_equal(module.freeze()(x), module(x))

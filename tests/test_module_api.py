@@ -356,3 +356,132 @@ def test_a_module_assigned_into_its_own_tree_is_refused_naming_the_attribute():
             "inner.deeper.proj.bias"]
     assert [name for name, _ in outer.named_parameters()] == keys
     assert "again" in repr(outer.train())
+
+
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_a_projection_replaced_by_another_kind_of_module_is_refused(case):
+    """Regression (API audit): the forward reads a projection's weight and bias and never
+    calls it, so a Linear subclass with its own forward (an adapter) or any module with a
+    weight and a bias was computed as a plain Linear, silently; torch's document classes
+    would call it. The forward and freeze() now refuse it, naming the projection; a
+    subclass that keeps Linear's forward computes as Linear does, bit for bit."""
+    module = case.make(DIM, rng=np.random.default_rng(0)).eval()
+    x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
+    before = module(x)
+    name = module._spec[0][0].split(".")[0]  # the first projection
+    original = getattr(module, name)
+
+    class Doubled(attnc.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class SameForward(attnc.Linear):
+        pass
+
+    class Affine(attnc.Module):
+        def __init__(self, weight, bias):
+            super().__init__()
+            self.register_parameter("weight", weight)
+            self.register_parameter("bias", bias)
+
+        def forward(self, x):
+            return np.tanh(x)
+
+    sizes = original.weight.shape[::-1]
+    bias = original.bias is not None
+    for replacement, message in ((Doubled(*sizes, bias=bias), "Doubled overrides forward"),
+                                 (Affine(original.weight, original.bias), "expected a Linear, got a Affine")):
+        if isinstance(replacement, attnc.Linear):
+            replacement.load_state_dict(original.state_dict())
+        setattr(module, name, replacement)
+        for call in (lambda: module(x), module.freeze):
+            with pytest.raises(TypeError, match=f"^{name}: {message}"):
+                call()
+    same = SameForward(*sizes, bias=bias)
+    same.load_state_dict(original.state_dict())
+    setattr(module, name, same)
+    np.testing.assert_array_equal(module(x), before)
+    np.testing.assert_array_equal(module.freeze()(x), before)
+
+
+@pytest.mark.parametrize("placed", ["list", "tensor"])
+def test_load_state_dict_repairs_a_parameter_placed_past_assignment(placed):
+    """Regression (API audit): a list or tensor put in a parameter's place past the
+    assignment (object.__setattr__) made load_state_dict, the natural repair, raise a bare
+    AttributeError ('list' object has no attribute 'shape'). It now loads the state (the
+    parameter an array again), and a state of another shape than the placed value's names
+    the key."""
+    lin = attnc.Linear(3, 2, rng=np.random.default_rng(0))
+    state = lin.state_dict()
+    value = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    object.__setattr__(lin, "weight", value if placed == "list" else torch.tensor(value))
+    assert lin.load_state_dict(state) == ([], [])
+    assert type(lin.weight) is np.ndarray
+    np.testing.assert_array_equal(lin.weight, state["weight"])
+    wrong = [[1.0] * 4] * 2
+    object.__setattr__(lin, "weight", wrong if placed == "list" else torch.tensor(wrong))
+    with pytest.raises(ValueError, match=r"^weight: expected shape \(2, 4\), got \(2, 3\)"):
+        lin.load_state_dict(state)
+
+
+def test_dtype_takes_data_types_only():
+    """Regression (API audit): a module assigned to `dtype` was registered as a submodule
+    named dtype (in repr and state_dict), and np.dtype read its .dtype: a float64 module
+    then computed in float32. `dtype` is checked before the submodule rule, and objects
+    that merely carry a .dtype (a module, an array) are refused as NumPy refuses an
+    array; a NumPy scalar still stands for its type."""
+    module = attnc.SelfAttentionV1(4, dtype=np.float64)
+    with pytest.raises(TypeError, match="^dtype: expected a data-type, got a Linear"):
+        module.dtype = attnc.Linear(2, 2)
+    assert module.dtype == np.float64 and "dtype" not in module._modules
+    with pytest.raises(TypeError, match="^dtype: expected a data-type, got a Dropout"):
+        attnc.SelfAttentionV1(4, dtype=attnc.Dropout())
+    assert attnc.SelfAttentionV1(4, dtype=np.float64(1.0)).dtype == np.float64
+    with pytest.raises(ValueError, match="^training: "):  # (no truth value: named, not registered)
+        module.training = np.ones(2)
+
+
+def test_an_assignment_before_module_init_says_so():
+    """Regression (API audit): a subclass that assigns before super().__init__() got
+    "'M' object has no attribute '_parameters'"; the error now names the attribute and
+    the missing call, as torch's does."""
+    class Early(attnc.Module):
+        def __init__(self):
+            self.lin = attnc.Linear(2, 2)
+            super().__init__()
+
+    with pytest.raises(AttributeError, match=r"^lin: assigned before Module.__init__ ran; call super\(\).__init__"):
+        Early()
+
+
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_named_parameters_prefix_as_torch(case):
+    """Regression (API audit): `prefix` was prepended as it is ("modelQ_proj.weight");
+    torch joins it with a dot. Against torch's document class, and named_grads alike."""
+    module = case.make(DIM, rng=np.random.default_rng(0))
+    reference = case.make_torch(DIM)
+    for prefix in ("", "model", "encoder.layer"):
+        expected = [name for name, _ in reference.named_parameters(prefix=prefix)]
+        assert [name for name, _ in module.named_parameters(prefix=prefix)] == expected
+        assert [name for name, _ in module.named_grads(prefix=prefix)] == expected
+    with pytest.raises(TypeError, match="^prefix: expected a str, got int"):
+        next(module.named_parameters(prefix=1))
+
+
+def test_to_changes_nothing_when_it_fails():
+    """Regression (API audit): to() converted parameter by parameter, so a deleted (or
+    unconvertible) later one left the earlier ones converted and `dtype` not: a module of
+    mixed dtypes. Every parameter is now converted before any is replaced."""
+    for spoil, error in ((lambda m: delattr(m.V_proj, "weight"), AttributeError),
+                         (lambda m: object.__setattr__(m.V_proj, "weight", "text"), TypeError)):
+        module = attnc.SelfAttentionV1(4, rng=np.random.default_rng(0))
+        before = {name: value.copy() for name, value in module.state_dict().items() if name != "V_proj.weight"}
+        spoil(module)
+        with pytest.raises(error, match="^V_proj.weight: "):
+            module.to(np.float64)
+        assert module.dtype == np.float32
+        for name, value in before.items():
+            current = module._owner_of(name)
+            array = getattr(current[0], current[1])
+            assert array.dtype == np.float32, name
+            np.testing.assert_array_equal(array, value)

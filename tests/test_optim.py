@@ -495,3 +495,27 @@ def test_a_step_count_past_int64_raises_naming_it_before_any_update(count):
     module, opt, last, _ = stepped_once("AdamW", 8)
     opt.state[last]["step"] = count
     assert_step_refused(module, opt, ValueError, f"state[{last!r}]['step']: expected an int >= 0 and below 2**63")
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW-custom"])
+def test_hyperparameters_as_0d_arrays_and_tensors_step_as_torch(case):
+    """Regression (API audit): lr, momentum, eps, weight_decay and betas refused a 0-d
+    array or a tensor (torch takes a tensor lr; attnc's other numeric arguments take
+    them). Each is taken as its number: the steps match torch's with the floats; a bool
+    of any kind and an array of one element but one dim still raise naming the argument."""
+    name, kwargs = CASES[case]
+    wrapped = {key: (tuple(torch.tensor(b, dtype=torch.float64) for b in value) if key == "betas" else
+                     np.array(value) if index % 2 else torch.tensor(value, dtype=torch.float64))
+               for index, (key, value) in enumerate(kwargs.items())}
+    module = MODULES["MHA"](np.float64)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    opt = getattr(attnc.optim, name)(module, **wrapped)
+    rng = np.random.default_rng(8)
+    for step in range(3):
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        assert_params_match(module, twins, f"step {step}")
+    for bad in (np.array(True), torch.tensor(True), np.array([0.1])):
+        with pytest.raises(TypeError, match="^lr: expected a real number"):
+            getattr(attnc.optim, name)(module, lr=bad)
