@@ -743,3 +743,23 @@ def test_sdpa_backward_summed_in_runs_matches_the_repeated_inputs_sum(shared, dt
         expected = items.astype(np.float64).sum(axis=0, keepdims=True) if given.shape[0] == 1 else items
         tol = 1e-12 if dtype == np.float64 else 2e-5
         np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * np.abs(expected).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("shared", ["key-value", "query"])
+def test_sdpa_backward_summed_in_runs_against_torch(shared, dtype):
+    """The runs of the test above, without dropout, against an independent oracle: torch's
+    autograd in float64 of the math (broadcast batch, softmax, weighted sum), which sums a
+    broadcast input's gradient over the batch itself."""
+    rng = np.random.default_rng(4)
+    L, S, E = 2, 4096, 128
+    big, small = (4, 3), (1, 3)
+    qb, kb = (big, small) if shared == "key-value" else (small, big)
+    q, k, v = sdpa_inputs(rng, qb, kb, kb, L, S, E, E, dtype)
+    g = normal(rng, big + (L, E), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse)
+    tq, tk, tv = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))
+    scores = tq @ tk.transpose(-1, -2) / math.sqrt(E)
+    (torch.softmax(scores, -1) @ tv).backward(torch.tensor(g.astype(np.float64)))
+    for got, t, name in zip(grads, (tq, tk, tv), ("grad_query", "grad_key", "grad_value")):
+        check(got, t.grad, dtype, name)

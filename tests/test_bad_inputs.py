@@ -473,6 +473,8 @@ def test_module_non_finite_inputs_propagate_as_torch(name, kind):
     ref_out, ref_w = ref_module(m, x, mask)
     fin = ~nan_out & np.isfinite(ref_out)
     np.testing.assert_allclose(out[fin], ref_out[fin], rtol=1e-9, atol=1e-9)
+    infinite = ~nan_out & np.isinf(ref_out)
+    np.testing.assert_array_equal(out[infinite], ref_out[infinite])
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -490,6 +492,9 @@ def test_sdpa_non_finite_propagate_as_torch(value, where):
     tw = torch.softmax(s, -1)
     np.testing.assert_array_equal(np.isnan(w), torch.isnan(tw).numpy())
     np.testing.assert_array_equal(np.isnan(out), torch.isnan(tw @ v).numpy())
+    # and every other element's value, infinities included (float64: to rounding)
+    np.testing.assert_allclose(w, tw.numpy(), rtol=1e-12, atol=1e-15, equal_nan=True)
+    np.testing.assert_allclose(out, (tw @ v).numpy(), rtol=1e-12, atol=1e-15, equal_nan=True)
 
 
 def test_softmax_non_finite():
@@ -632,7 +637,9 @@ def test_non_float_inputs_convert(in_dtype):
         m = make_module(name)
         assert_close(m(x), ref_module(m, x)[0], np.float32, name)
     assert_close(F.softmax(x), ref_softmax(np.asarray(x, np.float64)), result_dtype(in_dtype))
-    assert F.scaled_dot_product_attention(x, x, x).dtype == result_dtype(in_dtype)
+    x64 = np.asarray(x, np.float64)
+    assert_close(F.scaled_dot_product_attention(x, x, x), ref_attend(x64, x64, x64, 1 / math.sqrt(DIM))[0],
+                 result_dtype(in_dtype))
 
 
 # ============================================================================

@@ -122,22 +122,28 @@ def test_fork_in_a_signal_handler_run_mid_call(restore_threads):
     attnc.set_num_threads(2)
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 8, 1024, 64)).astype(np.float32) for _ in range(3))
+    start = time.perf_counter()
     expected = F.scaled_dot_product_attention(q, k, v)
-    forked = {}
+    call_seconds = time.perf_counter() - start
+    forked, in_call, mid_call_forks = {}, [False], []
 
     def handler(signum, frame):
         pid = os.fork()
         forked["child" if pid == 0 else "pid"] = pid
+        if pid:
+            mid_call_forks.append(in_call[0])
 
     previous = signal.signal(signal.SIGALRM, handler)
     try:
-        for delay in (0.01, 0.03, 0.05):
+        for fraction in (0.1, 0.4, 0.7):  # of a call's time on this machine: the forks land inside calls
             forked.clear()
-            signal.setitimer(signal.ITIMER_REAL, delay)
+            signal.setitimer(signal.ITIMER_REAL, fraction * call_seconds)
+            in_call[0] = True
             try:
                 out, error = F.scaled_dot_product_attention(q, k, v), None
             except RuntimeError as raised:
                 out, error = None, str(raised)
+            in_call[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             if "child" in forked:  # never return into pytest
                 ok = (error or "").startswith("the process forked during this call") or np.array_equal(out, expected)
@@ -149,6 +155,7 @@ def test_fork_in_a_signal_handler_run_mid_call(restore_threads):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    assert any(mid_call_forks), f"no fork landed inside a call ({mid_call_forks}): the test tested nothing"
 
 
 @pytest.mark.parametrize("lock_name", ["_FINISH_LOCK", "_UNPICKLED_LOCK"])

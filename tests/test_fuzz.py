@@ -251,6 +251,8 @@ def test_fuzz_softmax_and_dropout(data):
     np.testing.assert_allclose(y[kept], expected[kept], rtol=1e-6 if dtype == np.float32 else 1e-12)
     if p == 0:
         np.testing.assert_allclose(y, x64, rtol=1e-6)
+    if p == 1:
+        assert not y.any()
     assert_close(d.eval()(x), x64, dtype, "dropout eval") if np.all(np.isfinite(x64)) else None
 
 

@@ -14,7 +14,7 @@ import attnc
 from attnc.nn import MultiheadAttention
 
 E, HEADS, L, S, N = 6, 2, 4, 5, 3
-TOL = {np.float32: 1e-5, np.float64: 1e-10}        # outputs and weights, of the values' scale
+TOL = {np.float32: 1e-5, np.float64: 1e-11}        # outputs and weights, of the values' scale (toolkit.tolerance)
 GRAD_TOL = {np.float32: 1e-4, np.float64: 1e-9}    # gradients
 
 CONFIGS = {

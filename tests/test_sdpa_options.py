@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnc
 from attnc import functional as F
-from toolkit import MASKED_FILL, assert_close
+from toolkit import MASKED_FILL, assert_close, tolerance
 
 
 pytestmark = pytest.mark.usefixtures("serial_torch")
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.usefixtures("serial_torch")
 
 def check(actual, expected, dtype, what="", elementwise=False):
     """Same shape, `dtype`, the same infinities at the same places, and the finite
-    values within 1e-9 (float64) or 1e-4 (float32) of max(1, max|expected|), or of
+    values within the suite's tolerance (toolkit.tolerance; for gradients, `what`
+    "grad_...", assert_grad_close's 1e-9 / 1e-4) of max(1, max|expected|), or of
     max(1, |expected|) per element (elementwise: lse, whose masked rows are -1e20)."""
     expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
     actual = np.asarray(actual)
@@ -39,7 +40,8 @@ def check(actual, expected, dtype, what="", elementwise=False):
     if e.size == 0:
         return
     assert np.isfinite(a).all(), f"{what}: non-finite values where the oracle's are finite"
-    tol = 1e-9 if np.dtype(dtype) == np.float64 else 1e-4
+    gradient = what.startswith("grad")
+    tol = (1e-9 if np.dtype(dtype) == np.float64 else 1e-4) if gradient else tolerance(dtype)
     bound = tol * (np.maximum(1.0, np.abs(e)) if elementwise else max(1.0, float(np.abs(e).max())))
     err = np.abs(a - e)
     assert np.all(err <= bound), f"{what}: max abs err {err.max():.3e} (worst excess {(err - bound).max():.3e})"

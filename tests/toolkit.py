@@ -139,6 +139,41 @@ def assert_close(actual, expected, dtype, what="", tol=None):
         assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
 
 
+# (mantissa bits, smallest normal exponent) of the 16-bit dtypes, for their units in the last place
+_LOW_PRECISION_FORMATS = {"float16": (10, -14), "bfloat16": (7, -126)}
+
+
+def assert_rounded_once(actual, expected, dtype, what="", ulps=1.0):
+    """A float16 or bfloat16 result computed in float32 and rounded once, against a float64
+    oracle: NaN and infinities at the same places, and every finite element within `ulps`
+    units in the last place of `dtype` at the oracle's value (the rounding is half a
+    unit) plus what the float32 computation before it may be off by, tolerance(float32)
+    * max(1, max|expected|) (a sum that cancels to near 0 keeps float32's absolute
+    error, which is many 16-bit units of a tiny result). Far tighter than PyTorch's
+    LOW_PRECISION_TOLERANCES (1e-3 absolute, larger than most attention weights, plus 1e-3
+    or 1.6e-2 relative): a lost factor of 1.01 or a small weight zeroed fails."""
+    mantissa_bits, min_exponent = _LOW_PRECISION_FORMATS[np.dtype(dtype).name]
+    actual = np.asarray(actual)
+    expected = np.asarray(expected.detach().numpy() if hasattr(expected, "detach") else expected, np.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    assert actual.dtype == np.dtype(dtype), (what, actual.dtype, np.dtype(dtype))
+    nan, inf = np.isnan(expected), np.isinf(expected)
+    np.testing.assert_array_equal(np.isnan(actual), nan, err_msg=f"{what}: NaN positions")
+    np.testing.assert_array_equal(actual[inf], expected[inf], err_msg=f"{what}: inf positions")
+    finite = ~(nan | inf)
+    a, e = actual[finite].astype(np.float64), expected[finite]
+    if e.size == 0:
+        return
+    exponent = np.maximum(np.frexp(e)[1] - 1, min_exponent)  # |e| in [2^exponent, 2^(exponent + 1)), or subnormal
+    unit = np.ldexp(1.0, exponent - mantissa_bits)
+    float32_error = tolerance(np.float32) * max(1.0, float(np.abs(e).max()))
+    excess = (np.abs(a - e) - float32_error) / unit
+    worst = int(np.argmax(excess))
+    if excess[worst] > ulps:
+        raise AssertionError(f"{what}: {a[worst]!r} against {e[worst]!r}: {excess[worst]:.2f} units in the last "
+                             f"place of {np.dtype(dtype).name} beyond float32's {float32_error:.1e} (at most {ulps})")
+
+
 def assert_grad_close(actual, expected, dtype, what=""):
     """assert_close at the gradient tolerance: 1e-9 (float64)
     and 1e-4 (float32) of max(1, max|expected|). A gradient adds the
