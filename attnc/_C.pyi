@@ -81,6 +81,10 @@ def l1d_ways() -> int: ...
 def set_l1d_ways(ways: int) -> None: ...
 MAX_L1D_WAYS: int
 
+# a test hook: the order the last GEMM on this thread took ("direct", "few_rows",
+# "transposed", "streamed", "far_x" or "blocked")
+def last_gemm_order() -> str: ...
+
 # the GEMM's K block: every product sums its K blocks of this many steps in
 # order, each from zero (the tests take K from it)
 GEMM_KC: int

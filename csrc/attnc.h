@@ -329,6 +329,20 @@ int attnc_l1d_ways(void);
 void attnc_set_l1d_ways(int ways);
 /* Whether this CPU is Intel's (read at import): its L3 is farther than Zen's. */
 int attnc_cpu_is_intel(void);
+/* The order the last GEMM called on this thread took (a test hook: the tests
+ * assert that their sizes reach the order they are written for). */
+typedef enum {
+    ATTNC_GEMM_DIRECT,     /* direct loops, no packing (the tiniest products) */
+    ATTNC_GEMM_FEW_ROWS,   /* weights read in place and turned in registers */
+    ATTNC_GEMM_TRANSPOSED, /* C^T = B . A^T: weights broadcast in place, x packed */
+    ATTNC_GEMM_STREAMED,   /* x packed (or read) whole, weights a sliver at a time */
+    ATTNC_GEMM_FAR_X,      /* streamed by blocks of weight slivers (an x far beyond L2) */
+    ATTNC_GEMM_BLOCKED,    /* blocks of x by blocks of the packed weights */
+    ATTNC_GEMM_N_ORDERS
+} attnc_gemm_order;
+void attnc_note_gemm_order(attnc_gemm_order order);
+attnc_gemm_order attnc_last_gemm_order(void);
+extern const char *const attnc_gemm_order_names[ATTNC_GEMM_N_ORDERS];
 
 /* ------------------------------------------------------------------------ */
 /* self_attention.c: a whole module forward in one call                      */

@@ -2058,6 +2058,11 @@ static PyObject *py_simd_level(PyObject *self, PyObject *unused)
 
 static PyObject *py_l1d_ways(PyObject *self, PyObject *unused) { return PyLong_FromLong(attnc_l1d_ways()); }
 
+static PyObject *py_last_gemm_order(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(attnc_gemm_order_names[attnc_last_gemm_order()]);
+}
+
 static PyObject *py_set_l1d_ways(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     long ways;
@@ -2181,6 +2186,9 @@ static PyMethodDef methods[] = {
      "l1d_ways($module, /)\n--\n\nThe ways of a set of this CPU's L1 data cache as the GEMM counts them (0: unknown)."},
     {"set_l1d_ways", FN(py_set_l1d_ways), KW,
      "set_l1d_ways($module, /, ways)\n--\n\nTesting hook: the GEMM counts `ways` ways (0: unknown), as on another CPU."},
+    {"last_gemm_order", py_last_gemm_order, METH_NOARGS,
+     "last_gemm_order($module, /)\n--\n\nTesting hook: the order the last GEMM on this thread took: \"direct\",\n"
+     "\"few_rows\", \"transposed\", \"streamed\", \"far_x\" or \"blocked\" (csrc/attnc.h)."},
     {"set_cpus_for_tests", FN(py_set_cpus_for_tests), KW,
      "set_cpus_for_tests($module, /, n)\n--\n\nTesting hook: count `n` CPUs (0: the real ones), so that `set_num_threads`\n"
      "counts up to `n` split the work as on a machine that many CPUs wide (0 to 64)."},

@@ -3,7 +3,8 @@
  * the best level the CPU has, chosen once at import; tests may cap it
  * (attnc_set_level) to run every level this CPU has. Beside it, the two
  * other facts of the CPU the kernels choose by: the ways of its L1 data
- * cache, and whether it is Intel's. */
+ * cache, and whether it is Intel's; and, for the tests, the order the last
+ * GEMM on a thread took. */
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -102,6 +103,12 @@ void attnc_select_kernels(void)
 }
 
 int attnc_cpu_is_intel(void) { return is_intel; }
+
+static _Thread_local attnc_gemm_order last_gemm_order = ATTNC_GEMM_DIRECT;
+const char *const attnc_gemm_order_names[ATTNC_GEMM_N_ORDERS] = {"direct",   "few_rows", "transposed",
+                                                                 "streamed", "far_x",    "blocked"};
+void attnc_note_gemm_order(attnc_gemm_order order) { last_gemm_order = order; }
+attnc_gemm_order attnc_last_gemm_order(void) { return last_gemm_order; }
 
 int attnc_l1d_ways(void) { return atomic_load_explicit(&l1d_ways, memory_order_relaxed); }
 

@@ -1316,6 +1316,7 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
     if (M <= 0 || N <= 0) return ATTNC_OK;
     /* (pairs: the direct loops' products would not be vdot_pairs') */
     if (K == 0 || (!BF16_PAIRS && (double)M * (double)N * (double)K <= GEMM_DIRECT_MAX_MACS)) {
+        attnc_note_gemm_order(ATTNC_GEMM_DIRECT);
         FN(gemm_direct)(g, N, &a, &b);
         return ATTNC_OK;
     }
@@ -1327,10 +1328,16 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
      * time, (1, 16, 512) 0.68 / 0.73x, (4, 8, 768) 0.82 / 0.73x, (1, 4,
      * 1024) 0.90 / 0.88x, (1, 1, 768) 0.90 / 0.96x, (1, 32, 256) 0.97 /
      * 0.96x; 1 thread (1, 8, 768) 0.82 / 0.72x (benchmarks/NOTES.md). */
-    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1 && !g->packed_b) return FN(gemm_few_rows)(g, N, &a, &b);
+    if (!BF16_PAIRS && M <= GEMM_FEW_ROWS && b.cs == 1 && !g->packed_b) {
+        attnc_note_gemm_order(ATTNC_GEMM_FEW_ROWS);
+        return FN(gemm_few_rows)(g, N, &a, &b);
+    }
     idx_t kc_max = attnc_min(K, ATTNC_GEMM_KC), threads = attnc_threads_for(2.0 * M * N * kc_max);
     FN(gemm_job) job = FN(plan_job)(g, a, b, N, kc_max, threads);
     int transposed = job.transposed, streamed = job.streamed;
+    attnc_note_gemm_order(transposed ? ATTNC_GEMM_TRANSPOSED
+                          : streamed ? (job.block_slivers > 1 ? ATTNC_GEMM_FAR_X : ATTNC_GEMM_STREAMED)
+                                     : ATTNC_GEMM_BLOCKED);
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
     if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||

@@ -5,6 +5,7 @@ exercise the edge tiles of every micro-kernel shape (MR in 4, 6, 12; NR in
 8, 16), transposed operands the strided packing, and the attention sizes
 partial query and key tiles.
 """
+import os
 import subprocess
 import sys
 
@@ -34,18 +35,55 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
 
 
-@pytest.mark.parametrize("m", [60, 1000])
+INTEL = "GenuineIntel" in open("/proc/cpuinfo").read().split()
+
+
+def _vector_bytes(level):
+    """A level's vector width: the portable level's is 16 bytes but in .ci/wide_vectors.sh's
+    builds, which give it AVX2's or AVX-512's (and say so in ATTNC_PORTABLE_VECTOR_BYTES)."""
+    if level.startswith("avx512"):
+        return 64
+    return 32 if level == "avx2" else int(os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES") or 16)
+
+
+def _far_x_order(level):
+    """Whether products of an x far beyond L2 stream it by weight blocks at `level` on this
+    CPU: on Intel at AVX-512's width (GEMM_FAR_A_BY_B_BLOCKS)."""
+    return INTEL and _vector_bytes(level) == 64
+
+
+def _order_of(x, w):
+    """The order the GEMM takes for x (M, K) times w (N, K)^T at the current level."""
+    F.linear(x, w)
+    return attnc._C.last_gemm_order()
+
+
+def _rows_taking(order, k, n, dtype, candidates):
+    """The first of `candidates` (rows of x) whose product by an (n, k) weight takes
+    `order` at the current level on this CPU: the orders' thresholds differ by level
+    and vendor (Intel's AVX-512 streams x only up to 1.25 MB, and takes the far-x order
+    past 3 MB), and a test written for an order must reach it on every machine."""
+    for m in candidates:
+        if _order_of(np.ones((m, k), dtype), np.ones((n, k), dtype)) == order:
+            return m
+    raise AssertionError(f"none of {candidates} rows takes the {order} order at {attnc._C.simd_level()}")
+
+
+@pytest.mark.parametrize("order", ["streamed", "blocked"])
 @pytest.mark.parametrize("k", [K_BLOCK + steps for steps in (8, 9, 10, 16, 17, 18)])
-def test_linear_last_k_block_every_level(k, m, dtype, simd_mode):
-    """The packed orders (x too large to pack alone: 60 rows take the
-    streamed order, 1000 the blocked one), with a last K block of 8 to 18
-    steps: around one vector's worth of steps (8 or 16 floats, 4 or 8
-    doubles), where packing the rows of x in register blocks stops (a
-    block's last store runs into the next step); each row's bits as when
-    alone."""
+def test_linear_last_k_block_every_level(k, order, dtype, simd_mode):
+    """The packed orders (x too large to pack alone), with a last K block of 8 to 18
+    steps: around one vector's worth of steps (8 or 16 floats, 4 or 8 doubles), where
+    packing the rows of x in register blocks stops (a block's last store runs into the
+    next step); each row's bits as when alone. The rows for each order are found at each
+    level on this CPU (_rows_taking): 90 rows are streamed everywhere; the blocked order
+    takes 300 to 1000 rows by vendor and dtype (60 rows, once the streamed case, are
+    transposed on Intel at AVX-512; 1000 streamed by weight blocks there)."""
     rng = np.random.default_rng(k)
+    m = _rows_taking(order, k, 130, dtype, (90, 300, 500, 1000))
     x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
     out = F.linear(x, w, b)
+    assert attnc._C.last_gemm_order() == order
     assert_close(out, x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, f"{simd_mode} K={k}")
     for i in (0, 5, 6, m - 1):
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], out[i])
@@ -69,13 +107,16 @@ def test_linear_k_blocks_are_k_block_long(m, dtype, simd_mode, restore_threads):
             np.testing.assert_array_equal(F.linear(x, w), np.full((m, 130), expected, dtype), f"K={k}")
 
 
-def _linear_on_threads_and_alone(x, w, b, rows, label):
+def _linear_on_threads_and_alone(x, w, b, rows, label, order=None):
     """F.linear(x, w, b) on 1 thread against float64, the same bits on 2,
-    and the bits of each of `rows` as when alone (the few-rows order)."""
+    and the bits of each of `rows` as when alone (the few-rows order); the
+    product's order `order` when given (_order_of)."""
     outs = []
     for threads in (1, 2):
         attnc.set_num_threads(threads)
         outs.append(F.linear(x, w, b))
+        if order is not None:
+            assert attnc._C.last_gemm_order() == order, (label, attnc._C.last_gemm_order())
     assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, x.dtype, label)
     np.testing.assert_array_equal(outs[0], outs[1])
     for i in rows:
@@ -83,7 +124,10 @@ def _linear_on_threads_and_alone(x, w, b, rows, label):
     return outs[0]
 
 
-@pytest.mark.parametrize("m", [12, 32, 64, 96, 400, 1500, 3000])
+EACH_ORDER_ROWS = [12, 32, 64, 96, 400, 1000, 1500, 3000]
+
+
+@pytest.mark.parametrize("m", EACH_ORDER_ROWS)
 def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     """Three of the GEMM's orders, by the size of x (K = 300): 32 rows
     transposed at every level (the weights read in place; x's rows the
@@ -106,6 +150,19 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
+def test_the_orders_test_reaches_every_order_every_level(dtype, simd_mode):
+    """test_linear_each_order_every_level's sizes, with one row, reach every order of the
+    GEMM at every level on this CPU: few rows, transposed, streamed and blocked (1000 rows
+    added for double on Intel at AVX-512, where 1500 and 3000 take the far-x order), and
+    far-x for double on Intel at AVX-512 (float's 130 outputs make one-sliver blocks
+    there: the streamed order's; test_linear_far_x_by_weight_blocks_every_level has its own)."""
+    reached = {_order_of(np.ones((m, 300), dtype), np.ones((130, 300), dtype)) for m in [1] + EACH_ORDER_ROWS}
+    expected = {"few_rows", "transposed", "streamed", "blocked"}
+    if _far_x_order(simd_mode) and np.dtype(dtype) == np.float64:
+        expected.add("far_x")
+    assert expected <= reached, (simd_mode, reached)
 
 
 @pytest.mark.parametrize("m", [16, 32])
@@ -165,24 +222,33 @@ def test_linear_far_x_by_weight_blocks_every_level(k, dtype, simd_mode, restore_
     Against float64, on 1 and 2 threads, and each row's bits as when alone."""
     rng = np.random.default_rng(k)
     x, w, b = _r(rng, (800, k), dtype), _r(rng, (1530, k), dtype), _r(rng, (1530,), dtype)
-    _linear_on_threads_and_alone(x, w, b, (0, 399, 799), f"{simd_mode} K={k}")
+    order = "far_x" if _far_x_order(simd_mode) else "blocked"
+    _linear_on_threads_and_alone(x, w, b, (0, 399, 799), f"{simd_mode} K={k}", order)
 
 
-@pytest.mark.parametrize("m", [200, 401])
-def test_linear_streamed_x_in_place_every_level(m, dtype, simd_mode, restore_threads):
+# rows of x the streamed order takes at every level on either vendor (a packed x block
+# of at most 1.25 MB, Intel's AVX-512 limit), each past its last whole sliver
+STREAMED_ROWS = {np.dtype(np.float32): (305, 200), np.dtype(np.float64): (149, 98)}
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_linear_streamed_x_in_place_every_level(which, dtype, simd_mode, restore_threads):
     """The streamed order reads x's whole MR-row slivers in place at AVX2
     and AVX-512 (the micro-kernel's broadcasts from its rows, a row pointer
-    per four rows) and packs only a last partial sliver: 401 rows are 5 past
-    the last whole sliver of 12 (AVX-512) or 6 (AVX2), 200 rows 8 and 2
-    (doubles of 401 rows are too many for the order: blocked). K = 2 K_BLOCK
-    + 7: three K blocks, each sliver read from its block's first column. Against
-    float64, on 1 and 2 threads (each thread's copy of the partial sliver),
-    each row's bits as when alone (the few-rows order) and as in a product
-    of 16 rows (the transposed order, x packed)."""
+    per four rows) and packs only a last partial sliver: 305 float rows and
+    149 double rows are 5 past the last whole sliver of 12 (AVX-512) or 6
+    (AVX2), 200 float rows 8 and 2, 98 double rows 2. K = 2 K_BLOCK + 7:
+    three K blocks, each sliver read from its block's first column. The
+    order asserted (401 float rows, once a case here, are blocked on Intel
+    at AVX-512). Against float64, on 1 and 2 threads (each thread's copy of
+    the partial sliver), each row's bits as when alone (the few-rows order)
+    and as in a product of 16 rows (the transposed order, x packed)."""
+    m = STREAMED_ROWS[np.dtype(dtype)][which]
     rng = np.random.default_rng(m)
     k = 2 * K_BLOCK + 7
     x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
-    out = _linear_on_threads_and_alone(x, w, b, (0, 11, 12, m // 2, m - 6, m - 1), f"{simd_mode} M={m}")
+    out = _linear_on_threads_and_alone(x, w, b, (0, 11, 12, m // 2, m - 6, m - 1), f"{simd_mode} M={m}",
+                                       "streamed")
     np.testing.assert_array_equal(F.linear(x[m - 16:], w, b), out[m - 16:])
 
 
