@@ -24,7 +24,7 @@ for bytes in 64 32; do
     (cd "$copy" && ATTNC_PORTABLE_VECTOR_BYTES=$bytes ATTNC_SKIP_UNRUNNABLE_KERNELS=1 python setup.py -q build_ext --inplace > build.log 2>&1) ||
         { cat "$copy/build.log"; exit 1; }
     echo "-- portable kernels at $bytes-byte vectors"
-    (cd "$copy" && ATTNC_TEST_SIMD_LEVEL=portable ATTNC_PORTABLE_VECTOR_BYTES=$bytes python -m pytest -q -p no:cacheprovider -o addopts= -x \
+    (cd "$copy" && ATTNC_TEST_SIMD_LEVEL=portable python -m pytest -q -p no:cacheprovider -o addopts= -x \
         tests/test_simd_levels.py tests/test_stacked_projection.py tests/test_functional.py tests/test_layouts.py \
         tests/test_masks.py tests/test_threads_determinism.py tests/test_fuzz.py tests/test_modules_vs_torch.py \
         tests/test_kernel_regressions.py tests/test_backward_attention.py tests/test_sdpa_options.py \

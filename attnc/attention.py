@@ -55,7 +55,7 @@ def _check_projection(name, projection):
     """TypeError unless `projection` computes as attnc.Linear does (a subclass
     that keeps Linear's forward and __call__ does)."""
     if not isinstance(projection, Linear):
-        raise TypeError(f"{name}: expected a Linear, got a {type(projection).__name__}")
+        raise TypeError(f"{name}: expected a Linear, got {type(projection).__name__}")
     for method in ("forward", "__call__"):
         if getattr(type(projection), method) is not getattr(Linear, method):
             raise TypeError(f"{name}: {type(projection).__name__} overrides {method}, which this module would not "
@@ -82,22 +82,19 @@ class _Attention(Module):
             raise TypeError(f"{child}: expected a Dropout, got a {type(dropout).__name__}")
         return dropout.p, dropout.training
 
-    def _params(self):
-        """The values of the parameters the spec names, looked up now; TypeError
-        naming a projection that is no longer a plain Linear: the forward
-        reads a projection's weight and bias and never calls it, so a
+    def __setattr__(self, name, value):
+        """A projection takes only a module that computes as Linear does: the
+        forward reads a projection's weight and bias and never calls it, so a
         module of another kind, or a Linear subclass with its own forward,
-        would be computed as if it were a Linear."""
-        names = self._spec[0]
-        params = self._values_of(names)
-        for child in _projection_names(names):
-            projection = self._modules[child]
-            if type(projection) is not Linear:
-                _check_projection(child, projection)
-        return params
+        would be computed as if it were a Linear (checked here, once, rather
+        than at every forward)."""
+        spec = self.__dict__.get("_spec")  # (None while __init__ assigns the projections)
+        if spec is not None and isinstance(value, Module) and name in _projection_names(spec[0]):
+            _check_projection(name, value)
+        super().__setattr__(name, value)
 
     def _attend(self, x, attention_mask=None, return_weights=False):
-        params = self._params()
+        params = self._values_of(self._spec[0])
         # read once: another thread may switch the modes
         (p, dropout_active), training = self._dropout(), self.training
         if training and attention_mask is not None:  # read once, for the forward and its backward alike
@@ -131,7 +128,8 @@ class _Attention(Module):
             If this module's class overrides ``forward`` (or ``__call__``).
         AttributeError, TypeError, ValueError
             If a parameter was deleted, replaced by a wrong value or
-            resized (naming it), as a forward would.
+            resized, or the dropout probability is outside ``[0, 1]``
+            (naming it), as a forward would.
 
         Examples
         --------

@@ -37,8 +37,7 @@ class FrozenAttention:
     ------
     TypeError
         If `module` is not one of attnc's attention modules, or is a
-        subclass that overrides ``forward`` (or ``__call__``), or a
-        projection of it is no longer a plain ``Linear``.
+        subclass that overrides ``forward`` (or ``__call__``).
     AttributeError, TypeError, ValueError
         If a parameter or the dropout probability was deleted, replaced
         by a wrong value or resized (naming it), as a forward would.
@@ -84,7 +83,7 @@ class FrozenAttention:
             if getattr(type(module), method) is not getattr(kind, method):
                 raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
                                 f"{kind.__name__}'s forward only")
-        params = module._params()
+        params = module._values_of(module._spec[0])
         _C.probability(module._dropout()[0], name=module._spec[1])  # unused here, but checked as a forward checks it
         self._set(params, module._spec, module.dtype, "attention_mask" in inspect.signature(kind.forward).parameters,
                   kind.__name__)

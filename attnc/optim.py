@@ -45,20 +45,26 @@ from .module import Module
 __all__ = ["Optimizer", "SGD", "AdamW"]
 
 
+_REAL_DTYPE_NAMES = ("float", "int", "uint", "bfloat")  # NumPy's, ml_dtypes' and torch's names, "torch." removed
+
+
 def _number(value, name):
-    """value as a float: a real number, or a 0-d array or tensor of one (as
-    torch takes a tensor lr, and attnc's other numeric arguments take them);
-    TypeError for anything else (a bool, of any kind, or a string is not one)."""
-    zero_d = getattr(value, "ndim", None) == 0 and not isinstance(value, (str, bytes))
-    dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
-    if isinstance(value, bool) or dtype == "bool" or not (isinstance(value, numbers.Real) or zero_d):
+    """value as a float: a real number, or a 0-d array or tensor of one of an
+    integer or floating dtype (as torch takes a tensor lr, and attnc's other
+    numeric arguments take them); TypeError for anything else (a bool of any
+    kind, a complex number, a string)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:  # a NumPy scalar, a 0-d array or tensor: judged by its dtype
+        real = str(dtype).removeprefix("torch.").startswith(_REAL_DTYPE_NAMES)
+        ok = real and getattr(value, "ndim", None) == 0
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok:
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except OverflowError as error:  # an int (or a Fraction) past any float
         raise ValueError(f"{name}: expected a finite number, got {value!r} (too large for a float)") from error
-    except (TypeError, ValueError) as error:  # a complex 0-d array, a string array
-        raise TypeError(f"{name}: expected a real number, got {type(value).__name__} {value!r}") from error
 
 
 def _nonnegative(value, name):

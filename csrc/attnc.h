@@ -84,11 +84,13 @@ int attnc_thread_index(void);
 void attnc_set_num_threads(int n);
 int attnc_get_num_threads(void);
 /* The threads a parallel_for would compute on: the count asked for, at most
- * the CPUs; for kernels sizing their tasks (never their results) by it. */
+ * the CPUs (or the count attnc_set_cpus_for_tests gave); for kernels sizing
+ * their tasks (never their results) by it. */
 int attnc_running_threads(void);
-/* A test hook: count n CPUs (n >= 1) instead of the ones this process may
- * use, so that a test's thread counts split the work as they would on a
- * larger machine; 0 counts the real ones again. */
+/* A test hook: cap the threads that run at n (n >= 1) instead of the CPUs
+ * this process may use, so that a test's thread counts split the work as
+ * they would on a machine that wide; 0 caps at the real CPUs again. The
+ * default thread count stays the real CPUs'. */
 void attnc_set_cpus_for_tests(int n);
 /* The threads a parallel_for of work_flops would compute on: 1 below the
  * work that pays for waking a thread, or inside a task (which runs nested
@@ -307,6 +309,7 @@ typedef struct {
     /* out (n) <- in (n) * (attnc_uniform(seed, i) < p ? 0 : 1/(1-p)); p == 1
      * gives in * 0 (zeros; NaN stays NaN as in PyTorch). */
     attnc_status (*dropout)(void *out, const void *in, idx_t n, double p, uint64_t seed);
+    int vector_bytes; /* the level's SIMD width (the GEMM's orders depend on it; tests ask) */
 } attnc_kernels;
 
 /* ------------------------------------------------------------------------ */
@@ -330,7 +333,9 @@ void attnc_set_l1d_ways(int ways);
 /* Whether this CPU is Intel's (read at import): its L3 is farther than Zen's. */
 int attnc_cpu_is_intel(void);
 /* The order the last GEMM called on this thread took (a test hook: the tests
- * assert that their sizes reach the order they are written for). */
+ * assert that their sizes reach the order they are written for). A far-x
+ * job whose tasks hold one weight sliver each runs as the streamed order
+ * does, and is noted as it. */
 typedef enum {
     ATTNC_GEMM_DIRECT,     /* direct loops, no packing (the tiniest products) */
     ATTNC_GEMM_FEW_ROWS,   /* weights read in place and turned in registers */

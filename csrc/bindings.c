@@ -2006,7 +2006,7 @@ static int bounded_long_argument(PyObject *args, PyObject *kwargs, const char *f
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &obj)) return 0;
     if (!as_long(obj, name, out, &overflow)) return 0;
     if (!overflow && *out >= low && *out <= high) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: %s expects %ld to %ld, got %R", name, function, low, high, obj);
+    PyErr_Format(PyExc_ValueError, "%s: expected an integer from %ld to %ld, got %R", name, low, high, obj);
     return 0;
 }
 
@@ -2057,6 +2057,13 @@ static PyObject *py_simd_level(PyObject *self, PyObject *unused)
 }
 
 static PyObject *py_l1d_ways(PyObject *self, PyObject *unused) { return PyLong_FromLong(attnc_l1d_ways()); }
+
+static PyObject *py_simd_vector_bytes(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromLong(attnc_kernels_for(ATTNC_F32)->vector_bytes);
+}
+
+static PyObject *py_cpu_is_intel(PyObject *self, PyObject *unused) { return PyBool_FromLong(attnc_cpu_is_intel()); }
 
 static PyObject *py_last_gemm_order(PyObject *self, PyObject *unused)
 {
@@ -2186,12 +2193,17 @@ static PyMethodDef methods[] = {
      "l1d_ways($module, /)\n--\n\nThe ways of a set of this CPU's L1 data cache as the GEMM counts them (0: unknown)."},
     {"set_l1d_ways", FN(py_set_l1d_ways), KW,
      "set_l1d_ways($module, /, ways)\n--\n\nTesting hook: the GEMM counts `ways` ways (0: unknown), as on another CPU."},
+    {"simd_vector_bytes", py_simd_vector_bytes, METH_NOARGS,
+     "simd_vector_bytes($module, /)\n--\n\nThe vector width of the kernel level in use, in bytes (the GEMM's orders depend on it)."},
+    {"cpu_is_intel", py_cpu_is_intel, METH_NOARGS,
+     "cpu_is_intel($module, /)\n--\n\nWhether this CPU is Intel's (some of the GEMM's orders are chosen by it)."},
     {"last_gemm_order", py_last_gemm_order, METH_NOARGS,
      "last_gemm_order($module, /)\n--\n\nTesting hook: the order the last GEMM on this thread took: \"direct\",\n"
      "\"few_rows\", \"transposed\", \"streamed\", \"far_x\" or \"blocked\" (csrc/attnc.h)."},
     {"set_cpus_for_tests", FN(py_set_cpus_for_tests), KW,
-     "set_cpus_for_tests($module, /, n)\n--\n\nTesting hook: count `n` CPUs (0: the real ones), so that `set_num_threads`\n"
-     "counts up to `n` split the work as on a machine that many CPUs wide (0 to 64)."},
+     "set_cpus_for_tests($module, /, n)\n--\n\nTesting hook: run up to `n` threads (0: up to the real CPUs), so that\n"
+     "`set_num_threads` counts up to `n` split the work as on a machine that wide (0 to 64);\n"
+     "the default thread count stays the real CPUs'."},
     {"fail_alloc_after", FN(py_fail_alloc_after), KW,
      "fail_alloc_after($module, /, n)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails (n < 0: never)."},
     {NULL, NULL, 0, NULL},

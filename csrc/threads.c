@@ -90,9 +90,7 @@ static atomic_int cpus_for_tests = 0; /* attnc_set_cpus_for_tests; 0: none */
 
 static int available_cpus(void)
 {
-    int n = atomic_load(&cpus_for_tests);
-    if (n > 0) return n;
-    n = atomic_load(&cpu_count);
+    int n = atomic_load(&cpu_count);
     return n > 0 ? n : count_cpus();
 }
 
@@ -113,7 +111,8 @@ void attnc_set_num_threads(int n)
 /* Threads that compute at once: more than the CPUs only take turns. */
 int attnc_running_threads(void)
 {
-    int requested = attnc_get_num_threads(), cpus = available_cpus();
+    int requested = attnc_get_num_threads(), for_tests = atomic_load(&cpus_for_tests);
+    int cpus = for_tests > 0 ? for_tests : available_cpus();
     return requested < cpus ? requested : cpus;
 }
 

@@ -9,13 +9,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))  # toolkit, doc_models
 
 import attnc  # noqa: E402
-from toolkit import KERNEL_LEVELS, SIMD_LEVELS  # noqa: E402
+from toolkit import KERNEL_LEVELS, SIMD_LEVELS, real_thread_counts  # noqa: E402
 
 torch.set_num_threads(2)
-
-# The most threads a test compares (1 to 4): restore_threads makes the pool
-# split the work for that many whatever this machine's CPUs
-MAX_TEST_THREADS = 4
 
 # The level every test runs at unless it asks for another: the best this CPU
 # has, or ATTNC_TEST_SIMD_LEVEL (.ci/wide_vectors.sh runs the portable level
@@ -51,11 +47,8 @@ def restore_threads():
     """Tests that set thread counts: each count really runs that many threads
     and splits the work for them, even past this machine's CPUs (a 2-CPU
     machine would otherwise run 3 and 4 threads as 2)."""
-    before = attnc.get_num_threads()
-    attnc._C.set_cpus_for_tests(MAX_TEST_THREADS)
-    yield before
-    attnc._C.set_cpus_for_tests(0)
-    attnc.set_num_threads(before)
+    with real_thread_counts() as before:
+        yield before
 
 
 @pytest.fixture(params=[np.float32, np.float64], ids=["f32", "f64"])

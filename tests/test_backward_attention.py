@@ -15,6 +15,7 @@ from attnc import functional as F
 from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads, padded_batch,
                      padding_bias, random_keep_mask, ref_attend, ref_forward, scores_shape)
 from toolkit import assert_grad_close as check
+from toolkit import real_thread_counts
 
 DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
 
@@ -528,15 +529,13 @@ def test_module_backward_matches_central_differences(masked):
 
 
 def over_threads(fn):
-    before = attnc.get_num_threads()
-    try:
+    """fn() on 1, 2 and 3 threads, each really running (real_thread_counts)."""
+    with real_thread_counts():
         results = []
         for n in (1, 2, 3):
             attnc.set_num_threads(n)
             results.append(fn())
         return results
-    finally:
-        attnc.set_num_threads(before)
 
 
 def assert_same_bits(results):

@@ -269,22 +269,18 @@ def test_linear_backward_ignores_in_place_edits_of_x(dtype):
     check(grads["bias"], tb, dtype, "bias.grad")
 
 
-def test_backward_is_bit_identical_for_any_thread_count():
+def test_backward_is_bit_identical_for_any_thread_count(restore_threads):
     rng = np.random.default_rng(11)
     x, g = normal(rng, (4, 65, 129), np.float32), normal(rng, (4, 65, 67), np.float32)
     xd, gd = normal(rng, (300, 401)), normal(rng, (300, 401))  # more than one 65536-element dropout task
-    before = attnc.get_num_threads()
     results = []
-    try:
-        for n in (1, 2, 3):
-            attnc.set_num_threads(n)
-            m = attnc.Linear(129, 67, rng=np.random.default_rng(12))
-            m(x)
-            d = attnc.Dropout(0.3, dtype=np.float64, rng=np.random.default_rng(13))
-            d(xd)
-            results.append([m.backward(g)] + [grad.copy() for _, grad in m.named_grads()] + [d.backward(gd)])
-    finally:
-        attnc.set_num_threads(before)
+    for n in (1, 2, 3):
+        attnc.set_num_threads(n)
+        m = attnc.Linear(129, 67, rng=np.random.default_rng(12))
+        m(x)
+        d = attnc.Dropout(0.3, dtype=np.float64, rng=np.random.default_rng(13))
+        d(xd)
+        results.append([m.backward(g)] + [grad.copy() for _, grad in m.named_grads()] + [d.backward(gd)])
     for n, other in zip((2, 3), results[1:]):
         for a, b in zip(results[0], other):
             np.testing.assert_array_equal(a, b, err_msg=f"{n} threads vs 1")

@@ -1412,9 +1412,12 @@ def test_errors_that_named_an_internal_argument_or_none():
     with pytest.raises(ValueError, match="^dtype: the module's dtype changed after the forward"):
         m.backward(np.ones_like(out))
     m = attnc.MultiHeadAttention(8, 2)
-    m.query_linear = attnc.Dropout(0.1)
-    with pytest.raises(AttributeError, match="^query_linear.weight: query_linear is now a Dropout"):
-        m(x)
+    with pytest.raises(TypeError, match="^query_linear: expected a Linear, got Dropout"):
+        m.query_linear = attnc.Dropout(0.1)  # (refused where it enters: test_module_api.py)
+    m = attnc.nn.MultiheadAttention(8, 2)
+    m.out_proj = attnc.Dropout(0.1)  # (torch's module reads out_proj's weight too, and takes any module here)
+    with pytest.raises(AttributeError, match="^out_proj.weight: out_proj is now a Dropout"):
+        m(x, x, x)
     m = attnc.MultiHeadAttention(8, 2, 0.1)
     m.dropout = attnc.Linear(2, 2)
     with pytest.raises(TypeError, match="^dropout: expected a Dropout, got a Linear"):

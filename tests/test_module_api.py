@@ -363,8 +363,9 @@ def test_a_projection_replaced_by_another_kind_of_module_is_refused(case):
     """Regression (API audit): the forward reads a projection's weight and bias and never
     calls it, so a Linear subclass with its own forward (an adapter) or any module with a
     weight and a bias was computed as a plain Linear, silently; torch's document classes
-    would call it. The forward and freeze() now refuse it, naming the projection; a
-    subclass that keeps Linear's forward computes as Linear does, bit for bit."""
+    would call it. Assigning one is now refused, naming the projection, and the module
+    left as it was (also after `del`); a subclass that keeps Linear's forward computes as
+    Linear does, bit for bit, frozen too."""
     module = case.make(DIM, rng=np.random.default_rng(0)).eval()
     x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
     before = module(x)
@@ -374,6 +375,10 @@ def test_a_projection_replaced_by_another_kind_of_module_is_refused(case):
     class Doubled(attnc.Linear):
         def forward(self, x):
             return 2 * super().forward(x)
+
+    class OwnCall(attnc.Linear):
+        def __call__(self, x):
+            return 2 * super().__call__(x)
 
     class SameForward(attnc.Linear):
         pass
@@ -387,16 +392,17 @@ def test_a_projection_replaced_by_another_kind_of_module_is_refused(case):
         def forward(self, x):
             return np.tanh(x)
 
-    sizes = original.weight.shape[::-1]
-    bias = original.bias is not None
+    sizes, bias = original.weight.shape[::-1], original.bias is not None
     for replacement, message in ((Doubled(*sizes, bias=bias), "Doubled overrides forward"),
-                                 (Affine(original.weight, original.bias), "expected a Linear, got a Affine")):
-        if isinstance(replacement, attnc.Linear):
-            replacement.load_state_dict(original.state_dict())
-        setattr(module, name, replacement)
-        for call in (lambda: module(x), module.freeze):
-            with pytest.raises(TypeError, match=f"^{name}: {message}"):
-                call()
+                                 (OwnCall(*sizes, bias=bias), "OwnCall overrides __call__"),
+                                 (Affine(original.weight, original.bias), "expected a Linear, got Affine")):
+        with pytest.raises(TypeError, match=f"^{name}: {message}"):
+            setattr(module, name, replacement)
+        assert getattr(module, name) is original
+    np.testing.assert_array_equal(module(x), before)
+    delattr(module, name)
+    with pytest.raises(TypeError, match=f"^{name}: Doubled overrides forward"):
+        setattr(module, name, Doubled(*sizes, bias=bias))
     same = SameForward(*sizes, bias=bias)
     same.load_state_dict(original.state_dict())
     setattr(module, name, same)

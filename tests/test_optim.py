@@ -502,7 +502,8 @@ def test_hyperparameters_as_0d_arrays_and_tensors_step_as_torch(case):
     """Regression (API audit): lr, momentum, eps, weight_decay and betas refused a 0-d
     array or a tensor (torch takes a tensor lr; attnc's other numeric arguments take
     them). Each is taken as its number: the steps match torch's with the floats; a bool
-    of any kind and an array of one element but one dim still raise naming the argument."""
+    of any kind, a complex number, a string array and an array of one element but one dim
+    raise naming the argument (a complex NumPy scalar and a string array had been taken)."""
     name, kwargs = CASES[case]
     wrapped = {key: (tuple(torch.tensor(b, dtype=torch.float64) for b in value) if key == "betas" else
                      np.array(value) if index % 2 else torch.tensor(value, dtype=torch.float64))
@@ -516,6 +517,7 @@ def test_hyperparameters_as_0d_arrays_and_tensors_step_as_torch(case):
         opt.step()
         topt.step()
         assert_params_match(module, twins, f"step {step}")
-    for bad in (np.array(True), torch.tensor(True), np.array([0.1])):
+    for bad in (np.array(True), torch.tensor(True), np.array([0.1]), np.complex128(0.1 + 2j),
+                torch.tensor(0.1 + 2j), np.array("0.1")):
         with pytest.raises(TypeError, match="^lr: expected a real number"):
             getattr(attnc.optim, name)(module, lr=bad)

@@ -5,7 +5,6 @@ exercise the edge tiles of every micro-kernel shape (MR in 4, 6, 12; NR in
 8, 16), transposed operands the strided packing, and the attention sizes
 partial query and key tiles.
 """
-import os
 import subprocess
 import sys
 
@@ -35,21 +34,11 @@ def test_linear_every_level(m, n, k, transposed, dtype, simd_mode):
     assert_close(F.linear(x, w, b), expected, dtype, f"{simd_mode} {m}x{n}x{k}")
 
 
-INTEL = "GenuineIntel" in open("/proc/cpuinfo").read().split()
-
-
-def _vector_bytes(level):
-    """A level's vector width: the portable level's is 16 bytes but in .ci/wide_vectors.sh's
-    builds, which give it AVX2's or AVX-512's (and say so in ATTNC_PORTABLE_VECTOR_BYTES)."""
-    if level.startswith("avx512"):
-        return 64
-    return 32 if level == "avx2" else int(os.environ.get("ATTNC_PORTABLE_VECTOR_BYTES") or 16)
-
-
-def _far_x_order(level):
-    """Whether products of an x far beyond L2 stream it by weight blocks at `level` on this
-    CPU: on Intel at AVX-512's width (GEMM_FAR_A_BY_B_BLOCKS)."""
-    return INTEL and _vector_bytes(level) == 64
+def _far_x_order():
+    """Whether products of an x far beyond L2 stream it by weight blocks at the current
+    level on this CPU: on Intel at AVX-512's vector width (GEMM_FAR_A_BY_B_BLOCKS; the
+    portable level has it in .ci/wide_vectors.sh's 64-byte build)."""
+    return attnc._C.cpu_is_intel() and attnc._C.simd_vector_bytes() == 64
 
 
 def _order_of(x, w):
@@ -60,7 +49,8 @@ def _order_of(x, w):
 
 def _rows_taking(order, k, n, dtype, candidates):
     """The first of `candidates` (rows of x) whose product by an (n, k) weight takes
-    `order` at the current level on this CPU: the orders' thresholds differ by level
+    `order` at the current level on this CPU, at the current thread count (the streamed
+    order needs two weight slivers a thread): the orders' thresholds differ by level
     and vendor (Intel's AVX-512 streams x only up to 1.25 MB, and takes the far-x order
     past 3 MB), and a test written for an order must reach it on every machine."""
     for m in candidates:
@@ -71,7 +61,7 @@ def _rows_taking(order, k, n, dtype, candidates):
 
 @pytest.mark.parametrize("order", ["streamed", "blocked"])
 @pytest.mark.parametrize("k", [K_BLOCK + steps for steps in (8, 9, 10, 16, 17, 18)])
-def test_linear_last_k_block_every_level(k, order, dtype, simd_mode):
+def test_linear_last_k_block_every_level(k, order, dtype, simd_mode, restore_threads):
     """The packed orders (x too large to pack alone), with a last K block of 8 to 18
     steps: around one vector's worth of steps (8 or 16 floats, 4 or 8 doubles), where
     packing the rows of x in register blocks stops (a block's last store runs into the
@@ -79,6 +69,7 @@ def test_linear_last_k_block_every_level(k, order, dtype, simd_mode):
     level on this CPU (_rows_taking): 90 rows are streamed everywhere; the blocked order
     takes 300 to 1000 rows by vendor and dtype (60 rows, once the streamed case, are
     transposed on Intel at AVX-512; 1000 streamed by weight blocks there)."""
+    attnc.set_num_threads(2)  # (the orders split 130 outputs for the threads that run)
     rng = np.random.default_rng(k)
     m = _rows_taking(order, k, 130, dtype, (90, 300, 500, 1000))
     x, w, b = _r(rng, (m, k), dtype), _r(rng, (130, k), dtype), _r(rng, (130,), dtype)
@@ -152,15 +143,16 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
 
 
-def test_the_orders_test_reaches_every_order_every_level(dtype, simd_mode):
+def test_the_orders_test_reaches_every_order_every_level(dtype, simd_mode, restore_threads):
     """test_linear_each_order_every_level's sizes, with one row, reach every order of the
     GEMM at every level on this CPU: few rows, transposed, streamed and blocked (1000 rows
     added for double on Intel at AVX-512, where 1500 and 3000 take the far-x order), and
     far-x for double on Intel at AVX-512 (float's 130 outputs make one-sliver blocks
     there: the streamed order's; test_linear_far_x_by_weight_blocks_every_level has its own)."""
+    attnc.set_num_threads(2)  # (as that test's second call; its first, on 1 thread, takes the same orders)
     reached = {_order_of(np.ones((m, 300), dtype), np.ones((130, 300), dtype)) for m in [1] + EACH_ORDER_ROWS}
     expected = {"few_rows", "transposed", "streamed", "blocked"}
-    if _far_x_order(simd_mode) and np.dtype(dtype) == np.float64:
+    if _far_x_order() and np.dtype(dtype) == np.float64:
         expected.add("far_x")
     assert expected <= reached, (simd_mode, reached)
 
@@ -222,7 +214,7 @@ def test_linear_far_x_by_weight_blocks_every_level(k, dtype, simd_mode, restore_
     Against float64, on 1 and 2 threads, and each row's bits as when alone."""
     rng = np.random.default_rng(k)
     x, w, b = _r(rng, (800, k), dtype), _r(rng, (1530, k), dtype), _r(rng, (1530,), dtype)
-    order = "far_x" if _far_x_order(simd_mode) else "blocked"
+    order = "far_x" if _far_x_order() else "blocked"
     _linear_on_threads_and_alone(x, w, b, (0, 399, 799), f"{simd_mode} K={k}", order)
 
 
@@ -516,7 +508,9 @@ def test_levels_reported_and_capped():
     # session's level may have been set by conftest)
     chosen = subprocess.run([sys.executable, "-c", "import attnc; print(attnc._C.simd_level())"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    intel = "GenuineIntel" in open("/proc/cpuinfo").read().split()
+    with open("/proc/cpuinfo") as cpuinfo:
+        intel = "GenuineIntel" in cpuinfo.read().split()
+    assert attnc._C.cpu_is_intel() == intel
     assert chosen == ("avx512" if intel and best == "avx512bf16" else best)
     try:
         for level in SIMD_LEVELS:

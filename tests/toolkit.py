@@ -16,6 +16,7 @@ torch is imported only by the torch runners (and doc_models on first use),
 so a test that needs no torch (or a subprocess importing a test file) does
 not pay for it.
 """
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -139,6 +140,25 @@ def assert_close(actual, expected, dtype, what="", tol=None):
         assert err <= bound, f"{what}: max abs err {err:.3e} > {bound:.3e}"
 
 
+# The most threads a test compares (1 to 4)
+MAX_TEST_THREADS = 4
+
+
+@contextlib.contextmanager
+def real_thread_counts(most=MAX_TEST_THREADS):
+    """Inside: set_num_threads(n) for n up to `most` runs n threads and splits the work
+    for n, whatever this machine's CPUs (attnc._C.set_cpus_for_tests; a 2-CPU machine
+    would otherwise run 3 and 4 threads as 2, and a 1-CPU one everything as 1). Yields
+    the thread count before, which is restored after."""
+    before = attnc.get_num_threads()
+    attnc._C.set_cpus_for_tests(most)
+    try:
+        yield before
+    finally:
+        attnc._C.set_cpus_for_tests(0)
+        attnc.set_num_threads(before)
+
+
 # (mantissa bits, smallest normal exponent) of the 16-bit dtypes, for their units in the last place
 _LOW_PRECISION_FORMATS = {"float16": (10, -14), "bfloat16": (7, -126)}
 
@@ -164,7 +184,8 @@ def assert_rounded_once(actual, expected, dtype, what="", ulps=1.0):
     a, e = actual[finite].astype(np.float64), expected[finite]
     if e.size == 0:
         return
-    exponent = np.maximum(np.frexp(e)[1] - 1, min_exponent)  # |e| in [2^exponent, 2^(exponent + 1)), or subnormal
+    # |e| in [2^exponent, 2^(exponent + 1)), or subnormal (0 too: frexp gives 0 an exponent of 0)
+    exponent = np.where(e == 0, min_exponent, np.maximum(np.frexp(e)[1] - 1, min_exponent))
     unit = np.ldexp(1.0, exponent - mantissa_bits)
     float32_error = tolerance(np.float32) * max(1.0, float(np.abs(e).max()))
     excess = (np.abs(a - e) - float32_error) / unit
