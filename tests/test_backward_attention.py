@@ -716,6 +716,18 @@ def test_x_given_as_a_torch_tensor_is_copied_for_backward():
     assert_same_bits([[am.backward(g)] + [b for _, b in am.named_grads()], run_pair(ref, x, g)])
 
 
+def _broadcast_inputs(shared, dtype, seed):
+    """q, k, v and the output gradient g of a batch (4, 3) whose `shared` inputs (the
+    key and value, or the query) are one batch row (1, 3) broadcast over it: L = 2
+    queries over S = 4096 keys of E = 128."""
+    rng = np.random.default_rng(seed)
+    L, S, E = 2, 4096, 128
+    big, small = (4, 3), (1, 3)
+    qb, kb = (big, small) if shared == "key-value" else (small, big)
+    q, k, v = sdpa_inputs(rng, qb, kb, kb, L, S, E, E, dtype)
+    return q, k, v, normal(rng, big + (L, E), dtype)
+
+
 @pytest.mark.parametrize("shared", ["key-value", "query"])
 def test_sdpa_backward_summed_in_runs_matches_the_repeated_inputs_sum(shared, dtype):
     """An input broadcast over the batch gets the sum of the items' gradients; the
@@ -725,12 +737,8 @@ def test_sdpa_backward_summed_in_runs_matches_the_repeated_inputs_sum(shared, dt
     own gradient, same masks), summed in float64; bits the same for any thread
     count. (The NumPy sum this replaces took the batch's size times the shared
     gradient: a review, 2026-11-24.)"""
-    rng = np.random.default_rng(3)
-    L, S, E = 2, 4096, 128
-    big, small = (4, 3), (1, 3)
-    qb, kb = (big, small) if shared == "key-value" else (small, big)
-    q, k, v = sdpa_inputs(rng, qb, kb, kb, L, S, E, E, dtype)
-    g = normal(rng, big + (L, E), dtype)
+    q, k, v, g = _broadcast_inputs(shared, dtype, seed=3)
+    big = g.shape[:2]
     options = dict(dropout_p=0.25, seed=7)
     out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
     results = over_threads(lambda: F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, **options))
@@ -749,12 +757,8 @@ def test_sdpa_backward_summed_in_runs_against_torch(shared, dtype):
     """The runs of the test above, without dropout, against an independent oracle: torch's
     autograd in float64 of the math (broadcast batch, softmax, weighted sum), which sums a
     broadcast input's gradient over the batch itself."""
-    rng = np.random.default_rng(4)
-    L, S, E = 2, 4096, 128
-    big, small = (4, 3), (1, 3)
-    qb, kb = (big, small) if shared == "key-value" else (small, big)
-    q, k, v = sdpa_inputs(rng, qb, kb, kb, L, S, E, E, dtype)
-    g = normal(rng, big + (L, E), dtype)
+    q, k, v, g = _broadcast_inputs(shared, dtype, seed=4)
+    E = q.shape[-1]
     out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
     grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse)
     tq, tk, tv = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (q, k, v))

@@ -28,13 +28,14 @@ CASES = {
 }
 
 
-def make_pair(module, name, kwargs):
-    """The attnc optimizer over `module`, the torch one (foreach=False, the
-    single-tensor code) over leaf twins of its parameters, and the twins."""
+def make_pair(module, name, kwargs, attnc_kwargs=None):
+    """The attnc optimizer over `module` (with `attnc_kwargs` when given: the same
+    numbers in other forms), the torch one (foreach=False, the single-tensor code)
+    over leaf twins of its parameters, and the twins."""
     twins = [torch.tensor(p.copy(), requires_grad=True) for _, p in module.named_parameters()]
     torch_kwargs = {k: tuple(float(b) for b in v) if k == "betas" else float(v) for k, v in kwargs.items()}
     topt = getattr(torch.optim, name)(twins, foreach=False, **torch_kwargs)
-    return getattr(attnc.optim, name)(module, **kwargs), topt, twins
+    return getattr(attnc.optim, name)(module, **(kwargs if attnc_kwargs is None else attnc_kwargs)), topt, twins
 
 
 def set_grads(module, twins, rng, zero=False):
@@ -56,10 +57,10 @@ def assert_params_match(module, twins, what):
         assert err <= TOL[p.dtype], f"{what} {name}: relative error {err:.3e} > {TOL[p.dtype]:.0e}"
 
 
-def run(module, name, kwargs, seed=0, zero=False):
+def run(module, name, kwargs, seed=0, zero=False, attnc_kwargs=None):
     """STEPS steps of both optimizers, parameters compared after each; the
     gradient buffers must come out of each step untouched."""
-    opt, topt, twins = make_pair(module, name, kwargs)
+    opt, topt, twins = make_pair(module, name, kwargs, attnc_kwargs)
     rng = np.random.default_rng(seed)
     for step in range(STEPS):
         grads = set_grads(module, twins, rng, zero)
@@ -509,14 +510,7 @@ def test_hyperparameters_as_0d_arrays_and_tensors_step_as_torch(case):
                      np.array(value) if index % 2 else torch.tensor(value, dtype=torch.float64))
                for index, (key, value) in enumerate(kwargs.items())}
     module = MODULES["MHA"](np.float64)
-    opt, topt, twins = make_pair(module, name, kwargs)
-    opt = getattr(attnc.optim, name)(module, **wrapped)
-    rng = np.random.default_rng(8)
-    for step in range(3):
-        set_grads(module, twins, rng)
-        opt.step()
-        topt.step()
-        assert_params_match(module, twins, f"step {step}")
+    run(module, name, kwargs, seed=8, attnc_kwargs=wrapped)
     for bad in (np.array(True), torch.tensor(True), np.array([0.1]), np.complex128(0.1 + 2j),
                 torch.tensor(0.1 + 2j), np.array("0.1")):
         with pytest.raises(TypeError, match="^lr: expected a real number"):
