@@ -57,9 +57,12 @@ without_avx512 = bool(os.environ.get("ATTNC_SKIP_UNRUNNABLE_KERNELS")) and not {
     "avx512f", "avx512vl", "avx512dq"} <= cpu_flags()
 if without_avx512:
     compile_args.append("-DATTNC_WITHOUT_AVX512")
+# -g1: line tables only, all that the sanitizers' stack traces use (function,
+# file and line); full debug information (-g) doubled the compile time of
+# the kernel files (the AVX512_BF16 ones 20.9 s instead of 10.4).
 if os.environ.get("ATTNC_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
-    compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g"] + sanitize
+    compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-g1"] + sanitize
     link_args += sanitize
 
 
