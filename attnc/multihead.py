@@ -387,7 +387,9 @@ class MultiheadAttention(Module):
         output = _to_layout(out, batched, geometry)
         if training:
             grad_dtypes = (_grad_dtype(key, self.dtype), _grad_dtype(value, self.dtype))
-            state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, params, batched, grad_dtypes,
+            # the parameters as given, not as computed with: backward converts them again, so that it uses
+            # their values at backward time (an in-place edit in between included) whatever their dtype or layout
+            state = (inputs, (q, k, v), out_heads, rest[-1], bias, causal, p, seed, given, batched, grad_dtypes,
                      geometry)
             self._keep_for_backward(state, output.shape, query, given)
         if not need_weights:
@@ -599,7 +601,9 @@ class MultiheadAttention(Module):
         """
         grad_output = _C.as_parameter(grad_output, name="grad_output", dtype=self.dtype)
         state = self._kept(grad_output)
-        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, params, batched, grad_dtypes, geometry) = state
+        (inputs, (q, k, v), out_heads, lse, bias, causal, p, seed, given, batched, grad_dtypes, geometry) = state
+        params = {name: None if value is None else _computed_with(value, name, self.dtype)
+                  for name, value in given.items()}
         grad_out = _from_layout(grad_output, batched, geometry)
         grad_merged, grad_w_out, grad_b_out = linear_backward(
             grad_out, _merge_heads(out_heads), params["out_proj.weight"],

@@ -573,6 +573,43 @@ def test_backward_uses_the_forward_sizes_and_layout(change):
         np.testing.assert_array_equal(got, expected, err_msg=name)
 
 
+@pytest.mark.parametrize("layout", ["clean", "float64_out_proj", "fortran_out_proj", "dtype_set_to_float64"])
+def test_backward_uses_parameter_values_at_backward_time(layout):
+    """API.md: values edited in place between a forward and its backward are
+    used at backward time. The out-projection weight enters the backward only
+    through grad_merged = grad_out . W_out, so scaling it by 3 in place scales
+    every input gradient by 3 and leaves W_out's own gradient as it was. For a
+    parameter that is not a C-contiguous array of the module dtype (a float64
+    out_proj in a float32 module, a Fortran-ordered weight put in the instance
+    dict, the module's dtype attribute set to float64), the backward used the
+    copy converted at forward time and ignored the edit."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    grad_output = rng.standard_normal((5, 2, 8)).astype(np.float32)
+
+    def gradients(edit):
+        am = MultiheadAttention(8, 2, rng=np.random.default_rng(32))
+        if layout == "float64_out_proj":
+            wide = attnc.Linear(8, 8, dtype=np.float64)
+            wide.load_state_dict(am.out_proj.state_dict())
+            am.out_proj = wide
+        elif layout == "fortran_out_proj":
+            object.__setattr__(am.out_proj, "weight", np.asfortranarray(am.out_proj.weight))  # not converted
+        elif layout == "dtype_set_to_float64":
+            am.dtype = np.float64
+        am(x, x, x, need_weights=False)
+        if edit:
+            am.out_proj.weight[...] *= 3
+        grads = am.backward(grad_output)
+        return grads, dict(am.named_grads())
+
+    (plain, plain_params), (edited, edited_params) = gradients(False), gradients(True)
+    for name, got, expected in zip(("query", "key", "value"), edited, plain):
+        assert not np.array_equal(got, expected), name
+        np.testing.assert_allclose(got, 3 * expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(edited_params["out_proj.weight"], plain_params["out_proj.weight"], rtol=1e-6, atol=1e-7)
+
+
 def test_backward_gradient_dtypes():
     """Each gradient in its input's floating dtype, else the module's."""
     am = MultiheadAttention(E, HEADS, dtype=np.float64, rng=np.random.default_rng(25))
