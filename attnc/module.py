@@ -664,7 +664,8 @@ class Module:
         dtype : data-type
             float16, bfloat16, float32 or float64, as the constructor's.
             The parameters are converted (rounded to nearest when
-            narrower), and `dtype` updated.
+            narrower), each replaced by a new array, except one already
+            of that dtype, which is kept as it is; and `dtype` updated.
 
         Returns
         -------
@@ -690,8 +691,9 @@ class Module:
         slots = list(self._every_parameter_slot(""))  # (a deleted parameter raises here, before any change)
         converted = {}  # id(parameter) -> (it, its conversion): a tied parameter stays tied
         for key, value, _, _ in slots:  # all converted first: a failure changes nothing
-            if id(value) not in converted:
-                converted[id(value)] = value, _C.as_parameter(value, name=key, dtype=dtype)
+            if id(value) not in converted:  # an array already of the dtype kept as it is (views follow it)
+                kept = type(value) is np.ndarray and value.dtype == dtype
+                converted[id(value)] = value, value if kept else _C.as_parameter(value, name=key, dtype=dtype)
         for _, value, owner, name in slots:
             object.__setattr__(owner, name, converted[id(value)][1])
         self._set_dtype(dtype)

@@ -94,6 +94,31 @@ def test_to_float64_in_place(case):
     assert m.dtype == np.float32 and m(x).dtype == np.float32
 
 
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_to_keeps_every_parameter_already_of_the_dtype(case):
+    """API.md: `to(dtype)` keeps a parameter already of that dtype. One made
+    read-only in place (still the module's float32 array) was replaced by a
+    writable copy: views taken before stopped following it, and a pending
+    training-mode forward's backward then raised "replaced after the forward"."""
+    m = case.make(DIM, rng=np.random.default_rng(3))
+    params = dict(m.named_parameters())
+    first_name, first = next(iter(params.items()))
+    first.flags.writeable = False
+    view = first[:1]
+    x = np.random.default_rng(4).standard_normal((2, 3, DIM)).astype(np.float32)
+    y = m(x)
+    assert m.to(np.float32) is m
+    for name, p in m.named_parameters():
+        assert p is params[name], name
+    assert np.shares_memory(view, dict(m.named_parameters())[first_name])
+    grad_x = m.backward(np.ones_like(y))
+    assert grad_x.shape == x.shape
+    m.to(np.float64)                                        # another dtype: replaced, converted
+    for name, p in m.named_parameters():
+        assert p is not params[name] and p.dtype == np.float64, name
+        np.testing.assert_array_equal(p, params[name].astype(np.float64), err_msg=name)
+
+
 @pytest.mark.parametrize("spec,expected", [(np.float32, np.float32), ("float64", np.float64), ("f4", np.float32),
                                            (np.dtype("f8"), np.float64), (float, np.float64), ("d", np.float64)])
 def test_dtype_argument_forms(spec, expected):
