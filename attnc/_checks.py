@@ -90,7 +90,7 @@ def flag(value, name):
 def is_a_bool(value):
     """Whether `value` is a bool: Python's, or anything of a bool dtype (NumPy's
     bool scalars and arrays, a torch bool tensor), which convert to 0 and 1 as
-    numbers do (the C layer's is_a_bool)."""
+    numbers do (the C layer's odd_number_kind)."""
     if isinstance(value, (bool, np.bool_)):
         return True
     if type(value) in (int, float):

@@ -123,39 +123,47 @@ static void name_the_error(const char *name)
     Py_XDECREF(tb);
 }
 
-/* Whether obj is a bool where a number or an integer belongs: Python's,
+/* 'b' when obj is a bool where a number or an integer belongs: Python's,
  * or anything of a bool dtype (NumPy's bool scalars and arrays, a torch
- * bool tensor), which convert to 0 and 1 as numbers do. scale=False where
+ * bool tensor), which convert to 0 and 1 as numbers do; scale=False where
  * the forward's order puts is_causal, or dropout=np.array(True), is a
- * slip, not a scale of 0 or a probability of 1. */
-static int is_a_bool(PyObject *obj)
+ * slip, not a scale of 0 or a probability of 1. 'c' when it is complex
+ * (NumPy's complex scalars and arrays, a torch complex tensor), whose
+ * conversion to a float would drop the imaginary part with only a
+ * warning. Else 0. */
+static int odd_number_kind(PyObject *obj)
 {
-    if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) return 1;
+    if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) return 'b';
     if (PyLong_CheckExact(obj) || PyFloat_CheckExact(obj)) return 0; /* the usual numbers, at once */
+    if (PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating)) return 'c';
     PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
     if (!dtype) {
-        PyErr_Clear(); /* no dtype: not a bool (the conversion names what it is) */
+        PyErr_Clear(); /* no dtype: neither (the conversion names what it is) */
         return 0;
     }
-    int is_bool;
+    int kind = 0;
     if (PyArray_DescrCheck(dtype)) {
-        is_bool = ((PyArray_Descr *)dtype)->kind == 'b';
+        char k = ((PyArray_Descr *)dtype)->kind;
+        kind = k == 'b' || k == 'c' ? k : 0;
     } else {
         PyObject *text = PyObject_Str(dtype);
-        is_bool = text && PyUnicode_Check(text) && PyUnicode_CompareWithASCIIString(text, "torch.bool") == 0;
+        const char *name = text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : NULL;
+        if (name && strcmp(name, "torch.bool") == 0) kind = 'b';
+        else if (name && strncmp(name, "torch.complex", strlen("torch.complex")) == 0) kind = 'c';
         Py_XDECREF(text);
         PyErr_Clear();
     }
     Py_DECREF(dtype);
-    return is_bool;
+    return kind;
 }
 
-/* obj as a double: Python and NumPy numbers, not strings or bools
- * (is_a_bool). TypeError naming `name` (expected `what`) otherwise; an int
- * beyond the float range is a ValueError. */
+/* obj as a double: Python and NumPy numbers, not strings, bools or complex
+ * numbers (odd_number_kind). TypeError naming `name` (expected `what`)
+ * otherwise; an int beyond the float range is a ValueError; another
+ * error of the conversion (a torch tensor's RuntimeError) is named. */
 static int as_double(PyObject *obj, const char *name, const char *what, double *out)
 {
-    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !is_a_bool(obj)) {
+    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !odd_number_kind(obj)) {
         *out = PyFloat_AsDouble(obj);
         if (!(*out == -1.0 && PyErr_Occurred())) return 1;
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
@@ -163,7 +171,10 @@ static int as_double(PyObject *obj, const char *name, const char *what, double *
             PyErr_Format(PyExc_ValueError, "%s: expected %s, got an integer too large for a float", name, what);
             return 0;
         }
-        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) return 0;
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) {
+            name_the_error(name);
+            return 0;
+        }
         PyErr_Clear();
     }
     PyErr_Format(PyExc_TypeError, "%s: expected %s, got %R", name, what, obj);
@@ -216,11 +227,11 @@ static int scale_fits(double scale, attnc_dtype dt)
 }
 
 /* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow.
- * A bool is refused (is_a_bool): True where a count or an axis belongs is
+ * A bool is refused (odd_number_kind): True where a count or an axis belongs is
  * a slip. */
 static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
 {
-    PyObject *index = is_a_bool(obj) ? NULL : PyNumber_Index(obj);
+    PyObject *index = odd_number_kind(obj) == 'b' ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
         PyErr_Clear();
@@ -275,7 +286,7 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
 static int seed_argument(PyObject *obj, uint64_t *seed)
 {
     if (obj == Py_None) return 1;
-    PyObject *index = is_a_bool(obj) ? NULL : PyNumber_Index(obj);
+    PyObject *index = odd_number_kind(obj) == 'b' ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* __index__'s own */
         PyErr_Clear();

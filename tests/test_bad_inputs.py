@@ -219,6 +219,43 @@ def test_sdpa_non_finite_scale(scale):
     raises_naming(ValueError, "scale", lambda: F.scaled_dot_product_attention(q, q, q, scale=scale))
 
 
+COMPLEX_NUMBERS = {"python": 0.5 + 2j, "numpy_complex128": np.complex128(0.5 + 2j), "numpy_complex64": np.complex64(0.25j),
+                   "numpy_0d_array": np.array(0.5 + 0j), "real_part_only": np.complex128(0.5)}
+
+
+@pytest.mark.parametrize("number", list(COMPLEX_NUMBERS.values()), ids=list(COMPLEX_NUMBERS))
+@pytest.mark.parametrize("make, arg", [
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), scale=v), "scale"),
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), dropout_p=v,
+                                              seed=0), "dropout_p"),
+    (lambda v: attnc.Dropout(v), "p"), (lambda v: attnc.SelfAttentionV3(4, v), "dropout_rate"),
+    (lambda v: attnc.MultiHeadAttention(4, 2, v), "dropout"),
+], ids=["sdpa_scale", "sdpa_dropout_p", "Dropout", "V3", "MHA"])
+def test_complex_numbers_are_refused_by_name(make, arg, number):
+    """A NumPy complex number (scalar or 0-d array) was taken as its real
+    part with only NumPy's ComplexWarning (scale=np.complex128(0.5+2j) ran
+    as 0.5, dropout_p=np.complex64(0.25j) as 0), where Python's complex was
+    refused: the docs say a complex number is a TypeError naming the
+    argument, even one with no imaginary part."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ComplexWarning on the way either
+        raises_naming(TypeError, arg, lambda: make(number))
+
+
+def test_scale_from_a_tensor_that_does_not_convert_is_named():
+    """A torch tensor's own conversion error (a complex one: RuntimeError,
+    "value cannot be converted to type double without overflow") passed
+    through without the argument's name; one of several elements is named
+    too, and a real 0-d tensor is the number it holds."""
+    torch = pytest.importorskip("torch")
+    q = np.ones((2, 3))
+    raises_naming(TypeError, "scale", lambda: F.scaled_dot_product_attention(q, q, q, scale=torch.tensor(0.5 + 2j)))
+    raises_naming(TypeError, "scale", lambda: F.scaled_dot_product_attention(q, q, q, scale=torch.tensor([0.5, 0.25])))
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, scale=torch.tensor(0.5)),
+                                  F.scaled_dot_product_attention(q, q, q, scale=0.5))
+
+
 def test_sdpa_bad_scale_and_rng_types():
     q = np.ones((2, 3))
     with pytest.raises(TypeError):
