@@ -743,7 +743,7 @@ class Module:
         for name, value, slots in self._shared_parameters(prefix):
             made = (owner._grad(attribute, name, value) for owner, attribute in slots)
             buffers = list({id(buffer): buffer for buffer in made}.values())
-            yield name, buffers[0] if len(buffers) == 1 else sum(buffers[1:], buffers[0])
+            yield name, buffers[0] if len(buffers) == 1 else np.asarray(sum(buffers[1:], buffers[0]))  # 0-d: an array
 
     def zero_grad(self):
         """Fill every gradient buffer (see `named_grads`) with zeros.

@@ -136,7 +136,8 @@ class Optimizer:
         The module given.
     state : dict of str to dict
         Per dotted parameter name, the update rule's state (arrays in the
-        parameter's dtype).
+        parameter's dtype; float32 for a float16 or bfloat16 parameter,
+        whose update is computed in float32).
 
     Raises
     ------
@@ -211,7 +212,7 @@ class Optimizer:
                 raise ValueError(f"{name}: step() updates parameters in place: expected an array whose elements "
                                  f"cannot share memory, got strides {param.strides} for shape {param.shape}, which may")
             layout = param.shape, param.dtype
-            before = self._layouts.setdefault(name, layout)
+            before = self._layouts.get(name, layout)  # recorded once the whole step is known to run
             if layout != before:
                 raise ValueError(f"{name}: replaced since the previous step by a parameter of shape "
                                  f"{param.shape} and dtype {param.dtype} (was {before[0]}, {before[1]}); "
@@ -219,6 +220,7 @@ class Optimizer:
             self._check_state(name, param)
         self._check_apart(triples)
         for name, param, grad in triples:
+            self._layouts.setdefault(name, (param.shape, param.dtype))
             state = self.state.setdefault(name, {})
             if param.dtype.itemsize == 2:  # float16, bfloat16: in float32, rounded once into param
                 widened = param.astype(np.float32)
@@ -377,7 +379,7 @@ class SGD(Optimizer):
         if self.momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
-                buf = state["momentum_buffer"] = d.copy()
+                buf = state["momentum_buffer"] = np.array(d)  # an array even where d is a 0-d's scalar
             else:
                 buf *= self.momentum
                 buf += d

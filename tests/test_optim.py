@@ -515,3 +515,69 @@ def test_hyperparameters_as_0d_arrays_and_tensors_step_as_torch(case):
                 torch.tensor(0.1 + 2j), np.array("0.1")):
         with pytest.raises(TypeError, match="^lr: expected a real number"):
             getattr(attnc.optim, name)(module, lr=bad)
+
+
+class _ZeroD(attnc.Module):
+    """A module whose one parameter is 0-d (a learned scale), possibly shared."""
+
+    def __init__(self, value, dtype=np.float64):
+        super().__init__(dtype=dtype)
+        self.register_parameter("s", value)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_0d_parameter_steps_as_torch(case, dtype):
+    """SGD with weight decay computed d = grad + wd * param, a NumPy scalar for
+    0-d arrays, and kept it as the momentum buffer: the next step refused the
+    optimizer's own state (TypeError: expected a writable array of shape ())."""
+    name, kwargs = CASES[case]
+    run(_ZeroD(np.array(1.5, dtype), dtype), name, kwargs)
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_a_0d_parameter_tied_into_two_modules_steps_as_torch(case):
+    """named_grads gave a tied 0-d parameter's summed gradient as a NumPy scalar,
+    not the array the API promises, and SGD with momentum failed at its second
+    step. torch: one leaf, the two uses' gradients summed."""
+    shared = np.array(1.5)
+    module = attnc.Module(dtype=np.float64)
+    module.a, module.b = _ZeroD(shared), _ZeroD(shared)
+    name, kwargs = CASES[case]
+    twin = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    topt = getattr(torch.optim, name)([twin], foreach=False,
+                                      **{k: tuple(map(float, v)) if k == "betas" else float(v) for k, v in kwargs.items()})
+    opt = getattr(attnc.optim, name)(module, **kwargs)
+    rng = np.random.default_rng(5)
+    for step in range(STEPS):
+        uses = rng.standard_normal(2)
+        for (_, buf), g in zip(module.named_grads(remove_duplicate=False), uses):
+            buf[...] = g
+        (summed,) = [g for _, g in module.named_grads()]
+        assert isinstance(summed, np.ndarray) and summed.shape == () and summed == uses[0] + uses[1]
+        twin.grad = torch.tensor(uses[0] + uses[1], dtype=torch.float64)
+        opt.step()
+        topt.step()
+        assert module.a.s is module.b.s
+        np.testing.assert_allclose(module.a.s, twin.item(), rtol=1e-12, err_msg=f"step {step}")
+
+
+def test_a_step_refused_by_its_checks_records_nothing():
+    """A step that failed its checks (a read-only bias) updated nothing but had
+    recorded every parameter's shape and dtype, so after module.to(float64) the
+    next step said the parameters were "replaced since the previous step",
+    though no step had run: it now steps as a fresh optimizer does (torch)."""
+    module = attnc.Linear(3, 2, rng=np.random.default_rng(6))
+    opt = attnc.optim.SGD(module, lr=0.1, momentum=0.9)
+    module.bias.flags.writeable = False
+    with pytest.raises(ValueError, match="^bias:"):
+        opt.step()
+    assert opt.state == {}
+    module.to(np.float64)
+    twins = [torch.tensor(p.copy(), requires_grad=True) for _, p in module.named_parameters()]
+    topt = torch.optim.SGD(twins, lr=0.1, momentum=0.9, foreach=False)
+    for step in range(3):
+        set_grads(module, twins, np.random.default_rng(step))
+        opt.step()
+        topt.step()
+        assert_params_match(module, twins, f"step {step}")
