@@ -120,6 +120,16 @@ def _numpy(tensor):
     return tensor.numpy()
 
 
+def _tied_keys(module):
+    """The groups of two or more state_dict keys under which `module` holds
+    one tensor (a parameter, or a submodule, assigned twice), each in
+    state_dict order."""
+    groups = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(key)
+    return [keys for keys in groups.values() if len(keys) > 1]
+
+
 _TORCH_CLASSES = ("Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
 _TORCH_DTYPES = {"torch.float64": "float64", "torch.float32": "float32", "torch.float16": "float16",
                  "torch.bfloat16": "bfloat16"}
@@ -183,7 +193,9 @@ def from_torch(module, *, dtype=None, rng=None):
 
     torch is not imported: the module is recognised by its class name and
     state_dict keys, its weights are read with ``.detach().cpu().numpy()``
-    and copied, and the twin is put in the module's mode
+    and copied (a tensor the module holds under several keys, a tied
+    parameter or submodule, becomes one array the twin holds under the
+    same keys), and the twin is put in the module's mode
     (``module.training``; a Dropout submodule in a mode of its own, as
     after ``module.train(); module.dropout.eval()``, gives that mode to
     the twin's Dropout).
@@ -300,6 +312,12 @@ def from_torch(module, *, dtype=None, rng=None):
         raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
                         f"{type(twin).__name__}, {expected}")
     twin.load_state_dict(weights)
+    for keys in _tied_keys(module):  # torch's ties (a parameter or submodule assigned twice) kept
+        names = [key if version is None else version.rename(key) for key in keys]
+        owner, attribute = twin._owner_of(names[0])
+        shared = getattr(owner, attribute)
+        for name in names[1:]:
+            setattr(*twin._owner_of(name), shared)
     twin.train(module.training)
     if version is not None and version.dropout:  # the Dropout's own mode: torch's way to train without it
         (dropout,) = (sub for sub in twin._modules.values() if isinstance(sub, Dropout))

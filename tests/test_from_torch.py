@@ -499,3 +499,44 @@ def test_linear_sizes_come_from_the_weight():
     flat.weight = nn.Parameter(torch.randn(12))
     with pytest.raises(ValueError, match=r"weight: expected 2 dims"):
         attnc.from_torch(flat)
+
+
+@pytest.mark.parametrize("tie", ["submodule", "weight", "renamed_layers"])
+def test_ties_are_kept_and_train_as_torch(tie):
+    """A torch module holding one tensor under two state_dict keys (a
+    submodule or a parameter assigned twice) got a twin with two arrays: its
+    forward matched, but training moved them apart (0.63 from torch's weights
+    after 3 SGD steps). The twin holds one array under both keys, and
+    SGD with momentum steps as torch.optim does."""
+    torch.manual_seed(7)
+    if tie == "renamed_layers":  # 002's querry_proj / key_proj: keys renamed on the way
+        module = dm.SelfattentionV1(D).double()
+        module.key_proj = module.querry_proj
+        pairs = [("Q_proj.weight", "K_proj.weight"), ("Q_proj.bias", "K_proj.bias")]
+    else:
+        module = dm.SelfAttentionv1(D).double()
+        if tie == "submodule":
+            module.K_proj = module.Q_proj
+            pairs = [("Q_proj.weight", "K_proj.weight"), ("Q_proj.bias", "K_proj.bias")]
+        else:
+            module.V_proj.weight = module.Q_proj.weight
+            pairs = [("Q_proj.weight", "V_proj.weight")]
+    twin = attnc.from_torch(module)
+    slots = dict(twin.named_parameters(remove_duplicate=False))
+    for first, second in pairs:
+        assert slots[first] is slots[second], (first, second)
+    assert len(list(twin.named_parameters())) == len(list(module.parameters()))
+    x = np.random.default_rng(8).standard_normal((B, T, D))
+    optimizer = attnc.optim.SGD(twin, lr=0.1, momentum=0.9)
+    torch_optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    for step in range(3):
+        out = twin(x)
+        twin.backward(np.cos(out))
+        optimizer.step()
+        twin.zero_grad()
+        expected = module(torch.from_numpy(x))
+        expected.backward(torch.cos(expected.detach()))
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+        assert_close(out, expected.detach().numpy(), np.float64, f"step {step} output")
+    assert_close(twin(x), module(torch.from_numpy(x)).detach().numpy(), np.float64, "after 3 steps")
