@@ -97,9 +97,9 @@ def is_a_bool(value):
         return False
     try:
         dtype = value.dtype
-        return dtype.kind == "b" if isinstance(dtype, np.dtype) else str(dtype) == "torch.bool"
-    except Exception:  # no dtype (or one whose reading raises): not a bool
+    except AttributeError:  # no dtype: not a bool (another error, a property's own, propagates)
         return False
+    return dtype.kind == "b" if isinstance(dtype, np.dtype) else str(dtype) == "torch.bool"
 
 
 def integer(value, name):

@@ -123,6 +123,29 @@ static void name_the_error(const char *name)
     Py_XDECREF(tb);
 }
 
+/* Raises `type` with the formatted message; the error being raised, if
+ * any, becomes its __cause__ (as `raise ... from error`). */
+static void raise_from_current(PyObject *type, const char *format, ...)
+{
+    PyObject *cause_type, *cause, *traceback;
+    PyErr_Fetch(&cause_type, &cause, &traceback);
+    PyErr_NormalizeException(&cause_type, &cause, &traceback);
+    if (cause && traceback) PyException_SetTraceback(cause, traceback);
+    Py_XDECREF(cause_type);
+    Py_XDECREF(traceback);
+    va_list args;
+    va_start(args, format);
+    PyErr_FormatV(type, format, args);
+    va_end(args);
+    if (!cause) return;
+    PyObject *raised_type, *raised, *raised_traceback;
+    PyErr_Fetch(&raised_type, &raised, &raised_traceback);
+    PyErr_NormalizeException(&raised_type, &raised, &raised_traceback);
+    if (raised) PyException_SetCause(raised, cause); /* steals cause */
+    else Py_DECREF(cause);
+    PyErr_Restore(raised_type, raised, raised_traceback);
+}
+
 /* 'b' when obj is a bool where a number or an integer belongs: Python's,
  * or anything of a bool dtype (NumPy's bool scalars and arrays, a torch
  * bool tensor), which convert to 0 and 1 as numbers do; scale=False where
@@ -130,7 +153,8 @@ static void name_the_error(const char *name)
  * slip, not a scale of 0 or a probability of 1. 'c' when it is complex
  * (NumPy's complex scalars and arrays, a torch complex tensor), whose
  * conversion to a float would drop the imaginary part with only a
- * warning. Else 0. */
+ * warning. Else 0; -1 with the error its dtype raised (other than
+ * AttributeError: a property's own, a KeyboardInterrupt). */
 static int odd_number_kind(PyObject *obj)
 {
     if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) return 'b';
@@ -138,6 +162,7 @@ static int odd_number_kind(PyObject *obj)
     if (PyComplex_Check(obj) || PyArray_IsScalar(obj, ComplexFloating)) return 'c';
     PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
     if (!dtype) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1; /* its own (a property's, Ctrl-C) */
         PyErr_Clear(); /* no dtype: neither (the conversion names what it is) */
         return 0;
     }
@@ -150,8 +175,8 @@ static int odd_number_kind(PyObject *obj)
         const char *name = text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : NULL;
         if (name && strcmp(name, "torch.bool") == 0) kind = 'b';
         else if (name && strncmp(name, "torch.complex", strlen("torch.complex")) == 0) kind = 'c';
+        else if (PyErr_Occurred()) kind = -1; /* str() of it raised */
         Py_XDECREF(text);
-        PyErr_Clear();
     }
     Py_DECREF(dtype);
     return kind;
@@ -163,21 +188,24 @@ static int odd_number_kind(PyObject *obj)
  * error of the conversion (a torch tensor's RuntimeError) is named. */
 static int as_double(PyObject *obj, const char *name, const char *what, double *out)
 {
-    if (!PyUnicode_Check(obj) && !PyBytes_Check(obj) && !odd_number_kind(obj)) {
+    int kind = PyUnicode_Check(obj) || PyBytes_Check(obj) ? 'b' : odd_number_kind(obj);
+    if (kind < 0) {
+        name_the_error(name);
+        return 0;
+    }
+    if (!kind) {
         *out = PyFloat_AsDouble(obj);
         if (!(*out == -1.0 && PyErr_Occurred())) return 1;
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "%s: expected %s, got an integer too large for a float", name, what);
+            raise_from_current(PyExc_ValueError, "%s: expected %s, got an integer too large for a float", name, what);
             return 0;
         }
         if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError)) {
             name_the_error(name);
             return 0;
         }
-        PyErr_Clear();
     }
-    PyErr_Format(PyExc_TypeError, "%s: expected %s, got %R", name, what, obj);
+    raise_from_current(PyExc_TypeError, "%s: expected %s, got %R", name, what, obj); /* __float__'s error its cause */
     return 0;
 }
 
@@ -231,11 +259,11 @@ static int scale_fits(double scale, attnc_dtype dt)
  * a slip. */
 static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
 {
-    PyObject *index = odd_number_kind(obj) == 'b' ? NULL : PyNumber_Index(obj);
+    int kind = odd_number_kind(obj);
+    PyObject *index = kind == 'b' || kind < 0 ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %s", name, Py_TYPE(obj)->tp_name);
+        raise_from_current(PyExc_TypeError, "%s: expected an integer, got %s", name, Py_TYPE(obj)->tp_name);
         return 0;
     }
     *out = PyLong_AsLongAndOverflow(index, overflow);
@@ -286,11 +314,11 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
 static int seed_argument(PyObject *obj, uint64_t *seed)
 {
     if (obj == Py_None) return 1;
-    PyObject *index = odd_number_kind(obj) == 'b' ? NULL : PyNumber_Index(obj);
+    int kind = odd_number_kind(obj);
+    PyObject *index = kind == 'b' || kind < 0 ? NULL : PyNumber_Index(obj);
     if (!index) {
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* __index__'s own */
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
+        raise_from_current(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
         return 0;
     }
     unsigned long long key = PyLong_AsUnsignedLongLong(index);
@@ -1089,8 +1117,8 @@ static int band_arguments(const score_options *o, idx_t L, idx_t S, attnc_band *
                                                                                       : NULL;
         if (!sides || PyTuple_GET_SIZE(sides) != 2) {
             Py_XDECREF(sides);
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "window: expected None or a pair (left, right), got %R", o->window);
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* its own, Ctrl-C */
+            raise_from_current(PyExc_TypeError, "window: expected None or a pair (left, right), got %R", o->window);
             return 0;
         }
         int ok = window_side(PyTuple_GET_ITEM(sides, 0), &band->left) &&

@@ -1025,6 +1025,64 @@ def test_an_index_that_raises_reaches_the_caller_from_every_integer_argument():
             call()
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, LookupError])
+def test_an_error_raised_while_a_number_or_window_is_read_reaches_the_caller(error):
+    """The C layer read a number argument's `dtype` (to refuse bools and
+    complex numbers) and cleared whatever reading it raised: a Ctrl-C
+    landing in a `dtype` property was lost and the call ran to the end
+    (a review helper reproduced it with SIGINT). A window whose items raise
+    became "window: expected None or a pair", Ctrl-C and MemoryError
+    included. Both now let the error through."""
+    class RaisingDtype:  # a number whose dtype is computed in Python
+        @property
+        def dtype(self):
+            raise error("raised reading dtype")
+
+        def __float__(self):
+            return 0.5
+
+        def __index__(self):
+            return 1
+
+    class RaisingItems:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            raise error("raised reading the window")
+
+    q = np.ones((1, 2, 4, 8), np.float32)
+    calls = {"scale": lambda: F.scaled_dot_product_attention(q, q, q, scale=RaisingDtype()),
+             "dropout_p": lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=RaisingDtype(), seed=0),
+             "seed": lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, seed=RaisingDtype()),
+             "axis": lambda: F.softmax(q, axis=RaisingDtype()),
+             "threads": lambda: attnc.set_num_threads(RaisingDtype()),
+             "Dropout": lambda: attnc.Dropout(RaisingDtype()),
+             "window": lambda: F.scaled_dot_product_attention(q, q, q, window=RaisingItems())}
+    threads = attnc.get_num_threads()
+    try:
+        for name, call in calls.items():
+            with pytest.raises(error) as info:
+                call()
+            assert "raised reading" in str(info.value), name
+    finally:
+        attnc.set_num_threads(threads)
+
+
+def test_a_number_argument_whose_conversion_raises_keeps_that_error_as_the_cause():
+    """__float__'s own ValueError or TypeError became "scale: expected a finite
+    number" with no trace of it; the TypeError naming the argument now has it
+    as its __cause__."""
+    class Uncalibrated:
+        def __float__(self):
+            raise ValueError("not calibrated yet")
+
+    q = np.ones((2, 3))
+    with pytest.raises(TypeError, match="^scale:") as info:
+        F.scaled_dot_product_attention(q, q, q, scale=Uncalibrated())
+    assert isinstance(info.value.__cause__, ValueError) and "not calibrated" in str(info.value.__cause__)
+
+
 def test_backward_takes_as_many_batch_axes_as_the_forward():
     """np.broadcast_shapes (32 axes at most) refused 33 batch axes in the backward, which
     the forward takes (a review helper, 2026-11-24)."""
