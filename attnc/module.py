@@ -589,15 +589,18 @@ class Module:
             if any(np.may_share_memory(array, param) for param in own.values()):
                 array = array.copy()  # a parameter's own memory (a swap): read before any is overwritten
             converted[key] = owner, name, array
-        # nothing below can fail: copy into each parameter in place (views
-        # of it see the new values, as torch's copy_), or replace one that
-        # cannot take a copy (read-only, or changed in place since assigned)
+        # copy into each parameter in place (views of it see the new values,
+        # as torch's copy_), or replace one that cannot take a copy (read-only,
+        # or changed in place since assigned): planned here, then done in one
+        # C call, so that a Ctrl-C leaves the module as it was or loaded
+        targets, sources, assignments = [], [], []
         replacements = {}  # id(parameter) -> (it, its replacement): a tied parameter stays tied
         for key, (owner, name, array) in converted.items():
             current = own[key]
             flags = current.flags if isinstance(current, np.ndarray) else None
             if flags and flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
-                np.copyto(current, array)
+                targets.append(current)
+                sources.append(array)
                 continue
             _, replacement = replacements.get(id(current), (None, None))
             if replacement is not None and replacement.dtype == array.dtype:
@@ -605,7 +608,8 @@ class Module:
             else:
                 replacement = array.copy()  # never the caller's memory
                 replacements[id(current)] = current, replacement
-            object.__setattr__(owner, name, replacement)
+            assignments.append((owner, name, replacement))
+        _C.commit(targets, sources, assignments)
         return _IncompatibleKeys(missing, unexpected)
 
     def _submodule(self, path):
@@ -856,7 +860,7 @@ class Module:
         `state` (one backward per forward), both or neither: under a lock, so
         that of two threads' backwards of one forward only one adds its
         gradients; the sums made first (_sums_of_grads), then written and the
-        state released in one C call (_C.commit_sums: no signal handler,
+        state released in one C call (_C.commit: no signal handler,
         so no KeyboardInterrupt, in between), so that a failure leaves the
         state for a retry. Returns grad_x in the dtype of the forward's
         input."""
@@ -867,7 +871,7 @@ class Module:
                                    "meanwhile, or another forward replaced it (a training-mode module runs one "
                                    "forward and backward at a time; share it between threads in eval mode)")
             buffers, sums = self._sums_of_grads(grads)
-            _C.commit_sums(buffers, sums, self, "_saved")
+            _C.commit(buffers, sums, [(self, "_saved", None)])
         return grad_x.astype(saved[2], copy=False)
 
     # -- randomness ----------------------------------------------------------

@@ -1917,52 +1917,65 @@ static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs
     return PyFloat_FromDouble(p);
 }
 
-/* commit_sums(targets, sums, owner, attr) -> None: each target array <-
- * its sum (same shape and dtype, checked for all first), then owner.attr
- * <- None (object.__setattr__), all in one call: no Python signal handler
- * runs in between (the eval loop runs them between bytecodes), so a
- * KeyboardInterrupt comes before every copy or after the last and the
- * release. Adding the gradients one buffer at a time in Python, a Ctrl-C
- * between two left some added and the forward's state kept: the retried
- * backward added those twice. */
-static PyObject *py_commit_sums(PyObject *self, PyObject *args, PyObject *kwargs)
+/* commit(targets, sources, assignments) -> None: each target array <- its
+ * source (same shape and dtype, checked for all first), then each
+ * (owner, attr, value) of assignments set (object.__setattr__), all in one
+ * call: no Python signal handler runs in between (the eval loop runs them
+ * between bytecodes), so a KeyboardInterrupt comes before every copy or
+ * after the last assignment. A backward adding its gradients a buffer at a
+ * time in Python, a Ctrl-C between two left some added and the forward's
+ * state kept (the retried backward added those twice); load_state_dict
+ * left some parameters loaded. */
+static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"targets", "sums", "owner", "attr", NULL};
-    PyObject *target_list, *sum_list, *owner, *attr;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OU:commit_sums", kwlist, &PyList_Type, &target_list,
-                                     &PyList_Type, &sum_list, &owner, &attr))
+    static char *kwlist[] = {"targets", "sources", "assignments", NULL};
+    PyObject *target_list, *source_list, *assignment_list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!:commit", kwlist, &PyList_Type, &target_list,
+                                     &PyList_Type, &source_list, &PyList_Type, &assignment_list))
         return NULL;
     /* tuples of their own: a copy runs other code (an object array's
      * __del__; another thread, while NumPy's copy lets the GIL go) that
      * could change the lists and free their items */
-    PyObject *targets = PyList_AsTuple(target_list), *sums = targets ? PyList_AsTuple(sum_list) : NULL,
-             *result = NULL;
-    if (!sums) goto done;
+    PyObject *targets = PyList_AsTuple(target_list), *sources = targets ? PyList_AsTuple(source_list) : NULL,
+             *assignments = sources ? PyList_AsTuple(assignment_list) : NULL, *result = NULL;
+    if (!assignments) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(targets);
-    if (PyTuple_GET_SIZE(sums) != n) {
-        PyErr_Format(PyExc_ValueError, "commit_sums: %zd targets, %zd sums", n, PyTuple_GET_SIZE(sums));
+    if (PyTuple_GET_SIZE(sources) != n) {
+        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd sources", n, PyTuple_GET_SIZE(sources));
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyTuple_GET_ITEM(targets, i), *s = PyTuple_GET_ITEM(sums, i);
+        PyObject *t = PyTuple_GET_ITEM(targets, i), *s = PyTuple_GET_ITEM(sources, i);
         if (!PyArray_Check(t) || !PyArray_Check(s) || !PyArray_ISWRITEABLE((PyArrayObject *)t) ||
             !PyArray_SAMESHAPE((PyArrayObject *)t, (PyArrayObject *)s) ||
             !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)t), PyArray_DESCR((PyArrayObject *)s))) {
-            PyErr_Format(PyExc_ValueError, "commit_sums: item %zd is not a writable array and a sum of its shape "
+            PyErr_Format(PyExc_ValueError, "commit: item %zd is not a writable array and a source of its shape "
                          "and dtype", i);
             goto done;
         }
     }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(assignments); i++) {
+        PyObject *a = PyTuple_GET_ITEM(assignments, i);
+        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(a, 1))) {
+            PyErr_Format(PyExc_ValueError, "commit: assignment %zd is not a tuple (owner, attr, value)", i);
+            goto done;
+        }
+    }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (PyArray_CopyInto((PyArrayObject *)PyTuple_GET_ITEM(targets, i), (PyArrayObject *)PyTuple_GET_ITEM(sums, i)) <
-            0)
+        if (PyArray_CopyInto((PyArrayObject *)PyTuple_GET_ITEM(targets, i),
+                             (PyArrayObject *)PyTuple_GET_ITEM(sources, i)) < 0)
             goto done; /* (arrays of one shape and dtype: not expected) */
-    if (PyObject_GenericSetAttr(owner, attr, Py_None) < 0) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(assignments); i++) {
+        PyObject *a = PyTuple_GET_ITEM(assignments, i);
+        if (PyObject_GenericSetAttr(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(a, 2)) < 0)
+            goto done;
+    }
     result = Py_None;
     Py_INCREF(result);
 done:
     Py_XDECREF(targets);
-    Py_XDECREF(sums);
+    Py_XDECREF(sources);
+    Py_XDECREF(assignments);
     return result;
 }
 
@@ -2181,10 +2194,10 @@ static PyMethodDef methods[] = {
      "weights' gradients stacked), grad_bias (stacked), grad_w_out or None, grad_bias_out or None)."},
     {"probability", FN(py_probability), KW,
      "probability($module, /, p, name='p')\n--\n\np as a float in [0, 1], else TypeError/ValueError naming name."},
-    {"commit_sums", FN(py_commit_sums), KW,
-     "commit_sums($module, /, targets, sums, owner, attr)\n--\n\n"
-     "Each target array <- its sum (same shape and dtype), then owner.attr <- None, with no Python signal "
-     "handler run in between."},
+    {"commit", FN(py_commit), KW,
+     "commit($module, /, targets, sources, assignments)\n--\n\n"
+     "Each target array <- its source (same shape and dtype), then each (owner, attr, value) of assignments "
+     "set as object.__setattr__ sets it, with no Python signal handler run in between."},
     {"check_rng", FN(py_check_rng), KW,
      "check_rng($module, /, rng)\n--\n\nrng if it is a numpy.random.Generator or None, else TypeError."},
     {"as_parameter", FN(py_as_parameter), KW,

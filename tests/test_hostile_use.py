@@ -894,6 +894,51 @@ def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once
     assert n > 10  # the trace saw the backward's lines
 
 
+@pytest.mark.parametrize("replaced", [False, True], ids=["in_place", "one_parameter_read_only"])
+def test_load_state_dict_interrupted_at_any_line_leaves_the_module_as_it_was_or_loaded(replaced):
+    # The copies into the parameters ran a parameter at a time in Python, so a
+    # Ctrl-C between two left some loaded (a review helper, 2026-12-02: 5 of 8).
+    # A trace function raises KeyboardInterrupt at each line of the package's
+    # Python in turn, until a load runs through; after each, the module holds
+    # the old values or the new ones, all of them.
+    import os
+    import sys
+    package = os.path.dirname(attnc.__file__) + os.sep
+    new = {key: value + 1 for key, value in attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True,
+                                                                       rng=np.random.default_rng(1)).state_dict().items()}
+    for n in range(1, 10_000):
+        m = attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True, rng=np.random.default_rng(2))
+        if replaced:
+            m.bias_k.flags.writeable = False  # replaced by a copy, not copied into
+        old = m.state_dict()
+        lines = [0]
+
+        def trace(frame, event, arg):
+            if not frame.f_code.co_filename.startswith(package):
+                return None
+            if event == "line":
+                lines[0] += 1
+                if lines[0] == n:
+                    raise KeyboardInterrupt
+            return trace
+
+        sys.settrace(trace)
+        try:
+            m.load_state_dict(new)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        now = m.state_dict()
+        expected = old if all(np.array_equal(now[k], old[k]) for k in ("in_proj_weight",)) else new
+        for key in now:
+            np.testing.assert_array_equal(now[key], expected[key], err_msg=f"{key}, interrupted at line {n}")
+        if not interrupted:
+            break
+    assert n > 10  # the trace saw the load's lines
+
+
 @pytest.mark.parametrize("make, key", [
     (lambda: attnc.Linear(4, 6), "weight"),
     (lambda: attnc.SelfAttentionV3(4, dropout_rate=0.0), "output_proj.bias"),
@@ -1628,8 +1673,8 @@ def test_a_parameter_that_is_a_view_holds_its_owner_during_the_call():
     assert refused == [True]
 
 
-def test_commit_sums_keeps_its_items_while_copying():
-    """Regression (C audit): commit_sums read its lists' borrowed items across the copies,
+def test_commit_keeps_its_items_while_copying():
+    """Regression (C audit): commit (then commit_sums) read its lists' borrowed items across the copies,
     which can run other code (an object array's __del__ here) that empties the lists: a
     segfault. It now reads tuples of its own."""
     targets, sums = [], []
@@ -1644,7 +1689,7 @@ def test_commit_sums_keeps_its_items_while_copying():
     targets += [first, second]
     sums += [np.array([1], object), np.array([2], object)]
     owner = types.SimpleNamespace(_saved="kept")
-    attnc._C.commit_sums(targets, sums, owner, "_saved")
+    attnc._C.commit(targets, sums, [(owner, "_saved", None)])
     assert (first[0], second[0], owner._saved) == (1, 2, None)
 
 
