@@ -188,7 +188,7 @@ static int odd_number_kind(PyObject *obj)
  * error of the conversion (a torch tensor's RuntimeError) is named. */
 static int as_double(PyObject *obj, const char *name, const char *what, double *out)
 {
-    int kind = PyUnicode_Check(obj) || PyBytes_Check(obj) ? 'b' : odd_number_kind(obj);
+    int kind = PyUnicode_Check(obj) || PyBytes_Check(obj) ? 's' /* text: refused */ : odd_number_kind(obj);
     if (kind < 0) {
         name_the_error(name);
         return 0;
