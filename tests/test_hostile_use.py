@@ -837,6 +837,37 @@ def test_backward_failing_part_way_adds_nothing_so_a_retry_counts_once(monkeypat
         np.testing.assert_array_equal(g, expected, err_msg=name)
 
 
+def _interrupted_at_line(n, call):
+    """Runs call() with a KeyboardInterrupt raised at the n-th line the package's
+    Python runs, as Ctrl-C raises one between any two lines; whether it came."""
+    import linecache
+    import os
+    import sys
+    package = os.path.dirname(attnc.__file__) + os.sep
+    lines = [0]
+
+    def trace(frame, event, arg):
+        if not frame.f_code.co_filename.startswith(package):
+            return None
+        # (not at a `with` line: the trace also stops there on the way out,
+        # before __exit__, where a signal's handler never runs)
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and not line.lstrip().startswith("with "):
+            lines[0] += 1
+            if lines[0] == n:
+                raise KeyboardInterrupt
+        return trace
+
+    sys.settrace(trace)
+    try:
+        call()
+        return False
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+
+
 @pytest.mark.parametrize("make", [lambda rng: attnc.SelfAttentionV3(8, dropout_rate=0.0, rng=rng),
                                   lambda rng: attnc.nn.MultiheadAttention(8, 2, rng=rng)])
 def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once(make):
@@ -846,11 +877,7 @@ def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once
     # the docs promise added those twice (2x and 3x gradients; a review
     # helper, 2026-11-29). Here a trace function raises it at each line of the
     # package's Python in turn, until a backward runs through.
-    import linecache
-    import os
-    import sys
     x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
-    package = os.path.dirname(attnc.__file__) + os.sep
 
     def forward(module):
         return module(x, x, x)[0] if isinstance(module, attnc.nn.MultiheadAttention) else module(x)
@@ -860,28 +887,7 @@ def test_backward_interrupted_at_any_line_then_retried_counts_each_gradient_once
     for n in range(1, 10_000):
         m = make(np.random.default_rng(4)).train()
         y = forward(m)
-        lines = [0]
-
-        def trace(frame, event, arg):
-            if not frame.f_code.co_filename.startswith(package):
-                return None
-            # (not at a `with` line: the trace also stops there on the way out,
-            # before __exit__, where a signal's handler never runs)
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            if event == "line" and not line.lstrip().startswith("with "):
-                lines[0] += 1
-                if lines[0] == n:
-                    raise KeyboardInterrupt
-            return trace
-
-        sys.settrace(trace)
-        try:
-            m.backward(np.ones_like(y))
-            interrupted = False
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            sys.settrace(None)
+        interrupted = _interrupted_at_line(n, lambda: m.backward(np.ones_like(y)))
         if interrupted:
             try:
                 m.backward(np.ones_like(y))  # the retry
@@ -901,9 +907,6 @@ def test_load_state_dict_interrupted_at_any_line_leaves_the_module_as_it_was_or_
     # A trace function raises KeyboardInterrupt at each line of the package's
     # Python in turn, until a load runs through; after each, the module holds
     # the old values or the new ones, all of them.
-    import os
-    import sys
-    package = os.path.dirname(attnc.__file__) + os.sep
     new = {key: value + 1 for key, value in attnc.nn.MultiheadAttention(8, 2, add_bias_kv=True,
                                                                        rng=np.random.default_rng(1)).state_dict().items()}
     for n in range(1, 10_000):
@@ -911,25 +914,7 @@ def test_load_state_dict_interrupted_at_any_line_leaves_the_module_as_it_was_or_
         if replaced:
             m.bias_k.flags.writeable = False  # replaced by a copy, not copied into
         old = m.state_dict()
-        lines = [0]
-
-        def trace(frame, event, arg):
-            if not frame.f_code.co_filename.startswith(package):
-                return None
-            if event == "line":
-                lines[0] += 1
-                if lines[0] == n:
-                    raise KeyboardInterrupt
-            return trace
-
-        sys.settrace(trace)
-        try:
-            m.load_state_dict(new)
-            interrupted = False
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            sys.settrace(None)
+        interrupted = _interrupted_at_line(n, lambda: m.load_state_dict(new))
         now = m.state_dict()
         expected = old if all(np.array_equal(now[k], old[k]) for k in ("in_proj_weight",)) else new
         for key in now:
