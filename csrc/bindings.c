@@ -92,37 +92,6 @@ static int kernel_ok(attnc_status status, const char *function)
 /* ======================================================================== */
 /* scalar arguments                                                         */
 
-/* Replaces a TypeError, ValueError, OverflowError or RuntimeError (torch's,
- * for a tensor of several elements asked for its truth) being raised by
- * one of the same type whose message starts with `name` (the original
- * becomes its __cause__). */
-static void name_the_error(const char *name)
-{
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    /* a MemoryError of any kind (NumPy's own takes other arguments) as a
-     * plain one */
-    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_RuntimeError ||
-                              type == PyExc_OverflowError
-                          ? type
-                      : type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ? PyExc_MemoryError
-                                                                                    : NULL;
-    if (!named) {
-        PyErr_Restore(type, value, tb);
-        return;
-    }
-    PyErr_NormalizeException(&type, &value, &tb);
-    PyErr_Format(named, "%s: %S", name, value);
-    PyObject *type2, *value2, *tb2;
-    PyErr_Fetch(&type2, &value2, &tb2);
-    PyErr_NormalizeException(&type2, &value2, &tb2);
-    if (value2) PyException_SetCause(value2, value); /* steals value */
-    else Py_XDECREF(value);
-    PyErr_Restore(type2, value2, tb2);
-    Py_DECREF(type);
-    Py_XDECREF(tb);
-}
-
 /* Raises `type` with the formatted message; the error being raised, if
  * any, becomes its __cause__ (as `raise ... from error`). */
 static void raise_from_current(PyObject *type, const char *format, ...)
@@ -144,6 +113,30 @@ static void raise_from_current(PyObject *type, const char *format, ...)
     if (raised) PyException_SetCause(raised, cause); /* steals cause */
     else Py_DECREF(cause);
     PyErr_Restore(raised_type, raised, raised_traceback);
+}
+
+/* Replaces a TypeError, ValueError, OverflowError or RuntimeError (torch's,
+ * for a tensor of several elements asked for its truth) being raised by
+ * one of the same type whose message starts with `name` (the original
+ * becomes its __cause__: raise_from_current). */
+static void name_the_error(const char *name)
+{
+    PyObject *type = PyErr_Occurred(); /* borrowed */
+    /* a MemoryError of any kind (NumPy's own takes other arguments) as a
+     * plain one */
+    PyObject *named = type == PyExc_TypeError || type == PyExc_ValueError || type == PyExc_RuntimeError ||
+                              type == PyExc_OverflowError
+                          ? type
+                      : type && PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ? PyExc_MemoryError
+                                                                                    : NULL;
+    if (!named) return;
+    PyObject *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    Py_XINCREF(value); /* for the message, past the cause's restore below */
+    PyErr_Restore(type, value, tb);
+    raise_from_current(named, "%s: %S", name, value);
+    Py_XDECREF(value);
 }
 
 /* 'b' when obj is a bool where a number or an integer belongs: Python's,
