@@ -120,12 +120,12 @@ def _numpy(tensor):
     return tensor.numpy()
 
 
-def _tied_keys(module):
-    """The groups of two or more state_dict keys under which `module` holds
-    one tensor (a parameter, or a submodule, assigned twice), each in
-    state_dict order."""
+def _tied_keys(tensors):
+    """The groups of two or more keys of a ``state_dict(keep_vars=True)``
+    naming one tensor (a parameter, or a submodule, assigned twice), each
+    in state_dict order."""
     groups = {}
-    for key, tensor in module.state_dict(keep_vars=True).items():
+    for key, tensor in tensors.items():
         groups.setdefault(id(tensor), []).append(key)
     return [keys for keys in groups.values() if len(keys) > 1]
 
@@ -286,7 +286,7 @@ def from_torch(module, *, dtype=None, rng=None):
     if name not in _TWINS and name not in _TORCH_CLASSES:
         known = ", ".join(sorted(set(_TWINS) | {"Linear", "MultiheadAttention"}))
         raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
-    tensors = dict(module.state_dict())
+    tensors = dict(module.state_dict(keep_vars=True))  # the module's own tensors: a tie is one object
     for key, tensor in tensors.items():  # complex, integer, quantized: no twin computes them
         floating = getattr(tensor, "is_floating_point", None)
         if not callable(floating) or not floating():
@@ -312,7 +312,7 @@ def from_torch(module, *, dtype=None, rng=None):
         raise TypeError(f"from_torch: {name}'s parameters {list(weights)} are not those of its attnc twin "
                         f"{type(twin).__name__}, {expected}")
     twin.load_state_dict(weights)
-    for keys in _tied_keys(module):  # torch's ties (a parameter or submodule assigned twice) kept
+    for keys in _tied_keys(tensors):  # torch's ties (a parameter or submodule assigned twice) kept
         names = [key if version is None else version.rename(key) for key in keys]
         owner, attribute = twin._owner_of(names[0])
         shared = getattr(owner, attribute)
