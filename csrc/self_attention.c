@@ -248,11 +248,60 @@ static attnc_status project_then_attend(const attnc_self_attention_args *s, cons
     return m->kernels->attention(&a);
 }
 
+/* Up to this many bytes of projections and merged heads, a forward that
+ * keeps nothing computes all its items at once; beyond, it goes through
+ * them in chunks of its first batch dim that each fit (forward_by_chunks),
+ * so that its buffers stay among the blocks alloc.c keeps (64 MB in all)
+ * instead of being faulted in again, zeroed, on every call. A float64
+ * MultiHeadAttention(768, 12) on x (8, 512, 768) (75 MB of projections,
+ * 25 MB merged) spent 10 % of its time in the kernel's page clearing. On
+ * 2 threads of a Xeon family 6 model 167, by chunks (medians of 5-7 runs
+ * against one buffer): that module 0.91x the time, float32 (4, 1024, 1024)
+ * 0.84x, (16, 512, 768) 0.93x, (8, 512, 768) (50 MB, which the kept blocks
+ * held) 1.00x, float64 (4, 256, 1024) (34 MB) 1.00x; chunks of 16 MB and
+ * 40 MB no better (benchmarks/NOTES.md). Each row's products and each
+ * item's attention are the same operations in either case: the same bits. */
+#define WHOLE_FORWARD_MAX_BYTES ((size_t)32 << 20)
+
+/* The forward of s by chunks of its first batch dim (items along the
+ * others whole), each at most WHOLE_FORWARD_MAX_BYTES of buffers (or one
+ * index of that dim), as even as whole indices go; 0 (not run) if s has
+ * no such dim to cut or fits whole. */
+static int forward_by_chunks(const attnc_self_attention_args *s, const module_sizes *m, attnc_status *status)
+{
+    int nd = s->batch.ndim;
+    if (s->keep_qkv || s->keep_merged || s->lse || s->dropout_p != 0 || nd < 2 || s->batch.shape[0] < 2) return 0;
+    double bytes = (double)m->rows * (double)(m->width + m->Dv) * (double)m->elem;
+    if (bytes <= (double)WHOLE_FORWARD_MAX_BYTES) return 0;
+    idx_t first = s->batch.shape[0], items_per_index = 1;
+    for (int d = 1; d < nd - 1; d++) items_per_index *= s->batch.shape[d];
+    idx_t per_chunk = (idx_t)((double)WHOLE_FORWARD_MAX_BYTES / (bytes / (double)first));
+    if (per_chunk < 1) per_chunk = 1;
+    idx_t chunks = attnc_ceil_div(first, per_chunk), rows_per_index = items_per_index * s->T;
+    idx_t heads = s->batch.shape[nd - 1];
+    *status = ATTNC_OK;
+    for (idx_t c = 0, b0 = 0; c < chunks && *status == ATTNC_OK; c++) {
+        idx_t b1 = first * (c + 1) / chunks, r0 = b0 * rows_per_index;
+        attnc_self_attention_args chunk = *s;
+        chunk.batch.shape[0] = b1 - b0;
+        chunk.x = (const char *)s->x + (size_t)(r0 * s->C) * m->elem;
+        chunk.out = (char *)s->out + (size_t)(r0 * (s->w_out ? s->n_out : m->Dv)) * m->elem;
+        if (s->mask) chunk.mask = s->mask + b0 * s->mask_batch_strides[0];
+        if (s->weights)
+            chunk.weights = (char *)s->weights + (size_t)(b0 * items_per_index * heads * s->T * s->T) * m->elem;
+        *status = attnc_self_attention(&chunk);
+        b0 = b1;
+    }
+    return 1;
+}
+
 attnc_status attnc_self_attention(const attnc_self_attention_args *s)
 {
     module_sizes m;
     idx_t merged_size = 0;
     if (!sizes_of(s, &m) || !attnc_mul_ok(m.rows, m.Dv, &merged_size)) return ATTNC_EOVERFLOW;
+    attnc_status chunked;
+    if (forward_by_chunks(s, &m, &chunked)) return chunked;
 
     /* an inference forward (nothing kept, no dropout) of short items on
      * more than one thread: a task per item or group of its heads, no

@@ -46,6 +46,26 @@ def sigint_delay(seconds, call):
 """
 
 
+# The peak memory of a call in a child script: peak_reset() sets the process's high-water
+# mark (VmHWM) to its current RSS and returns that, peak_rss() reads the mark. (The
+# ru_maxrss of getrusage would not do: Linux carries the parent's high-water mark into a
+# child across exec, and with pytest's (torch loaded, 230 MiB and more) it stood above
+# any call's peak, so that a bound on the call's memory could not fail.)
+_PEAK_RSS = """
+def _proc_status_bytes(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit(field + " not in /proc/self/status")
+def peak_reset():
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return _proc_status_bytes("VmRSS")
+def peak_rss():
+    return _proc_status_bytes("VmHWM")
+"""
+
 def _delay_runs(out, count):
     """The child's lines "delay <s> <what> <s>" as (delay, what's seconds), `count` of them."""
     runs = [line.split() for line in out.splitlines() if line.startswith("delay")]
@@ -55,8 +75,8 @@ def _delay_runs(out, count):
 
 def _run_child(code, timeout=120, sigint=False):
     """Runs `code` in a fresh interpreter (same environment), after
-    _SIGINT_AFTER with `sigint`; returns its stdout."""
-    code = (_SIGINT_AFTER if sigint else "") + textwrap.dedent(code)
+    _PEAK_RSS and, with `sigint`, _SIGINT_AFTER; returns its stdout."""
+    code = _PEAK_RSS + (_SIGINT_AFTER if sigint else "") + textwrap.dedent(code)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
@@ -453,7 +473,6 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
 @pytest.mark.parametrize("case", ["huge_head", "broadcast_items", "huge_value_head", "long_keys"])
 def test_peak_memory_is_bounded_by_the_data(case):
     out = _run_child(f"""
-        import resource
         import numpy as np
         import attnc
         from attnc import functional as F
@@ -467,15 +486,39 @@ def test_peak_memory_is_bounded_by_the_data(case):
         else:
             args = (np.ones((1, 1, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32))
         data = sum(a.nbytes for a in args)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = peak_reset()
         out = F.scaled_dot_product_attention(*args)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         data += out.nbytes
         assert np.isfinite(out).all()
         print("extra", peak - base - out.nbytes, "limit", max(64 << 20, 2 * data))
     """)
     extra, limit = (int(out.split(word)[1].split()[0]) for word in ("extra", "limit"))
     assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the output, limit {limit / 2**20:.0f} MiB"
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+def test_module_forward_buffers_are_bounded_by_chunks():
+    """An eval-mode MultiHeadAttention(64, 4) in float64 on x (4096, 16, 64) (32 MiB of
+    output) needs 128 MiB of projections and merged heads if all its items go through one
+    buffer, as they did (faulted in and zeroed on every call, and above the 64 MiB of
+    freed buffers attnc keeps). Its forward now takes chunks of x's first dim of at most
+    32 MB of buffers each. The oracle for the output is the float64 NumPy forward of the
+    module's state_dict."""
+    out = _run_child("""
+        import numpy as np
+        import attnc
+        from toolkit import assert_close, ref_forward
+        m = attnc.MultiHeadAttention(64, 4, dtype=np.float64, rng=np.random.default_rng(0)).eval()
+        x = np.random.default_rng(1).standard_normal((4096, 16, 64))
+        base = peak_reset()
+        got = m(x)
+        peak = peak_rss()
+        assert_close(got, ref_forward("MultiHeadAttention", m.state_dict(), x, None, 4)[0], np.float64)
+        print("extra", peak - base - got.nbytes)
+    """)
+    extra = int(out.split("extra")[1].split()[0])
+    assert extra <= 48 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 48 MiB (32 MB of buffers)"
 
 
 @pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
@@ -488,7 +531,6 @@ def test_broadcast_keys_and_values_are_read_in_place(case):
     is hand-derived: equal keys give every key the same weight 1 / S, and the
     output is the value row (v's rows are all equal)."""
     out = _run_child(f"""
-        import resource
         import numpy as np
         from attnc import functional as F
         case, S = {case!r}, 1 << 24
@@ -506,9 +548,9 @@ def test_broadcast_keys_and_values_are_read_in_place(case):
             v = np.broadcast_to(np.float32(-1.5), (2, S, 4))
             expected = np.full(4, -1.5)
         q = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = peak_reset()
         got = F.scaled_dot_product_attention(q, k, v)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         assert got.dtype == np.float32 and got.shape == (2, 3, 4)
         assert np.allclose(got, np.broadcast_to(expected, got.shape), rtol=1e-4, atol=1e-6), got
         print("extra", peak - base)
@@ -525,7 +567,6 @@ def test_backward_peak_memory_over_a_shared_key_value_is_bounded_by_the_data(cas
     the gradients it returned (9x in a robustness review, 2026-11-24). The kernel
     now adds the items into the shared gradient through a scratch of its size."""
     out = _run_child(f"""
-        import resource
         import numpy as np
         from attnc import functional as F
         case, S, E = {case!r}, 1 << 16, 32
@@ -541,9 +582,9 @@ def test_backward_peak_memory_over_a_shared_key_value_is_bounded_by_the_data(cas
         out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
         grad_out = np.ones_like(out)
         data = sum(a.nbytes for a in (q, k, v, out, lse, grad_out))
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = peak_reset()
         grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, **options)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         returned = sum(g.nbytes for g in grads)
         assert all(np.isfinite(g).all() for g in grads)
         print("extra", peak - base - returned, "limit", max(64 << 20, 2 * (data + returned)))
@@ -565,7 +606,6 @@ def test_backward_of_few_long_items_holds_tiles_not_their_queries(threads):
     the gradients are hand-derived: grad_value rows sum(grad_out) / S, grad_query
     and grad_key 0 (equal scores)."""
     out = _run_child(f"""
-        import resource
         import numpy as np
         import attnc
         from attnc import functional as F
@@ -577,9 +617,9 @@ def test_backward_of_few_long_items_holds_tiles_not_their_queries(threads):
         v = np.broadcast_to(rng.standard_normal(E).astype(np.float32), (1, 1, S, E)).copy()
         out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True)
         grad_out = rng.standard_normal(out.shape).astype(np.float32)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        base = peak_reset()
         grads = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_rss()
         grad_q, grad_k, grad_v = grads
         expected_v = np.broadcast_to(grad_out[0, 0].astype(np.float64).sum(axis=0) / S, (S, E))
         np.testing.assert_allclose(grad_v[0, 0], expected_v, rtol=1e-3, atol=1e-4)

@@ -315,3 +315,33 @@ def test_workers_keep_their_cpu_mask(restore_threads):
         np.testing.assert_array_equal(out, expected)
     for masks in masks_after:
         assert all(mask == allowed for mask in masks), f"a worker was left with a narrowed CPU mask: {masks}"
+
+
+@pytest.mark.parametrize("name,heads,lead", [("MHA", 4, (1100,)), ("MHSA-nobias", 32, (1100,)), ("SA-bias", None, (1100,)),
+                                             ("V4", None, (1100,)), ("MHA", 4, (3, 400))])
+def test_forward_by_chunks_of_the_first_dim_same_bits(name, heads, lead, restore_threads):
+    """An eval-mode forward whose projections and merged heads take more than 32 MB
+    (WHOLE_FORWARD_MAX_BYTES: here float64 items of 16 x 64, 64 KB of buffers each) goes
+    through chunks of x's first dim instead of one buffer for all of them: two chunks of
+    550 items, or of 1 and 2 indices of a (3, 400) batch. Same bits at every thread count,
+    each item's as when alone, with a mask per item and the weights asked for (their rows
+    at each chunk's offset), and the float64 oracle's values."""
+    dim, seq = 64, 16
+    case = MODEL[name]
+    m = case.make(dim, heads=heads, dtype=np.float64, rng=np.random.default_rng(len(lead))).eval()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((*lead, seq, dim))
+    mask = rng.random((*lead, 1, seq, seq)) < 0.7
+    mask[..., 0] = True
+    if not case.kind.startswith("Multi"):
+        mask = mask[..., 0, :, :]
+    outs = _over_threads(lambda: m(x, mask, return_weights=True))
+    _all_equal(outs)
+    out, weights = outs[0]
+    for index in [(0,) * len(lead), (lead[0] - 1,) + (0,) * (len(lead) - 1), tuple(n // 2 for n in lead)]:
+        alone = m(x[index][None], mask[index][None], return_weights=True)
+        np.testing.assert_array_equal(alone[0][0], out[index])
+        np.testing.assert_array_equal(alone[1][0], weights[index])
+    ref, ref_weights = ref_forward(case.kind, m.state_dict(), x, mask, heads)
+    assert_close(out, ref, np.float64)
+    assert_close(weights, ref_weights, np.float64)
