@@ -70,6 +70,27 @@ def test_module_forward_under_allocation_failures(name, weights, masked, restore
     assert failures >= 2
 
 
+def test_module_forward_by_chunks_under_allocation_failures(restore_threads):
+    """A forward whose buffers pass 32 MiB goes through chunks of x's first dim (here 5
+    items of 420 x 512, float64: 32.8 MiB, chunks of 2 and 3 items): a failure in any
+    chunk's allocations raises MemoryError (never an output with a chunk left unwritten:
+    each output is filled with NaN once checked, for a later one that reuses its memory)
+    and leaves the next call right."""
+    attnc.set_num_threads(2)
+    m = make_module("MHA", 512, dtype=np.float64, heads=8)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 420, 512))
+    mask = rng.integers(0, 2, (5, 1, 420, 420))
+    mask[..., 0] = 1
+    ref_out, _ = ref_module(m, x, mask)
+
+    def check(result):
+        assert_close(result, ref_out, np.float64, "out")
+        result.fill(np.nan)  # the next output may get these bytes: not a right answer
+
+    assert _sweep(lambda: m(x, mask), check) >= 2
+
+
 @pytest.mark.parametrize("weights", [False, True], ids=["out", "out+weights"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sdpa_under_allocation_failures(weights, causal, restore_threads):
