@@ -124,14 +124,17 @@ typedef struct {
 /* skips as grad_job's item_skips holds them (flags 0 for none) */
 static FN(grad_view) FN(grad_item_at)(const attnc_attention_backward_args *g, idx_t b, FN(pair_skips) skips)
 {
-    const attnc_batch *batch = &g->forward.batch;
+    const idx_t *const strides[4] = {g->grad_out.batch_strides, g->grad_q.batch_strides, g->grad_k.batch_strides,
+                                     g->grad_v.batch_strides};
+    idx_t at[4];
+    attnc_item_offsets(&g->forward.batch, b, 4, strides, at);
     FN(grad_view) view = {
         FN(item_at)(&g->forward, b),
-        (const elem *)g->grad_out.data + attnc_item_offset(batch, g->grad_out.batch_strides, b),
+        (const elem *)g->grad_out.data + at[0],
         (const real *)g->lse + b * g->forward.L,
-        (elem *)g->grad_q.data + attnc_item_offset(batch, g->grad_q.batch_strides, b),
-        (elem *)g->grad_k.data + attnc_item_offset(batch, g->grad_k.batch_strides, b),
-        (elem *)g->grad_v.data + attnc_item_offset(batch, g->grad_v.batch_strides, b),
+        (elem *)g->grad_q.data + at[1],
+        (elem *)g->grad_k.data + at[2],
+        (elem *)g->grad_v.data + at[3],
         skips,
         NULL, /* row_stats: the job's (job_item) */
     };

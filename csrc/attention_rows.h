@@ -90,14 +90,17 @@ typedef struct {
 
 static FN(item_view) FN(item_at)(const attnc_attention_args *a, idx_t b)
 {
-    const attnc_batch *batch = &a->batch;
+    const idx_t *const strides[6] = {a->q.batch_strides, a->k.batch_strides,    a->v.batch_strides,
+                                     a->mask_batch_strides, a->bias_batch_strides, a->out.batch_strides};
+    idx_t at[6];
+    attnc_item_offsets(&a->batch, b, 6, strides, at);
     FN(item_view) view = {
-        (const elem *)a->q.data + attnc_item_offset(batch, a->q.batch_strides, b),
-        (const elem *)a->k.data + attnc_item_offset(batch, a->k.batch_strides, b),
-        (const elem *)a->v.data + attnc_item_offset(batch, a->v.batch_strides, b),
-        a->mask ? a->mask + attnc_item_offset(batch, a->mask_batch_strides, b) : NULL,
-        a->bias ? (const elem *)a->bias + attnc_item_offset(batch, a->bias_batch_strides, b) : NULL,
-        (elem *)a->out.data + attnc_item_offset(batch, a->out.batch_strides, b),
+        (const elem *)a->q.data + at[0],
+        (const elem *)a->k.data + at[1],
+        (const elem *)a->v.data + at[2],
+        a->mask ? a->mask + at[3] : NULL,
+        a->bias ? (const elem *)a->bias + at[4] : NULL,
+        (elem *)a->out.data + at[5],
     };
     return view;
 }
@@ -588,7 +591,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
     const attnc_attention_args *a = job->args;
     idx_t b, i, Ev = a->Ev, n_splits = job->n_splits;
     FN(row_of_group)(job, job->first_group + w, r, &b, &i);
-    elem *out = FN(item_at)(a, b).out + i * a->out.row_stride;
+    elem *out = (elem *)a->out.data + attnc_item_offset(&a->batch, a->out.batch_strides, b) + i * a->out.row_stride;
     real max = -(real)INFINITY, sum = 0;
     for (idx_t c = 0; c < n_splits; c++) {
         real m = FN(split_stats)(job, w, r, c)[0];
@@ -636,7 +639,7 @@ static void FN(split_task)(void *ctx, idx_t t)
     real *part[ROWS_GROUP];
     for (idx_t r = 0; r < n_rows; r++) {
         FN(row_of_group)(job, g, r, &item_of[r], &query_of[r]);
-        items[r] = FN(item_at)(a, item_of[r]);
+        items[r] = r > 0 && item_of[r] == item_of[r - 1] ? items[r - 1] : FN(item_at)(a, item_of[r]);
         part[r] = FN(split_part)(job, w, r, c, items[r].out + query_of[r] * a->out.row_stride);
     }
     /* the K and V of the group's rows: those of the first item of its K/V */

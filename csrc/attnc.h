@@ -156,6 +156,10 @@ typedef struct {
 /* The element offset of matrix `item` over batch: the dot product of its
  * multi-index with batch_strides (batch.c). */
 idx_t attnc_item_offset(const attnc_batch *batch, const idx_t *batch_strides, idx_t item);
+/* offsets[s] <- attnc_item_offset over batch_strides[s], s < n_sets: the
+ * multi-index found once for all of them (a division a dim). */
+void attnc_item_offsets(const attnc_batch *batch, idx_t item, int n_sets, const idx_t *const *batch_strides,
+                        idx_t *offsets);
 
 /* ------------------------------------------------------------------------ */
 /* the kernels: GEMM, attention, softmax, dropout                           */
