@@ -51,7 +51,7 @@ static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 /* ceil(x / y) without the overflow of (x + y - 1) / y */
 static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
 /* 64-byte aligned malloc whose large freed blocks are kept for reuse (at
- * most 64 MB in all), with an allocation-failure injection hook for tests:
+ * most 64 MiB in all), with an allocation-failure injection hook for tests:
  * after attnc_fail_alloc_after(n), the (n+1)-th allocation fails (n < 0:
  * never). Memory only from attnc_malloc goes to attnc_free. */
 void *attnc_malloc(size_t n_bytes);

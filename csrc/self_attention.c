@@ -251,15 +251,15 @@ static attnc_status project_then_attend(const attnc_self_attention_args *s, cons
 /* Up to this many bytes of projections and merged heads, a forward that
  * keeps nothing computes all its items at once; beyond, it goes through
  * them in chunks of its first batch dim that each fit (forward_by_chunks),
- * so that its buffers stay among the blocks alloc.c keeps (64 MB in all)
+ * so that its buffers stay among the blocks alloc.c keeps (64 MiB in all)
  * instead of being faulted in again, zeroed, on every call. A float64
  * MultiHeadAttention(768, 12) on x (8, 512, 768) (75 MB of projections,
  * 25 MB merged) spent 10 % of its time in the kernel's page clearing. On
  * 2 threads of a Xeon family 6 model 167, by chunks (medians of 5-7 runs
  * against one buffer): that module 0.91x the time, float32 (4, 1024, 1024)
  * 0.84x, (16, 512, 768) 0.93x, (8, 512, 768) (50 MB, which the kept blocks
- * held) 1.00x, float64 (4, 256, 1024) (34 MB) 1.00x; chunks of 16 MB and
- * 40 MB no better (benchmarks/NOTES.md). Each row's products and each
+ * held) 1.00x, float64 (4, 256, 1024) (34 MB) 1.00x; chunks of 16 MiB and
+ * 40 MiB no better (benchmarks/NOTES.md). Each row's products and each
  * item's attention are the same operations in either case: the same bits. */
 #define WHOLE_FORWARD_MAX_BYTES ((size_t)32 << 20)
 

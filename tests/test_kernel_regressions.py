@@ -503,7 +503,7 @@ def test_module_forward_buffers_are_bounded_by_chunks():
     output) needs 128 MiB of projections and merged heads if all its items go through one
     buffer, as they did (faulted in and zeroed on every call, and above the 64 MiB of
     freed buffers attnc keeps). Its forward now takes chunks of x's first dim of at most
-    32 MB of buffers each. The oracle for the output is the float64 NumPy forward of the
+    32 MiB of buffers each. The oracle for the output is the float64 NumPy forward of the
     module's state_dict."""
     out = _run_child("""
         import numpy as np
@@ -518,7 +518,7 @@ def test_module_forward_buffers_are_bounded_by_chunks():
         print("extra", peak - base - got.nbytes)
     """)
     extra = int(out.split("extra")[1].split()[0])
-    assert extra <= 48 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 48 MiB (32 MB of buffers)"
+    assert extra <= 48 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 48 MiB (32 MiB of buffers)"
 
 
 @pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")

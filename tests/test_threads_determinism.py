@@ -320,7 +320,7 @@ def test_workers_keep_their_cpu_mask(restore_threads):
 @pytest.mark.parametrize("name,heads,lead", [("MHA", 4, (1100,)), ("MHSA-nobias", 32, (1100,)), ("SA-bias", None, (1100,)),
                                              ("V4", None, (1100,)), ("MHA", 4, (3, 400))])
 def test_forward_by_chunks_of_the_first_dim_same_bits(name, heads, lead, restore_threads):
-    """An eval-mode forward whose projections and merged heads take more than 32 MB
+    """An eval-mode forward whose projections and merged heads take more than 32 MiB
     (WHOLE_FORWARD_MAX_BYTES: here float64 items of 16 x 64, 64 KB of buffers each) goes
     through chunks of x's first dim instead of one buffer for all of them: two chunks of
     550 items, or of 1 and 2 indices of a (3, 400) batch. Same bits at every thread count,
