@@ -51,15 +51,30 @@ def _projection_names(parameter_names):
     return tuple(dict.fromkeys(name.split(".")[0] for name in parameter_names))
 
 
-def _check_projection(name, projection):
-    """TypeError unless `projection` computes as attnc.Linear does (a subclass
-    that keeps Linear's forward and __call__ does)."""
-    if not isinstance(projection, Linear):
-        raise TypeError(f"{name}: expected a Linear, got {type(projection).__name__}")
-    for method in ("forward", "__call__"):
-        if getattr(type(projection), method) is not getattr(Linear, method):
-            raise TypeError(f"{name}: {type(projection).__name__} overrides {method}, which this module would not "
-                            "call (it reads the projection's weight and bias); assign a Linear")
+_WHAT_IS_READ = {Linear: "weight and bias", Dropout: "p and mode"}
+
+
+def _check_computes_as(name, module, base):
+    """TypeError naming `name` unless `module` computes as `base` (attnc's Linear
+    or Dropout) does. The attention modules read a projection's weight and bias
+    and a dropout's p and mode, and never call them, so another kind of module,
+    a subclass overriding forward, __call__ or backward, or a forward or
+    backward set on the instance (which torch's document classes would call)
+    would be computed as if it were a plain `base`."""
+    reads = _WHAT_IS_READ[base]
+    if type(module) is not base:
+        if not isinstance(module, base):
+            raise TypeError(f"{name}: expected a {base.__name__}, got {type(module).__name__}")
+        for method in ("forward", "__call__", "backward"):
+            if getattr(type(module), method) is not getattr(base, method):
+                raise TypeError(f"{name}: {type(module).__name__} overrides {method}, which this module would not "
+                                f"call (it reads the {base.__name__}'s {reads}); assign a {base.__name__}")
+    own = module.__dict__
+    if "forward" in own or "backward" in own:
+        method = "forward" if "forward" in own else "backward"
+        raise TypeError(f"{name}: this {type(module).__name__} has a {method} set on the instance, which this module "
+                        f"would not call (it reads the {base.__name__}'s {reads}); delete it or assign a "
+                        f"{base.__name__}")
 
 
 class _Attention(Module):
@@ -77,24 +92,37 @@ class _Attention(Module):
         """(p, training) of the Dropout submodule `child`; TypeError naming it
         if it was replaced by another kind of module."""
         dropout = self._modules.get(child)
-        if not isinstance(dropout, Dropout):
-            dropout = self._submodule((child,))  # (names a deleted one)
-            raise TypeError(f"{child}: expected a Dropout, got a {type(dropout).__name__}")
+        if dropout is None:
+            self._submodule((child,))  # (names a deleted one)
+        _check_computes_as(child, dropout, Dropout)
         return dropout.p, dropout.training
 
     def __setattr__(self, name, value):
         """A projection takes only a module that computes as Linear does: the
         forward reads a projection's weight and bias and never calls it, so a
         module of another kind, or a Linear subclass with its own forward,
-        would be computed as if it were a Linear (checked here, once, rather
-        than at every forward)."""
+        would be computed as if it were a Linear (checked here, so that a
+        refused one leaves the module as it was; a forward or backward set
+        on a projection later is found at the next forward)."""
         spec = self.__dict__.get("_spec")  # (None while __init__ assigns the projections)
         if spec is not None and isinstance(value, Module) and name in _projection_names(spec[0]):
-            _check_projection(name, value)
+            _check_computes_as(name, value, Linear)
         super().__setattr__(name, value)
 
+    def _check_projections(self):
+        """TypeError naming a projection that no longer computes as Linear does:
+        its class was checked when it was assigned, but a forward or backward
+        may have been set on it since."""
+        modules = self._modules
+        for name in _projection_names(self._spec[0]):
+            projection = modules[name]
+            own = projection.__dict__  # (the common case checked inline: 0.3 us a call less)
+            if type(projection) is not Linear or "forward" in own or "backward" in own:
+                _check_computes_as(name, projection, Linear)
+
     def _attend(self, x, attention_mask=None, return_weights=False):
-        params = self._values_of(self._spec[0])
+        params = self._values_of(self._spec[0])  # (first: it names a deleted projection)
+        self._check_projections()
         # read once: another thread may switch the modes
         (p, dropout_active), training = self._dropout(), self.training
         if training and attention_mask is not None:  # read once, for the forward and its backward alike

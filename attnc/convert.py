@@ -36,6 +36,8 @@ class _Twin:
         """The attnc module, constructed with the torch module's sizes and Dropout p;
         TypeError naming an attribute the document's class has and `module` lacks."""
         name = type(module).__name__
+        for layer in self.layers:  # the twin reads their weights as torch.nn.Linear's forward would
+            _check_torch_class(getattr(module, layer, None), "Linear", f"{name}'s {layer}")
         try:
             args = self.args(module, weights)
             if self.dropout:
@@ -159,6 +161,22 @@ def _check_torch_class(obj, torch_name, what):
                         "overrides forward (the twin would compute torch's)")
 
 
+def _check_torch_calls(module, name):
+    """TypeError naming the first of module and its submodules whose call
+    runs code of its own that the twin would not: a forward set on the
+    instance, or hooks (forward, forward pre-, backward, backward pre-)."""
+    named = getattr(module, "named_modules", None)  # (MultiheadAttention's forward reads out_proj, never calls it)
+    whole = callable(named) and name != "MultiheadAttention"
+    for path, sub in named() if whole else (("", module),):
+        what = f"{name}'s {path}" if path else f"this {name}"
+        if "forward" in getattr(sub, "__dict__", {}):
+            raise TypeError(f"from_torch: {what} has a forward set on the instance, which the twin would not compute")
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            if getattr(sub, hooks, None):
+                raise TypeError(f"from_torch: {what} has {hooks.strip('_').replace('_', ' ')}, which the twin "
+                                "would not run")
+
+
 def _linear_shape(weight):
     """(out_features, in_features) of a torch.nn.Linear's weight; ValueError unless it is 2-D."""
     shape = tuple(weight.shape)
@@ -229,8 +247,12 @@ def from_torch(module, *, dtype=None, rng=None):
         quantized) or on the meta device, naming it; for a subclass of
         torch's Linear or MultiheadAttention (under its name) or of
         torch.nn.Dropout (a document's dropout) that overrides forward,
-        a dropout that is not torch.nn.Dropout (AlphaDropout, Dropout1d),
-        and a document's class lacking an attribute its twin reads.
+        a document's layer that is not a torch.nn.Linear keeping its
+        forward, a dropout that is not torch.nn.Dropout (AlphaDropout,
+        Dropout1d), a module or submodule the twin would compute
+        differently (a forward set on the instance; forward or backward
+        hooks), and a document's class lacking an attribute its twin
+        reads.
     ValueError
         From the twin's constructor or `load_state_dict`, for sizes that
         do not fit (a head count that does not divide the dimension).
@@ -286,6 +308,7 @@ def from_torch(module, *, dtype=None, rng=None):
     if name not in _TWINS and name not in _TORCH_CLASSES:
         known = ", ".join(sorted(set(_TWINS) | {"Linear", "MultiheadAttention"}))
         raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
+    _check_torch_calls(module, name)
     tensors = dict(module.state_dict(keep_vars=True))  # the module's own tensors: a tie is one object
     for key, tensor in tensors.items():  # complex, integer, quantized: no twin computes them
         floating = getattr(tensor, "is_floating_point", None)

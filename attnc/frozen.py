@@ -17,6 +17,19 @@ import numpy as np
 from . import _C
 
 
+def _check_runs_class_code(module, cls, methods):
+    """TypeError naming `module` if one of `methods` (what a call of it runs)
+    is not cls's own: overridden by its class or set on the instance (an
+    instance's __call__ is never called, but is as plainly meant). A frozen
+    module computes cls's forward only."""
+    for method in methods:
+        if getattr(type(module), method) is not getattr(cls, method):
+            raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
+                            f"{cls.__name__}'s forward only")
+        if method in vars(module):
+            raise TypeError(f"module: this {type(module).__name__} has a {method} set on the instance; a frozen "
+                            f"module computes {cls.__name__}'s forward only")
+
 class FrozenAttention:
     """An attention module's eval-mode forward, with its weights frozen and packed once.
 
@@ -79,11 +92,9 @@ class FrozenAttention:
         if not isinstance(module, _Attention):
             raise TypeError(f"module: expected one of attnc's attention modules, got {type(module).__name__}")
         kind = next(cls for cls in type(module).__mro__ if cls.__module__ == _Attention.__module__)
-        for method in ("forward", "__call__", "_attend"):  # what a call of the module runs
-            if getattr(type(module), method) is not getattr(kind, method):
-                raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
-                                f"{kind.__name__}'s forward only")
+        _check_runs_class_code(module, kind, ("forward", "__call__", "_attend"))
         params = module._values_of(module._spec[0])
+        module._check_projections()
         _C.probability(module._dropout()[0], name=module._spec[1])  # unused here, but checked as a forward checks it
         self._set(params, module._spec, module.dtype, "attention_mask" in inspect.signature(kind.forward).parameters,
                   kind.__name__)
@@ -222,10 +233,7 @@ class FrozenMultiheadAttention:
         from .multihead import _FUSED_NAMES, _PARAMETERS, MultiheadAttention, _fused_spec  # (it imports this file)
         if not isinstance(module, MultiheadAttention):
             raise TypeError(f"module: expected an attnc.nn.MultiheadAttention, got {type(module).__name__}")
-        for method in ("forward", "__call__", "_forward", "_self_attention"):  # what a call of the module runs
-            if getattr(type(module), method) is not getattr(MultiheadAttention, method):
-                raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
-                                f"MultiheadAttention's forward only")
+        _check_runs_class_code(module, MultiheadAttention, ("forward", "__call__", "_forward", "_self_attention"))
         geometry = module._geometry()
         _, params = module._checked_parameters(geometry)
         frozen = {name: None if value is None else _read_only(value) for name, value in params.items()}

@@ -443,6 +443,59 @@ def test_a_subclass_that_overrides_forward_is_refused():
         assert_close(attnc.from_torch(plain)(x), plain(torch.from_numpy(x)).numpy(), np.float32)
 
 
+def test_a_document_layer_or_a_call_the_twin_would_not_compute_is_refused():
+    """Regression (a robustness helper, 2026-12-02): a document class's projection
+    layers were not checked: a Linear subclass with its own forward, or any module
+    holding a weight and a bias, became a plain Linear in the twin (its outputs off by
+    0.08-0.3 from the torch module's), and so did a forward set on an instance or a
+    hook. Each is refused now, naming it. torch's MultiheadAttention never calls its
+    out_proj, so a hook there is taken, and its twin matches torch's output."""
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class Tanh(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.ones(D, D)), nn.Parameter(torch.zeros(D))
+
+        def forward(self, x):
+            return torch.tanh(x @ self.weight)
+
+    def hook(tm):
+        return tm.V_proj.register_forward_hook(lambda module, inputs, output: 2 * output)
+
+    changes = [(lambda tm: setattr(tm, "Q_proj", Scaled(D, D)), "SelfAttentionv1's Q_proj is not torch.nn.Linear: its"),
+               (lambda tm: setattr(tm, "Q_proj", Tanh()), r"SelfAttentionv1's Q_proj is not torch.nn.Linear \(a "),
+               (lambda tm: setattr(tm.K_proj, "forward", lambda x: x),
+                "SelfAttentionv1's K_proj has a forward set on the instance"),
+               (hook, "SelfAttentionv1's V_proj has forward hooks"),
+               (lambda tm: tm.register_forward_pre_hook(lambda module, inputs: inputs),
+                "this SelfAttentionv1 has forward pre hooks"),
+               (lambda tm: tm.Q_proj.register_full_backward_hook(lambda module, gin, gout: gin),
+                "SelfAttentionv1's Q_proj has backward hooks")]
+    x = np.random.default_rng(0).standard_normal((2, 3, D)).astype(np.float32)
+    for change, message in changes:
+        tm = dm.SelfAttentionv1(D).eval()
+        change(tm)
+        with pytest.raises(TypeError, match="^from_torch: " + message):
+            attnc.from_torch(tm)
+    tm = dm.SelfAttentionv1(D).eval()
+    hook(tm).remove()
+    with torch.no_grad():
+        assert_close(attnc.from_torch(tm)(x), tm(torch.from_numpy(x)).numpy(), np.float32)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    mha.register_forward_hook(lambda module, inputs, output: output)
+    with pytest.raises(TypeError, match="^from_torch: this MultiheadAttention has forward hooks"):
+        attnc.from_torch(mha)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    mha.out_proj.register_forward_hook(lambda module, inputs, output: 2 * output)
+    q = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    with torch.no_grad():
+        expected = mha(*[torch.from_numpy(q)] * 3)[0].numpy()
+    assert_close(attnc.from_torch(mha)(q, q, q)[0], expected, np.float32)
+
+
 def test_a_module_on_the_meta_device_is_refused():
     """Its tensors have no values: torch's NotImplementedError came through (a
     review helper, 2026-12-01)."""

@@ -1508,11 +1508,11 @@ def test_errors_that_named_an_internal_argument_or_none():
         m(x, x, x)
     m = attnc.MultiHeadAttention(8, 2, 0.1)
     m.dropout = attnc.Linear(2, 2)
-    with pytest.raises(TypeError, match="^dropout: expected a Dropout, got a Linear"):
+    with pytest.raises(TypeError, match="^dropout: expected a Dropout, got Linear"):
         m(x)
     m = attnc.SelfAttentionV3(8, 0.1)
     m.attention_dropout = attnc.Linear(2, 2)
-    with pytest.raises(TypeError, match="^attention_dropout: expected a Dropout, got a Linear"):
+    with pytest.raises(TypeError, match="^attention_dropout: expected a Dropout, got Linear"):
         m(x)
     for value in (None, [("weight", 1)]):
         with pytest.raises(TypeError, match="^state_dict: expected a mapping"):

@@ -435,6 +435,72 @@ def test_a_projection_replaced_by_another_kind_of_module_is_refused(case):
     np.testing.assert_array_equal(module.freeze()(x), before)
 
 
+@pytest.mark.parametrize("case", MODELS, ids=MODEL_IDS)
+def test_a_method_set_on_a_projection_or_overriding_backward_is_refused(case):
+    """Regression (a robustness helper, 2026-12-02): a forward set on a projection's
+    instance after it was assigned (which torch's document classes would call) was
+    ignored, silently, by the module's forward and by freeze(), and so was a forward set
+    on the module's instance by freeze(); a Linear subclass's own backward was taken and
+    never called. Each now raises TypeError naming it; once the method is deleted the
+    module computes as before, bit for bit."""
+    module = case.make(DIM, rng=np.random.default_rng(0)).eval()
+    x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
+    before = module(x)
+    name = module._spec[0][0].split(".")[0]  # the first projection
+    projection = getattr(module, name)
+    for method in ("forward", "backward"):
+        setattr(projection, method, lambda *args: np.zeros(1, np.float32))
+        for call in (lambda: module(x), module.freeze):
+            with pytest.raises(TypeError, match=f"^{name}: this Linear has a {method} set on the instance"):
+                call()
+        delattr(projection, method)
+        np.testing.assert_array_equal(module(x), before)
+
+    class OwnBackward(attnc.Linear):
+        def backward(self, grad_output):
+            return grad_output
+
+    with pytest.raises(TypeError, match=f"^{name}: OwnBackward overrides backward"):
+        setattr(module, name, OwnBackward(*projection.weight.shape[::-1], bias=projection.bias is not None))
+    assert getattr(module, name) is projection
+    module.forward = lambda x: np.zeros_like(x)
+    with pytest.raises(TypeError, match=f"^module: this {type(module).__name__} has a forward set on the instance"):
+        module.freeze()
+    del module.forward
+    np.testing.assert_array_equal(module.freeze()(x), before)
+
+
+@pytest.mark.parametrize("make, child", [(lambda: attnc.SelfAttentionV3(8, 0.5), "attention_dropout"),
+                                         (lambda: attnc.SelfAttentionV4(8, 0.5), "attention_dropout"),
+                                         (lambda: attnc.MultiHeadAttention(8, 2, 0.5), "dropout")],
+                         ids=["V3", "V4", "MultiHeadAttention"])
+def test_a_dropout_that_would_not_be_called_is_refused(make, child):
+    """Regression (a robustness helper, 2026-12-02): a Dropout subclass overriding
+    forward, or a forward or backward set on the module's Dropout, was taken and never
+    called (the module reads only p and the mode), silently. The forward now raises
+    TypeError naming the submodule; a plain Dropout again gives the dropout of the
+    module's own mask (its training output differs from eval's at p 0.5)."""
+    module = make()
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+
+    class Identity(attnc.Dropout):
+        def forward(self, x):
+            return np.array(x)
+
+    setattr(module, child, Identity(0.5))
+    with pytest.raises(TypeError, match=f"^{child}: Identity overrides forward"):
+        module(x)
+    for method in ("forward", "backward"):
+        dropout = attnc.Dropout(0.5)
+        setattr(dropout, method, lambda x: x)
+        setattr(module, child, dropout)
+        with pytest.raises(TypeError, match=f"^{child}: this Dropout has a {method} set on the instance"):
+            module(x)
+    setattr(module, child, attnc.Dropout(0.5))
+    trained = module(x)
+    assert not np.array_equal(trained, module.eval()(x))
+
+
 @pytest.mark.parametrize("placed", ["list", "tensor"])
 def test_load_state_dict_repairs_a_parameter_placed_past_assignment(placed):
     """Regression (API audit): a list or tensor put in a parameter's place past the
