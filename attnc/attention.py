@@ -40,9 +40,11 @@ def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_ax
 
     projections: the prefixes of the Q, K, V projections (one prefix when
     fused), then the output projection's when out_dim >= 0; dropout: the
-    dotted name of the dropout probability, if the module has one."""
+    dotted name of the dropout probability, if the module has one. The
+    last element, nan_rows: a row of -inf scores gives NaN weights and
+    output, as the documents' torch.softmax does."""
     names = tuple(f"{prefix}.{param}" for prefix in projections for param in ("weight", "bias"))
-    return names, dropout or "dropout_p", (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused
+    return names, dropout or "dropout_p", (in_dim, qk_dim, v_dim, out_dim), n_heads, heads_axis, fused, True
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,7 +230,7 @@ class _Attention(Module):
         saved, params, mask, p = state
         grad_x, grad_w, grad_b, grad_w_out, grad_b_out = _C.self_attention_backward(
             grad_output, saved, params=params, spec=self._spec, attention_mask=mask, dtype=self.dtype, dropout_p=p)
-        names, _, (_, qk_dim, v_dim, out_dim), _, _, fused = self._spec
+        names, _, (_, qk_dim, v_dim, out_dim), _, _, fused, _ = self._spec
         ends = (3 * qk_dim,) if fused else (qk_dim, 2 * qk_dim, 2 * qk_dim + v_dim)
         grads, start = {}, 0
         for part, end in enumerate(ends):  # row blocks of the stacked Q, K, V gradients

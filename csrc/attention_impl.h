@@ -211,17 +211,18 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
 }
 
 /* out rows [i0, i0+nq) of item b <- acc / row_sum (0 for a row whose
- * scores were all -inf: its weights are all 0); their lse when asked for */
+ * scores were all -inf: its weights are all 0; NaN with nan_rows); their
+ * lse when asked for */
 static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers) *t, const FN(item_view) *item,
                            idx_t b, idx_t i0, idx_t nq)
 {
     for (idx_t i = 0; i < nq; i++) {
         elem *dst = item->out + (i0 + i) * a->out.row_stride;
-        FN(store_row_scaled)(dst, t->acc + i * t->Ev_padded, a->Ev, FN(safe_inverse)(t->run_sum[i]));
+        FN(store_row_scaled)(dst, t->acc + i * t->Ev_padded, a->Ev, FN(row_inverse)(a, t->run_sum[i]));
     }
     if (a->lse)
         for (idx_t i = 0; i < nq; i++)
-            ((real *)a->lse)[b * a->L + i0 + i] = FN(log_sum_exp)(t->run_max[i], t->run_sum[i]);
+            ((real *)a->lse)[b * a->L + i0 + i] = FN(log_sum_exp)(a, t->run_max[i], t->run_sum[i]);
 }
 
 /* One step of the online softmax for queries [i0, i0+nq) (the tile's view
@@ -584,7 +585,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
     }
     for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
         real *row = w + i * S;
-        FN(scale_row)(row, S, FN(safe_inverse)(FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
+        FN(scale_row)(row, S, FN(row_inverse)(a, FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
         if (!ELEM_IS_REAL) FN(store_row)(FN(weights_at)(a, b, i0 + i, 0), row, S);
     }
 }

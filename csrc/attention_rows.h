@@ -117,9 +117,18 @@ static inline elem *FN(weights_at)(const attnc_attention_args *a, idx_t b, idx_t
 static inline real FN(safe_shift)(real max) { return max == -(real)INFINITY ? 0 : max; }
 /* 1 / sum, or 0 for a row whose weights are all 0 */
 static inline real FN(safe_inverse)(real sum) { return sum == 0 ? 0 : 1 / sum; }
+/* A row of a's weights = its exp(score - safe_shift(max)) times this: 1 /
+ * sum; for a row of -inf (sum 0 over S > 0 keys) 0, or NaN with nan_rows */
+static inline real FN(row_inverse)(const attnc_attention_args *a, real sum)
+{
+    return sum == 0 && a->nan_rows && a->S > 0 ? (real)NAN : FN(safe_inverse)(sum);
+}
 /* A row's log-sum-exp from its max and its sum of exp(score - safe_shift(max)):
- * -inf for a row of -inf (sum 0) */
-static inline real FN(log_sum_exp)(real max, real sum) { return FN(safe_shift)(max) + (real)log((double)sum); }
+ * -inf for a row of -inf (sum 0), NaN with nan_rows */
+static inline real FN(log_sum_exp)(const attnc_attention_args *a, real max, real sum)
+{
+    return sum == 0 && a->nan_rows && a->S > 0 ? (real)NAN : FN(safe_shift)(max) + (real)log((double)sum);
+}
 
 /* Item b's dropout mask from weight (i0, j0) on: weight (i0 + i, j0 + j)
  * is kept when attnc_uniform(seed, first + i * S + j) >= p (attnc.h). */
@@ -603,7 +612,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
         sum = sfma(stats[0], stats[1], sum);
     }
     /* the parts summed into the first one, scaled, then written to out */
-    real inverse = FN(safe_inverse)(sum), *total = FN(split_part)(job, w, r, 0, out);
+    real inverse = FN(row_inverse)(a, sum), *total = FN(split_part)(job, w, r, 0, out);
     for (idx_t c = 0; c < n_splits; c++) {
         real factor = FN(split_stats)(job, w, r, c)[0];
         const real *part = FN(split_part)(job, w, r, c, out);
@@ -616,7 +625,7 @@ static void FN(merge_row)(const FN(rows_job) *job, idx_t w, idx_t r)
         FN(store_row_scaled)(out, total, Ev, inverse);
     else
         FN(scale_row)(total, Ev, inverse);
-    if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(max, sum);
+    if (a->lse) ((real *)a->lse)[b * a->L + i] = FN(log_sum_exp)(a, max, sum);
     for (idx_t c = 0; job->e_kept && c < n_splits; c++) { /* the weights: e f_c / sum, rounded once */
         idx_t n = attnc_min(SPLIT_KEYS, a->S - c * SPLIT_KEYS);
         real *e = FN(split_e)(job, w, r, c);

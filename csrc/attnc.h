@@ -238,7 +238,9 @@ static inline idx_t attnc_band_end(const attnc_band *band, idx_t i, idx_t S)
  *                                      for a finite score; NaN, +inf and NaN values
  *                                      propagate as in PyTorch's math path)
  *   weights = softmax(scores, axis=-1); a row whose scores are all -inf gets
- *             weights 0 (PyTorch's math path)  -> written to `weights` if not NULL
+ *             weights 0 (PyTorch's SDPA math path), or NaN with
+ *             nan_rows (torch.softmax's, as the documents' modules
+ *             compute)                           -> written to `weights` if not NULL
  *   out_b (L, Ev) = dropout(weights) . V_b (S, Ev)
  * The output's bits do not depend on whether the weights are written, on
  * the thread count, or on the other items of the batch.
@@ -247,7 +249,8 @@ static inline idx_t attnc_band_end(const attnc_band *band, idx_t i, idx_t S)
  * bias (the dtype's reals) likewise with its own strides.
  * weights, when not NULL, is (n_items, L, S) contiguous; lse, when not
  * NULL, (n_items, L) contiguous: each row's log-sum-exp of its scores
- * (-inf for a row of -inf), what the backward recomputes weights from.
+ * (-inf for a row of -inf, NaN with nan_rows: its backward's gradients are
+ * then NaN, as torch's), what the backward recomputes weights from.
  * Dropout keeps weight (b, i, j) when attnc_uniform(seed, (b*L + i)*S + j) >= p
  * and scales kept weights by 1/(1-p); p == 1 gives zeros.
  */
@@ -265,6 +268,7 @@ typedef struct {
     uint64_t seed;
     attnc_matrices out;      /* (L, Ev) per item; data written */
     void *weights, *lse;
+    int nan_rows;            /* a row of -inf scores: NaN weights, output and lse (else 0, 0, -inf) */
 } attnc_attention_args;
 
 /*
@@ -384,6 +388,7 @@ typedef struct {
     void *out, *weights;
     void *keep_qkv, *keep_merged, *lse;
     const struct attnc_packed_module *packed; /* NULL, or these weights' packs */
+    int nan_rows; /* attnc_attention_args' */
 } attnc_self_attention_args;
 
 attnc_status attnc_self_attention(const attnc_self_attention_args *args);

@@ -1395,16 +1395,18 @@ done:
 /* A whole module forward. spec, built once at the module's construction   */
 /* (attnc/attention.py), describes the module:                              */
 /*   (names, dropout_name, (in_dim, qk_dim, v_dim, out_dim), n_heads,       */
-/*    heads_axis, fused)                                                    */
+/*    heads_axis, fused[, nan_rows])                                        */
 /* names: the state_dict keys of params, in order: the Q, K, V weight and   */
 /* bias (fused: the one (3 * qk_dim, in_dim) weight and bias), then the     */
 /* output projection's weight and bias when out_dim >= 0. heads_axis: the  */
-/* weights and mask have a heads axis (needed when n_heads > 1).            */
+/* weights and mask have a heads axis (needed when n_heads > 1). nan_rows: */
+/* a row of -inf scores gives NaN, as torch.softmax (the documents'         */
+/* modules); false (the default, and nn.MultiheadAttention's): 0.           */
 
 typedef struct {
     PyObject *names, *dropout_name;
     Py_ssize_t in_dim, qk_dim, v_dim, out_dim, n_heads;
-    int heads_axis, fused;
+    int heads_axis, fused, nan_rows;
     Py_ssize_t n_params;
 } module_spec;
 
@@ -1416,8 +1418,10 @@ typedef struct {
 static int parse_spec(PyObject *obj, module_spec *s)
 {
     if (!tuple_argument(obj, "spec")) return 0;
-    if (!PyArg_ParseTuple(obj, "O!U(nnnn)npp:self_attention spec", &PyTuple_Type, &s->names, &s->dropout_name,
-                          &s->in_dim, &s->qk_dim, &s->v_dim, &s->out_dim, &s->n_heads, &s->heads_axis, &s->fused)) {
+    s->nan_rows = 0;
+    if (!PyArg_ParseTuple(obj, "O!U(nnnn)npp|p:self_attention spec", &PyTuple_Type, &s->names, &s->dropout_name,
+                          &s->in_dim, &s->qk_dim, &s->v_dim, &s->out_dim, &s->n_heads, &s->heads_axis, &s->fused,
+                          &s->nan_rows)) {
         name_the_error("spec");
         return 0;
     }
@@ -1570,7 +1574,7 @@ static int module_setup(module_call *c, PyObject *params, PyObject *spec_obj, Py
     if (scale_obj != Py_None && (!finite_number(scale_obj, "scale", &scale) || !scale_fits(scale, c->dt))) return 0;
     c->s = (attnc_self_attention_args){
         .dtype = c->dt, .C = c->spec.in_dim, .n_out = c->spec.out_dim >= 0 ? c->spec.out_dim : 0,
-        .dropout_p = training ? dropout_p : 0.0,
+        .dropout_p = training ? dropout_p : 0.0, .nan_rows = c->spec.nan_rows,
     };
     if (!module_params(params, &c->spec, c->dt, c->held, &c->s)) return 0;
     c->s.scale = scale_obj != Py_None ? scale : 1.0 / sqrt((double)(c->spec.qk_dim / c->spec.n_heads));

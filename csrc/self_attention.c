@@ -54,7 +54,7 @@ static void head_view(const attnc_self_attention_args *s, const module_sizes *m,
         .v = {qkv + (size_t)(s->dim[ATTNC_Q] + s->dim[ATTNC_K]) * m->elem, {0}, m->width},
         .mask = s->mask, .mask_rs = s->mask_rs, .mask_cs = s->mask_cs,
         .scale = s->scale, .dropout_p = s->dropout_p, .seed = s->seed,
-        .out = {merged, {0}, m->Dv},
+        .out = {merged, {0}, m->Dv}, .nan_rows = s->nan_rows,
     };
     idx_t inner_rows = s->T;
     for (int d = nd - 2; d >= 0; d--) {
@@ -168,6 +168,7 @@ static void heads_task(void *ctx, idx_t task)
             .scale = s->scale,
             .out = {job->merged + (size_t)(b * s->T * m->Dv + h0 * job->head_v) * m->elem, {job->head_v}, m->Dv},
             .weights = s->weights ? (char *)s->weights + (size_t)(item * s->T * s->T) * m->elem : NULL,
+            .nan_rows = s->nan_rows,
         };
         status = m->kernels->attention(&a);
     }

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (MODEL_IDS, MODELS, assert_close, make_pair, np_sd, random_keep_mask, ref_forward,
+from toolkit import (MODEL, MODEL_IDS, MODELS, assert_close, make_pair, np_sd, random_keep_mask, ref_forward,
                      scores_shape, torch_dtype, torch_forward)
 from toolkit import doc_models as dm
 
@@ -261,6 +261,74 @@ def test_nan_propagates_like_torch():
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     assert np.isnan(out[1]).all()
     assert_close(out[[0, 2]], expected[[0, 2]], np.float32)
+
+
+def _minus_inf_row_pair(model, dtype, T=4, dim=6):
+    """A document model and its twin whose query 1 of item 0 scores -inf against every
+    key, with every parameter and input finite: Q's first column is x[..., 0] times the
+    dtype's near-largest value (so x[0, 1, 0] = -10 overflows it to -inf, 0 elsewhere),
+    K's first column x[..., 1] = 1 (through the weight, its bias 0)."""
+    tm, am = make_pair(model, dim, dtype)
+    names, _, (_, qk_dim, _, _), _, _, fused, _ = am._spec
+    sd = {key: np.array(value) for key, value in am.state_dict().items()}
+    q_weight, q_row, k_weight, k_row = (names[0], 0, names[0], qk_dim) if fused else (names[0], 0, names[2], 0)
+    sd[q_weight][q_row] = 0
+    sd[q_weight][q_row, 0] = np.finfo(dtype).max / 4
+    sd[k_weight][k_row] = 0
+    sd[k_weight][k_row, 1] = 1
+    for weight, bias, row in ((q_weight, names[1], q_row), (k_weight, names[1] if fused else names[3], k_row)):
+        if bias in sd:
+            sd[bias][row] = 0
+    am.load_state_dict(sd)
+    tm.load_state_dict({key: torch.from_numpy(value) for key, value in sd.items()})
+    x = np.random.default_rng(3).standard_normal((2, T, dim)).astype(dtype)
+    x[..., 0], x[..., 1] = 0, 1
+    x[0, 1, 0] = -10
+    return tm, am, x
+
+
+@pytest.mark.parametrize("T", [4, 300])  # (the kernels' rows path and its tiles)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", [m for m in MODELS if not m.name.startswith("MHSA")],
+                         ids=[m.name for m in MODELS if not m.name.startswith("MHSA")])
+def test_a_row_of_minus_inf_scores_is_nan_as_torch_softmax_gives(case, dtype, T, simd_mode):
+    """Regression (a robustness helper, 2026-12-02): a query whose every score is -inf
+    (its projection overflowed to -inf against positive keys) got weights and output 0,
+    the rule of PyTorch's SDPA math path; the documents' modules take torch.softmax,
+    which gives NaN there. Now NaN where torch's module gives it (that query's output,
+    and its weights), the other rows as torch's, frozen too. (The 003 classes' torch code
+    attends over channels, so their twins are left out here.)"""
+    tm, am, x = _minus_inf_row_pair(case, dtype, T)
+    expected = torch_forward(case, tm, x)
+    nan = np.zeros(expected.shape, bool)
+    nan[0, 1] = True
+    np.testing.assert_array_equal(np.isnan(expected), nan)  # (the premise: torch's NaN row)
+    out, weights = am(x, return_weights=True)
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    assert_close(out[~nan], expected[~nan], dtype)
+    np.testing.assert_array_equal(am.freeze()(x), out)
+    rows = np.isnan(weights).any(axis=-1)
+    assert np.isnan(weights[rows]).all()
+    assert rows.reshape(-1, T).any(axis=0).tolist() == [False, True] + [False] * (T - 2)
+
+
+@pytest.mark.parametrize("case", [MODEL["V1"], MODEL["SA-bias"]], ids=["V1", "SA-bias"])
+def test_a_row_of_minus_inf_scores_gives_nan_gradients_as_torch(case):
+    """The backward of that row: torch's autograd of softmax turns its NaN weights into
+    NaN gradients (every key's and value's, so every input row's and parameter's); the
+    twin's backward, which recomputes weights from each row's log-sum-exp, had taken the
+    row as one of no key (weights 0) and left them finite."""
+    tm, am, x = _minus_inf_row_pair(case, np.float64)
+    xt = torch.from_numpy(x.copy()).requires_grad_(True)
+    out_t = tm.train()(xt)
+    out_t.backward(torch.ones_like(out_t))
+    out = am.train()(x)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(out_t.detach().numpy()))
+    grad_x = am.backward(np.ones_like(out))
+    np.testing.assert_array_equal(np.isnan(grad_x), np.isnan(xt.grad.numpy()))
+    torch_grads = {name: param.grad.numpy() for name, param in tm.named_parameters()}
+    for name, grad in am.named_grads():
+        np.testing.assert_array_equal(np.isnan(grad), np.isnan(torch_grads[name]), err_msg=name)
 
 
 # ----------------------------------------------------------------------------
