@@ -30,6 +30,7 @@ def _check_runs_class_code(module, cls, methods):
             raise TypeError(f"module: this {type(module).__name__} has a {method} set on the instance; a frozen "
                             f"module computes {cls.__name__}'s forward only")
 
+
 class FrozenAttention:
     """An attention module's eval-mode forward, with its weights frozen and packed once.
 

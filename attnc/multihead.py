@@ -650,9 +650,10 @@ _FUSED_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.b
 
 def _fused_spec(geometry):
     """The C module spec of the self-attention path (and of a frozen copy's
-    packs): _FUSED_NAMES, E wide everywhere, a heads axis in the weights."""
+    packs): _FUSED_NAMES, E wide everywhere, a heads axis in the weights; a
+    row of -inf scores gives 0, as the module's other paths (not nan_rows)."""
     e = geometry.embed_dim
-    return _FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True
+    return _FUSED_NAMES, "dropout", (e, e, e, e), geometry.num_heads, True, True, False
 
 
 def _named_need_weights(error):

@@ -117,17 +117,19 @@ static inline elem *FN(weights_at)(const attnc_attention_args *a, idx_t b, idx_t
 static inline real FN(safe_shift)(real max) { return max == -(real)INFINITY ? 0 : max; }
 /* 1 / sum, or 0 for a row whose weights are all 0 */
 static inline real FN(safe_inverse)(real sum) { return sum == 0 ? 0 : 1 / sum; }
+/* 1 for a row of -inf scores (sum 0 over S > 0 keys) that a's nan_rows makes NaN */
+static inline int FN(nan_row)(const attnc_attention_args *a, real sum) { return sum == 0 && a->nan_rows && a->S > 0; }
 /* A row of a's weights = its exp(score - safe_shift(max)) times this: 1 /
- * sum; for a row of -inf (sum 0 over S > 0 keys) 0, or NaN with nan_rows */
+ * sum; for a row of -inf 0, or NaN (nan_row) */
 static inline real FN(row_inverse)(const attnc_attention_args *a, real sum)
 {
-    return sum == 0 && a->nan_rows && a->S > 0 ? (real)NAN : FN(safe_inverse)(sum);
+    return FN(nan_row)(a, sum) ? (real)NAN : FN(safe_inverse)(sum);
 }
 /* A row's log-sum-exp from its max and its sum of exp(score - safe_shift(max)):
- * -inf for a row of -inf (sum 0), NaN with nan_rows */
+ * -inf for a row of -inf (sum 0), or NaN (nan_row) */
 static inline real FN(log_sum_exp)(const attnc_attention_args *a, real max, real sum)
 {
-    return sum == 0 && a->nan_rows && a->S > 0 ? (real)NAN : FN(safe_shift)(max) + (real)log((double)sum);
+    return FN(nan_row)(a, sum) ? (real)NAN : FN(safe_shift)(max) + (real)log((double)sum);
 }
 
 /* Item b's dropout mask from weight (i0, j0) on: weight (i0 + i, j0 + j)
