@@ -247,6 +247,8 @@ class Optimizer:
         where = f"state[{name!r}]"
         if not isinstance(state, dict):
             raise TypeError(f"{where}: expected a dict, got {type(state).__name__}")
+        if not state:  # none of the entries: the update starts the state again
+            return
         entries = self._state_arrays + self._state_counts
         if self._state_counts and state and any(key not in state for key in entries):
             raise ValueError(f"{where}: expected the entries {entries} or none, got {tuple(state)}")

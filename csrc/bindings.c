@@ -14,6 +14,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL ATTNC_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -234,16 +235,24 @@ static int finite_number(PyObject *obj, const char *name, double *out)
     return 0;
 }
 
-/* An attention scale, finite also as the reals of dtype dt's kernels hold
- * it: every dtype but float64 computes in float32, where a scale beyond
- * FLT_MAX would be inf and every score 0 * inf = NaN. */
+/* An attention scale that the reals of dtype dt's kernels hold as it is: 0
+ * or normal. Every dtype but float64 computes in float32, where a scale
+ * beyond FLT_MAX would be inf (every score 0 * inf = NaN) and one below
+ * FLT_MIN subnormal or 0 (1e-60 made every weight uniform where torch,
+ * multiplying q and k by its square root, gave the scores of 1e30-sized
+ * rows); float64's reals likewise below DBL_MIN. */
 static int scale_fits(double scale, attnc_dtype dt)
 {
-    if (dt == ATTNC_F64 || isfinite((float)scale)) return 1;
+    int wide = dt == ATTNC_F64;
+    if (scale == 0 || (wide ? fabs(scale) >= DBL_MIN : isnormal((float)scale))) return 1;
     char text[32];
     snprintf(text, sizeof text, "%g", scale);
-    PyErr_Format(PyExc_ValueError, "scale: expected a number that is finite in float32 (the compute dtype of "
-                 "float32, float16 and bfloat16), got %s", text);
+    if (wide)
+        PyErr_Format(PyExc_ValueError, "scale: expected 0 or a normal float64 (magnitude at least %g), got %s",
+                     DBL_MIN, text);
+    else
+        PyErr_Format(PyExc_ValueError, "scale: expected 0 or a number that is normal in float32 (magnitude %g to "
+                     "%g; the compute dtype of float32, float16 and bfloat16), got %s", FLT_MIN, FLT_MAX, text);
     return 0;
 }
 

@@ -290,6 +290,25 @@ def test_a_state_replaced_by_equal_arrays_steps_as_torch(case):
     assert_params_match(module, twins, case)
 
 
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_a_state_emptied_starts_again_as_torch(case):
+    """Regression (a docs audit, 2026-12-02): a parameter's state set to {} (none of its
+    entries, which the state check accepts) made AdamW's step raise a bare KeyError
+    'step'. It starts that parameter's state again, as torch's does for an empty state."""
+    name, kwargs = CASES[case]
+    module = MODULES["V2"](np.float32)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    rng = np.random.default_rng(8)
+    for step in range(3):
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        if step == 0:
+            last = list(opt.state)[-1]
+            opt.state[last], topt.state[twins[-1]] = {}, {}
+    assert_params_match(module, twins, case)
+
+
 class _TorchV1(torch.nn.Module):
     """Document 000's SelfAttentionV1 in torch, with K tied to Q as `tie` says."""
 

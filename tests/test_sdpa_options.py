@@ -581,11 +581,38 @@ def test_scale_beyond_float32_is_refused_where_the_kernels_compute_in_float32(dt
         if dtype == np.float64:
             assert_close(F.scaled_dot_product_attention(z, z, v, scale=scale), np.tile(v.mean(0), (4, 1)), dtype)
             continue
-        with pytest.raises(ValueError, match="^scale: expected a number that is finite in float32"):
+        with pytest.raises(ValueError, match="^scale: expected 0 or a number that is normal in float32"):
             F.scaled_dot_product_attention(z, z, v, scale=scale)
-        with pytest.raises(ValueError, match="^scale: expected a number that is finite in float32"):
+        with pytest.raises(ValueError, match="^scale: expected 0 or a number that is normal in float32"):
             F.scaled_dot_product_attention_backward(out, z, z, v, out, lse, scale=scale)
     F.scaled_dot_product_attention(z, z, v, scale=3.4e38)  # the largest finite floats are fine
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64], ids=["f32", "f16", "f64"])
+def test_a_scale_below_the_normal_range_is_refused_where_it_would_be_lost(dtype):
+    """Regression (a numerics helper, 2026-12-02): a scale below float32's smallest normal
+    number (1e-60) became 0 in the float32 kernels, so every weight came out uniform, and
+    the gradients of query and key 0, where torch (multiplying q and k each by the scale's
+    square root) gave the scores of rows of 1e30; a subnormal one (1e-44) kept a digit. Such
+    a scale is now refused, naming it (float64 from below its own smallest normal, 2.2e-308);
+    0 and the smallest normal scale compute, against torch's float64 math path."""
+    rng = np.random.default_rng(0)
+    size = 1 if dtype == np.float16 else 1e18  # (rows whose scores at the least normal scale are about 1)
+    q, k = (rng.standard_normal((3, 4)) * size).astype(dtype), (rng.standard_normal((6, 4)) * size).astype(dtype)
+    v = np.arange(6.0).reshape(6, 1).astype(dtype)
+    out, lse = np.zeros((3, 1), dtype), np.zeros(3, np.float64 if dtype == np.float64 else np.float32)
+    least = np.finfo(np.float64 if dtype == np.float64 else np.float32).tiny
+    for scale in (1e-60 if dtype != np.float64 else 1e-310, least / 2, -least / 2):
+        expected_message = "^scale: expected 0 or a " + ("normal float64" if dtype == np.float64 else "number that is normal")
+        with pytest.raises(ValueError, match=expected_message):
+            F.scaled_dot_product_attention(q, k, v, scale=scale)
+        with pytest.raises(ValueError, match=expected_message):
+            F.scaled_dot_product_attention_backward(out, q, k, v, out, lse, scale=scale)
+    for scale in (0.0, least, -least):
+        tq, tk, tv = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+        with sdpa_kernel(SDPBackend.MATH):
+            expected = TF.scaled_dot_product_attention(tq, tk, tv, scale=float(scale)).numpy()
+        assert_close(F.scaled_dot_product_attention(q, k, v, scale=scale), expected, dtype)
 
 
 @pytest.mark.parametrize("wrong", ["grad_out", "out", "lse"])
