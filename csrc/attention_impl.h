@@ -249,6 +249,29 @@ static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, r
     }
 }
 
+/* 1 when the flash pass writes item b's weights itself (weights_from_tile):
+ * every key of a row fits one key tile, which nothing leaves out (no mask,
+ * bias or band), and the probabilities are the exponentials themselves (no
+ * bfloat16 pairs). weights_tile, which computes every score and exponential
+ * again, writes the others. */
+static inline int FN(weights_in_flash)(const attnc_attention_args *a, const FN(item_view) *item, int pairs)
+{
+    return a->weights && a->S <= BLOCK_K && !pairs && !a->band.on && !item->mask && !item->bias;
+}
+
+/* Weights rows [i0, i0+nq) of item b from the tile's exponentials, once its
+ * one key tile (all S keys) is summed: each times the row's 1 / sum, the
+ * factor write_rows gives the output, rounded once. */
+static void FN(weights_from_tile)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
+                                  idx_t nq)
+{
+    for (idx_t i = 0; i < nq; i++) {
+        elem *w = FN(weights_at)(a, b, i0 + i, 0);
+        real inverse = FN(row_inverse)(a, t->run_sum[i]);
+        for (idx_t j = 0; j < a->S; j++) w[j] = to_elem(t->scores_t[j * BLOCK_Q + i] * inverse);
+    }
+}
+
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
                            idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
 {
@@ -256,6 +279,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     FN(grow_running_max)(t->run_max, t->run_sum, t->tile_max, t->correction, nq);
     FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk, t->pairs);
+    if (FN(weights_in_flash)(a, item, t->pairs)) FN(weights_from_tile)(a, t, b, i0, nq);
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
@@ -611,7 +635,7 @@ static void FN(attention_task)(void *ctx, idx_t task)
     FN(item_view) item = FN(item_at)(a, b);
     FN(flash_queries)(&t, a, &item, b, i0, i1);
     real *rows = work + job->workspace_elems; /* elems' weights rows */
-    if (a->weights)
+    if (a->weights && !FN(weights_in_flash)(a, &item, t.pairs))
         for (idx_t q0 = i0; q0 < i1 && !attnc_interrupted(); q0 += BLOCK_Q)
             FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1), rows);
     attnc_free(work);
