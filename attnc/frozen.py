@@ -15,20 +15,15 @@ import inspect
 import numpy as np
 
 from . import _C
+from .module import _replaced_method
 
 
 def _check_runs_class_code(module, cls, methods):
     """TypeError naming `module` if one of `methods` (what a call of it runs)
-    is not cls's own: overridden by its class or set on the instance (an
-    instance's __call__ is never called, but is as plainly meant). A frozen
-    module computes cls's forward only."""
-    for method in methods:
-        if getattr(type(module), method) is not getattr(cls, method):
-            raise TypeError(f"module: {type(module).__name__} overrides {method}; a frozen module computes "
-                            f"{cls.__name__}'s forward only")
-        if method in vars(module):
-            raise TypeError(f"module: this {type(module).__name__} has a {method} set on the instance; a frozen "
-                            f"module computes {cls.__name__}'s forward only")
+    is not cls's own: a frozen module computes cls's forward only."""
+    replaced = _replaced_method(module, cls, methods)
+    if replaced:
+        raise TypeError(f"module: {replaced}; a frozen module computes {cls.__name__}'s forward only")
 
 
 class FrozenAttention:

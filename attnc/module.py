@@ -39,6 +39,22 @@ _new_locks()
 os.register_at_fork(after_in_child=_new_locks)
 
 
+def _replaced_method(obj, cls, methods):
+    """Which of `methods` a call of obj would not run as cls's own, said as
+    an error message says it ("X overrides forward", "this X has a forward
+    set on the instance"; an instance's __call__ is never called, but is as
+    plainly meant), or None when every one is cls's: what the callers that
+    read a module's parameters instead of calling it (the attention modules,
+    frozen modules) refuse."""
+    kind = type(obj).__name__
+    for method in methods:
+        if getattr(type(obj), method) is not getattr(cls, method):
+            return f"{kind} overrides {method}"
+        if method in obj.__dict__:
+            return f"this {kind} has a {method} set on the instance"
+    return None
+
+
 def _forget(key, dead):
     """The weak reference `dead` to an unpickled array died: its entry goes."""
     with _UNPICKLED_LOCK:
