@@ -30,7 +30,8 @@ def bfloat16():
 
 def as_array(value, name):
     """np.asarray(value), a torch tensor that requires grad by its values (detached): NumPy
-    refuses it, and attnc never differentiates through it; a numpy.ma.MaskedArray with an
+    refuses it, and attnc never differentiates through it; a torch bfloat16 tensor, which
+    NumPy refuses, widened to float32 (exactly); a numpy.ma.MaskedArray with an
     element masked refused (ValueError): attnc reads every element, masked or not. The rule of
     attnc._C's conversions, whose errors name the argument as this one's do."""
     ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
@@ -38,7 +39,11 @@ def as_array(value, name):
         raise ValueError(f"{name}: a masked array with masked elements; attnc reads every element, masked or "
                          f"not: pass {name}.filled(value)")
     try:
-        return np.asarray(value.detach() if getattr(value, "requires_grad", False) else value)
+        if not isinstance(value, np.ndarray) and hasattr(value, "requires_grad"):  # a torch tensor
+            value = value.detach() if value.requires_grad else value
+            if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+                value = value.float()
+        return np.asarray(value)
     except _NAMED_ERRORS as error:
         if type(error) not in _NAMED_ERRORS:  # a subclass may take other arguments: as raised
             raise

@@ -245,14 +245,14 @@ static int scale_fits(double scale, attnc_dtype dt)
 {
     int wide = dt == ATTNC_F64;
     if (scale == 0 || (wide ? fabs(scale) >= DBL_MIN : isnormal((float)scale))) return 1;
-    char text[32];
-    snprintf(text, sizeof text, "%g", scale);
+    char message[192]; /* (PyErr_Format has no %g) */
     if (wide)
-        PyErr_Format(PyExc_ValueError, "scale: expected 0 or a normal float64 (magnitude at least %g), got %s",
-                     DBL_MIN, text);
+        snprintf(message, sizeof message, "scale: expected 0 or a normal float64 (magnitude at least %g), got %g",
+                 DBL_MIN, scale);
     else
-        PyErr_Format(PyExc_ValueError, "scale: expected 0 or a number that is normal in float32 (magnitude %g to "
-                     "%g; the compute dtype of float32, float16 and bfloat16), got %s", FLT_MIN, FLT_MAX, text);
+        snprintf(message, sizeof message, "scale: expected 0 or a number that is normal in float32 (magnitude %g "
+                 "to %g; the compute dtype of float32, float16 and bfloat16), got %g", FLT_MIN, FLT_MAX, scale);
+    PyErr_SetString(PyExc_ValueError, message);
     return 0;
 }
 
@@ -416,20 +416,41 @@ static void shape_error(const char *name, int expected_nd, const npy_intp *expec
     Py_XDECREF(got);
 }
 
-/* A tensor that requires grad (torch's: an object with a true
- * `requires_grad` and a `detach()`) as detached: NumPy's conversion
- * refuses it, and attnc never differentiates through it. A new reference,
- * or NULL with an exception. */
-static PyObject *without_grad(PyObject *obj)
+/* 1 if obj's `dtype` reads "torch.bfloat16", 0 if not (or obj has no
+ * dtype), -1 with an exception. */
+static int is_torch_bfloat16(PyObject *obj)
 {
-    int requires = 0;
-    if (!PyArray_Check(obj) && PyObject_HasAttrString(obj, "requires_grad")) {
-        PyObject *flag = PyObject_GetAttrString(obj, "requires_grad");
-        requires = flag ? PyObject_IsTrue(flag) : -1;
-        Py_XDECREF(flag);
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    if (!dtype) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return 0;
     }
-    if (requires) return requires < 0 ? NULL : PyObject_CallMethod(obj, "detach", NULL);
+    PyObject *dtype_name = PyObject_Str(dtype);
+    Py_DECREF(dtype);
+    if (!dtype_name) return -1;
+    int bfloat = PyUnicode_CompareWithASCIIString(dtype_name, "torch.bfloat16") == 0;
+    Py_DECREF(dtype_name);
+    return bfloat;
+}
+
+/* A torch tensor as NumPy's conversion takes it (torch's: an object with a
+ * `requires_grad`): detached where it requires grad (NumPy refuses it, and
+ * attnc never differentiates through it), widened to float32 where it is
+ * bfloat16 (NumPy refuses torch's bfloat16; the widening is exact, as
+ * from_torch's). Anything else as it is. A new reference, or NULL with an
+ * exception. */
+static PyObject *as_numpy_convertible(PyObject *obj)
+{
     Py_INCREF(obj);
+    if (PyArray_Check(obj) || !PyObject_HasAttrString(obj, "requires_grad")) return obj;
+    PyObject *flag = PyObject_GetAttrString(obj, "requires_grad");
+    int requires = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(flag);
+    if (requires > 0) Py_SETREF(obj, PyObject_CallMethod(obj, "detach", NULL));
+    int bfloat = requires >= 0 && obj ? is_torch_bfloat16(obj) : -1;
+    if (bfloat > 0) Py_SETREF(obj, PyObject_CallMethod(obj, "float", NULL));
+    if (bfloat < 0) Py_CLEAR(obj);
     return obj;
 }
 
@@ -475,7 +496,7 @@ static PyArrayObject *real_values(PyObject *obj, const char *name)
         if (masked < 0) name_the_error(name);
         return NULL;
     }
-    PyObject *value = without_grad(obj);
+    PyObject *value = as_numpy_convertible(obj);
     PyArrayObject *arr = value ? (PyArrayObject *)PyArray_FROM_O(value) : NULL;
     Py_XDECREF(value);
     if (!arr) {
@@ -584,22 +605,35 @@ static PyArrayObject *copy_polling(PyArrayObject *arr, PyArray_Descr *descr)
     return out;
 }
 
-/* arr as an aligned, native-byte-order base-class array of dt (a new
- * reference); C-contiguous too with `contiguous`. Copies only if needed:
- * a copy of more than COPY_BLOCK_BYTES a block at a time (copy_polling). */
-static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
+/* The copy of arr that NumPy's FromAny(arr, descr (stolen), flags) makes,
+ * for flags under which it copies; one of more than COPY_BLOCK_BYTES made
+ * a block at a time instead (copy_polling: C-contiguous). */
+static PyArrayObject *copy_as(PyArrayObject *arr, PyArray_Descr *descr, int flags)
+{
+    idx_t bytes; /* (an overflowing size: FromAny's error) */
+    if (!attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &bytes) || bytes <= COPY_BLOCK_BYTES)
+        return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
+    return copy_polling(arr, descr);
+}
+
+/* arr as an aligned, native-byte-order base-class array of descr (stolen;
+ * a new reference); C-contiguous too with `contiguous`. Copies only if
+ * needed (copy_as). */
+static PyArrayObject *cast(PyArrayObject *arr, PyArray_Descr *descr, int contiguous)
 {
     int flags = NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
                 (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
-    PyArray_Descr *descr = dtype_descr(dt);
-    if (!descr) return NULL;
     int fits = PyArray_EquivTypes(PyArray_DESCR(arr), descr) && PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) &&
                (!contiguous || PyArray_IS_C_CONTIGUOUS(arr)); /* (arr is a base-class array: real_array) */
-    idx_t out_bytes; /* (an overflowing size: FromAny's error) */
-    if (fits || !attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &out_bytes) ||
-        out_bytes <= COPY_BLOCK_BYTES)
-        return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
-    return copy_polling(arr, descr);
+    if (fits) return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
+    return copy_as(arr, descr, flags);
+}
+
+/* cast to dt. */
+static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
+{
+    PyArray_Descr *descr = dtype_descr(dt);
+    return descr ? cast(arr, descr, contiguous) : NULL;
 }
 
 /* Replaces *arr, the argument `name`, by its conversion (see convert); 0
@@ -674,8 +708,7 @@ static int row_major_in_place(PyArrayObject **arr, attnc_dtype dt, const char *n
     }
     int nd = *arr ? PyArray_NDIM(*arr) : 0;
     if (*arr && nd > 0 && PyArray_DIM(*arr, nd - 1) > 1 && PyArray_STRIDE(*arr, nd - 1) != PyArray_ITEMSIZE(*arr)) {
-        PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(*arr, NPY_CORDER);
-        Py_SETREF(*arr, copy);
+        Py_SETREF(*arr, convert(*arr, dt, 1));
         copied = 1;
     }
     if (*arr && cut && copied && !fits_in_memory(full, dt)) Py_CLEAR(*arr);
@@ -885,10 +918,7 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
     Py_DECREF(raw);
     if (!collapsed) return 0;
     PyArray_Descr *descr = dt ? dtype_descr(*dt) : PyArray_DescrFromType(NPY_BOOL);
-    m->keep = descr ? (PyArrayObject *)PyArray_FromAny((PyObject *)collapsed, descr, 0, 0,
-                                                       NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST,
-                                                       NULL)
-                    : NULL;
+    m->keep = descr ? cast(collapsed, descr, 0) : NULL;
     Py_DECREF(collapsed);
     if (!m->keep) return 0;
     for (int d = 0; d < nd; d++) {
@@ -1785,7 +1815,9 @@ static PyObject *py_self_attention(PyObject *self, PyObject *args, PyObject *kwa
         for (int i = 0; i < 3; i++)
             if (!(kept[i] = new_array(2, kept_shape[i], i == 2 ? compute_dtype(c.dt) : c.dt))) goto done; /* lse */
         if ((PyObject *)c.x == x_obj || !PyArray_CHKFLAGS(c.x, NPY_ARRAY_OWNDATA)) { /* the caller's memory */
-            PyArrayObject *copy = (PyArrayObject *)PyArray_NewCopy(c.x, NPY_CORDER);
+            PyArray_Descr *descr = PyArray_DESCR(c.x);
+            Py_INCREF(descr);
+            PyArrayObject *copy = copy_as(c.x, descr, NPY_ARRAY_CARRAY | NPY_ARRAY_ENSURECOPY);
             if (!copy) goto done;
             Py_SETREF(c.x, copy);
             s->x = PyArray_DATA(c.x);
@@ -1964,6 +1996,12 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
         PyObject *a = PyTuple_GET_ITEM(assignments, i);
         if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(a, 1))) {
             PyErr_Format(PyExc_ValueError, "commit: assignment %zd is not a tuple (owner, attr, value)", i);
+            goto done;
+        }
+        if (PyType_Check(PyTuple_GET_ITEM(a, 0))) { /* a class's dict written past type.__setattr__ leaves
+                                                      * CPython's attribute cache pointing at the freed value */
+            PyErr_Format(PyExc_TypeError, "commit: assignment %zd sets an attribute of a class; the owners are "
+                         "module instances", i);
             goto done;
         }
     }

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import attnc
+from attnc import functional as F
 from toolkit import MODEL_IDS, MODELS, assert_close, make_module, random_keep_mask, torch_dtype
 from toolkit import doc_models as dm
 
@@ -126,6 +127,28 @@ def test_weights_are_copies_and_dtypes():
     mixed = dm.SelfAttentionv1(4).to(torch.float16)
     mixed.K_proj.to(torch.bfloat16)   # float16 with bfloat16: neither holds the other
     assert attnc.from_torch(mixed).dtype == np.float32
+
+
+def test_torch_bfloat16_tensors_are_read_widened():
+    """Regression (a modules audit, 2026-12-02): NumPy refuses torch's bfloat16 tensors, so a
+    bfloat16 model's state_dict did not load into attnc's bfloat16 twin ("in_proj_weight: Got
+    unsupported ScalarType BFloat16"), where from_torch took the same model. A torch bfloat16
+    tensor is now read widened to float32 (exactly) wherever an array is taken: loaded, its
+    values are the model's own, and an input gives the widened array's result."""
+    pytest.importorskip("ml_dtypes")
+    torch.manual_seed(0)
+    tm = nn.MultiheadAttention(8, 2).bfloat16()
+    loaded = attnc.nn.MultiheadAttention(8, 2, dtype="bfloat16")
+    loaded.load_state_dict(tm.state_dict())
+    for key, value in tm.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[key].astype(np.float32), value.float().numpy(), err_msg=key)
+    x = torch.randn(2, 3, 8).bfloat16().requires_grad_()
+    widened = x.detach().float().numpy()
+    linear = attnc.Linear(8, 4, rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(linear(x), linear(widened))
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(x, x, x), F.scaled_dot_product_attention(
+        widened, widened, widened))
+    assert F.scaled_dot_product_attention(x, x, x).dtype == np.float32
 
 
 @pytest.mark.parametrize("bias", [True, False])

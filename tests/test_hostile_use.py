@@ -246,6 +246,22 @@ def test_parameter_placed_past_assignment_state_dict_and_training_name_it(form):
     assert not dict(m.named_grads())["Q_proj.weight"].any()
 
 
+def test_commit_refuses_a_class_as_an_owner():
+    """Regression (a C-boundary audit, 2026-12-02): commit set its assignments with
+    PyObject_GenericSetAttr, which on a class writes the class's dict past type.__setattr__:
+    CPython's attribute cache kept the old, freed value (a segfault in 3 of 3 runs of the
+    audit's loop), and a built-in type's attributes could be changed (int.bit_length set to
+    None). A class as an owner is refused, before any copy."""
+    class Owner:
+        def method(self):
+            return 1
+    target, source = np.zeros(2), np.ones(2)
+    for owner in (Owner, int):
+        with pytest.raises(TypeError, match="^commit: assignment 0 sets an attribute of a class"):
+            attnc._C.commit([target], [source], [(owner, "method", None)])
+    assert Owner().method() == 1 and (1).bit_length() == 1 and not target.any()
+
+
 def test_issue_examples_of_finding_1():
     x = _x(shape=(2, 3, 64))
     m = attnc.MultiHeadAttention(64, 8)

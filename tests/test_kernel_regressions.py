@@ -416,20 +416,43 @@ def test_sigint_stops_one_long_softmax_row():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
 
 
-def test_sigint_stops_the_copy_of_a_large_input():
+# Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
+# to tell), and the call.
+_LARGE_COPIES = {
+    "softmax-transposed-x": ("x = np.ones((1 << 13, 1 << 13), np.float32).T",
+                             "np.ascontiguousarray(x)", "F.softmax(x)"),
+    "sdpa-transposed-key": ("k = np.ones((64, 1 << 21), np.float32).T; q = np.ones((1, 64), np.float32); "
+                            "v = np.ones((1 << 21, 1), np.float32)",
+                            "np.ascontiguousarray(k)", "F.scaled_dot_product_attention(q, k, v)"),
+    "sdpa-float64-bias": ("q, k = np.ones((1 << 14, 2), np.float32), np.ones((1 << 13, 2), np.float32); "
+                          "bias = np.zeros((1 << 14, 1 << 13))",
+                          "bias.astype(np.float32)", "F.scaled_dot_product_attention(q, k, k, attn_bias=bias)"),
+    "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); x = np.ones((1 << 21, 32, 2), np.float32)",
+                          "x.copy()", "m(x)"),
+}
+
+
+@pytest.mark.parametrize("case", _LARGE_COPIES)
+def test_sigint_stops_the_copy_of_a_large_input(case):
     """Regression (fuzzing): an input the kernels need in another layout or dtype was
     copied by NumPy holding the GIL, polling nothing: Ctrl-C 10 ms into a softmax of a
     transposed (8192, 8192) float32 array came 0.4-0.6 s later, after the whole copy.
-    Copies of more than 8 MB are made 8 MB at a time, Ctrl-C asked about between."""
-    out = _run_child("""
+    Copies of more than 8 MB are made 8 MB at a time, Ctrl-C asked about between. Three
+    copies had been left to NumPy (a C-boundary audit, 2026-12-02): an attention input whose
+    rows are strided (a transposed key: 1.9 s after Ctrl-C for 1 GiB), a bias or mask cast
+    to the compute dtype (6.2 s for a 4 GiB float64 bias), and the private copy of x a
+    training-mode forward keeps."""
+    setup, copy_alone, call = _LARGE_COPIES[case]
+    out = _run_child(f"""
         import numpy as np
+        import attnc
         from attnc import functional as F
-        x = np.ones((1 << 13, 1 << 13), np.float32).T
+        {setup}
         start = time.perf_counter()
-        np.ascontiguousarray(x)
+        {copy_alone}
         copy = time.perf_counter() - start
         for _ in range(3):
-            print("delay", sigint_delay(0.01, lambda: F.softmax(x)), "copy", copy)
+            print("delay", sigint_delay(0.01, lambda: {call}), "copy", copy)
     """, timeout=300, sigint=True)
     for delay, copy in _delay_runs(out, 3):
         assert copy > 0.1, f"the copy took {copy} s: too short to tell"

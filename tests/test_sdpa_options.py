@@ -603,7 +603,12 @@ def test_a_scale_below_the_normal_range_is_refused_where_it_would_be_lost(dtype)
     out, lse = np.zeros((3, 1), dtype), np.zeros(3, np.float64 if dtype == np.float64 else np.float32)
     least = np.finfo(np.float64 if dtype == np.float64 else np.float32).tiny
     for scale in (1e-60 if dtype != np.float64 else 1e-310, least / 2, -least / 2):
-        expected_message = "^scale: expected 0 or a " + ("normal float64" if dtype == np.float64 else "number that is normal")
+        # the bounds and the value written out (regression, two audits, 2026-12-02: the message
+        # showed "%g" and "%s", PyErr_Format having no %g)
+        expected_message = "^scale: expected 0 or a " + (
+            re.escape(f"normal float64 (magnitude at least {least:g}), got {scale:g}") if dtype == np.float64 else
+            re.escape(f"number that is normal in float32 (magnitude {least:g} to {np.finfo(np.float32).max:g}; ")
+            + ".*" + re.escape(f"), got {scale:g}")) + "$"
         with pytest.raises(ValueError, match=expected_message):
             F.scaled_dot_product_attention(q, k, v, scale=scale)
         with pytest.raises(ValueError, match=expected_message):
