@@ -287,7 +287,7 @@ class Module:
         backward of one left the other's at zero."""
         for name in self._parameters:
             value = self.__dict__.get(name)
-            if isinstance(value, np.ndarray):
+            if type(value) is np.ndarray:
                 try:
                     self._grad(name, name, value)
                 except ValueError:  # a buffer changed in place: shared as it is (its use names it)
@@ -530,9 +530,9 @@ class Module:
             a shared parameter under each of its names, as in torch;
             the keys of the torch twin's ``state_dict()``.
         """
-        # a parameter placed past __setattr__ (a list, a torch tensor: the forward converts it) as the
+        # a parameter placed past __setattr__ (a list, a torch tensor, an ndarray subclass) as the
         # assignment would convert it, named by its key: its own copy() may be none or a shallow one
-        return {name: (value if isinstance(value, np.ndarray) else owner._as_parameter(name, value)).copy()
+        return {name: (value if type(value) is np.ndarray else owner._as_parameter(name, value)).copy()
                 for name, value, owner, _ in self._every_parameter_slot("")}
 
     def load_state_dict(self, state_dict, strict=True):
@@ -613,7 +613,7 @@ class Module:
         replacements = {}  # id(parameter) -> (it, its replacement): a tied parameter stays tied
         for key, (owner, name, array) in converted.items():
             current = own[key]
-            flags = current.flags if isinstance(current, np.ndarray) else None
+            flags = current.flags if type(current) is np.ndarray else None  # a placed subclass: replaced
             if flags and flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
                 targets.append(current)
                 sources.append(array)
@@ -780,8 +780,9 @@ class Module:
         None), made on first use and again after the parameter changed
         shape or dtype. ValueError naming `key` if the buffer itself was
         changed in place (unless `renew`: a new one then)."""
-        if not isinstance(param, np.ndarray):  # placed past __setattr__, or set to None by another thread
-            raise TypeError(f"{key}: the parameter is {type(param).__name__}, not an array: assign it again")
+        if type(param) is not np.ndarray:  # placed past __setattr__ (a subclass too), or set to None by a thread
+            raise TypeError(f"{key}: the parameter is {type(param).__name__}, not an ndarray: assign it again "
+                            "(assignment converts it)")
         layout = param.shape, param.dtype
         grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
         if grad is not None and made_for == layout:
@@ -833,7 +834,7 @@ class Module:
         the instance dict, which a forward converts) has no gradient buffer
         to follow it: TypeError naming it (this forward keeps nothing)."""
         for key, a in (params or {}).items():
-            if a is not None and not isinstance(a, np.ndarray):
+            if a is not None and type(a) is not np.ndarray:
                 raise TypeError(f"{key}: a training-mode forward needs the parameter as an ndarray (its gradient "
                                 f"buffer takes its shape and dtype), got a {type(a).__name__}; assign it again "
                                 "(assignment converts it)")

@@ -36,6 +36,7 @@ the rounding of a multiply-add that torch's vector kernels fuse (a few
 units in the last place per step)."""
 import math
 import numbers
+import sys
 
 import numpy as np
 
@@ -82,6 +83,16 @@ try:  # (first byte, one past the last) of the memory an array spans
     from numpy.lib.array_utils import byte_bounds as _byte_bounds  # NumPy 2
 except ImportError:  # NumPy 1
     _byte_bounds = np.byte_bounds
+
+
+def _refuse_masked(array, name):
+    """ValueError naming `name` for a numpy.ma.MaskedArray with an element
+    masked, attnc's rule for every array (the update would skip those
+    elements)."""
+    ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
+    if ma is not None and isinstance(array, ma.MaskedArray) and ma.is_masked(array):
+        raise ValueError(f"{name}: a masked array with masked elements; step() updates every element, masked "
+                         f"or not: give it {name}.filled(value)")
 
 
 def _may_overlap_itself(array):
@@ -182,15 +193,19 @@ class Optimizer:
             construction to a value the constructor refuses (checked at
             every step); naming the entry, with no parameter updated, if
             an entry of `state` was set to an array of another shape or
-            dtype, read-only or with elements sharing memory, to an
+            dtype, read-only or with elements sharing memory, to a masked
+            array with an element masked, to an
             array sharing memory with another the step reads or writes (a
             parameter, a gradient buffer, another entry), to a step count
-            below 0 or from 2**63 on, or an AdamW state lost some entries.
+            below 0 or from 2**63 on, or an AdamW state lost some entries;
+            naming both, with no parameter updated, for one dict made the
+            state of two parameters.
         TypeError
             Naming the setting, for a hyper-parameter attribute set to
             something that is not a real number; naming the entry, with
             no parameter updated, for an entry of `state` set to a value
-            of another kind (not a dict, an array or an int); naming the
+            of another kind (not a dict, an ndarray (a subclass neither) or
+            an int); naming the
             attribute, for `module` or `state` set to something that is
             not an attnc.Module or a dict.
         NotImplementedError
@@ -203,6 +218,7 @@ class Optimizer:
             raise TypeError(f"state: expected a dict of parameter names to dicts, got {type(self.state).__name__}")
         triples = [(name, param, grad) for (name, param), (_, grad)
                    in zip(self.module.named_parameters(), self.module.named_grads())]
+        self._check_own_states(triples)
         for name, param, _ in triples:
             if not param.flags.writeable or not is_floating(param.dtype):
                 kind = f"{'a read-only' if not param.flags.writeable else 'an'} {param.dtype} array"
@@ -258,8 +274,10 @@ class Optimizer:
             if key not in state or (array is None and not self._state_counts):  # SGD's None: no buffer yet
                 continue
             expected = f"expected a writable {dtype} array of shape {param.shape}"
-            if not isinstance(array, np.ndarray):
-                raise TypeError(f"{where}[{key!r}]: {expected}, got {type(array).__name__}")
+            _refuse_masked(array, f"{where}[{key!r}]")
+            if type(array) is not np.ndarray:  # a subclass's operators are not the update's (np.matrix's *)
+                raise TypeError(f"{where}[{key!r}]: {expected} (an ndarray, not a subclass), got "
+                                f"{type(array).__name__}")
             if array.shape != param.shape or array.dtype != dtype or not array.flags.writeable:
                 kind = "a read-only" if not array.flags.writeable else "a"
                 raise ValueError(f"{where}[{key!r}]: {expected}, got {kind} {array.dtype} array of shape "
@@ -273,6 +291,22 @@ class Optimizer:
                 raise TypeError(f"{where}[{key!r}]: expected an int >= 0, got {type(count).__name__} {count!r}")
             if not 0 <= count < _COUNT_LIMIT:  # (a float power of a larger one overflows)
                 raise ValueError(f"{where}[{key!r}]: expected an int >= 0 and below 2**63, got {count!r}")
+
+    def _check_own_states(self, triples):
+        """No two parameters' states are one dict (``dict.fromkeys(names, {})``):
+        the step would update each parameter with the moments and counts of
+        the ones before it. ValueError naming both, before any parameter is
+        updated (an emptied dict holds no array that `_check_apart` could
+        find shared)."""
+        first_name_of = {}  # id(state dict) -> the first parameter name it is the state of
+        for name, _, _ in triples:
+            state = self.state.get(name)
+            if not isinstance(state, dict):  # absent, or refused by _check_state
+                continue
+            first = first_name_of.setdefault(id(state), name)
+            if first != name:
+                raise ValueError(f"state[{name!r}]: the same dict as state[{first!r}]; each parameter needs a "
+                                 "state of its own: give it a dict of its own ({} starts it again)")
 
     def _check_apart(self, triples):
         """Every array step() writes in place (the parameters and their state

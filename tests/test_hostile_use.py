@@ -218,18 +218,22 @@ def test_parameter_mutation_works_or_names_the_parameter(model_name, key, mutati
     _assert_works(m, x)
 
 
-@pytest.mark.parametrize("form", ["torch", "tuple", "list"])
+@pytest.mark.parametrize("form", ["torch", "tuple", "list", "masked-array", "matrix"])
 def test_parameter_placed_past_assignment_state_dict_and_training_name_it(form):
     """Regression (fuzzing): a parameter put in the instance dict as a torch tensor or a tuple
     made state_dict() raise AttributeError ('Tensor' object has no attribute 'copy'), naming
     nothing, and a list's state_dict entry was a list; named_grads(), zero_grad() and an
     optimizer's step() raised a RuntimeError blaming another thread. state_dict now converts
     it as the assignment would (a copy of its own), and the gradient paths raise TypeError
-    naming the parameter."""
+    naming the parameter. An ndarray subclass placed there (a modules audit, 2026-12-02)
+    had passed as a parameter: state_dict gave a MaskedArray, and SGD's step updated a
+    masked array's data only where nothing was masked; it is converted and refused as the
+    others are."""
     m = attnc.SelfAttentionV1(2, rng=np.random.default_rng(3))
     values = m.Q_proj.weight.astype(np.float64) + 0.5
     placed = {"torch": torch.from_numpy(values.copy()), "tuple": tuple(map(tuple, values.tolist())),
-              "list": values.tolist()}[form]
+              "list": values.tolist(), "masked-array": np.ma.masked_array(values.copy()),
+              "matrix": np.asmatrix(values.copy())}[form]
     m.Q_proj.__dict__["weight"] = placed
     state = m.state_dict()
     entry = state["Q_proj.weight"]
@@ -244,6 +248,25 @@ def test_parameter_placed_past_assignment_state_dict_and_training_name_it(form):
     np.testing.assert_array_equal(m.state_dict()["Q_proj.weight"], values.astype(m.dtype))
     m.zero_grad()
     assert not dict(m.named_grads())["Q_proj.weight"].any()
+
+
+def test_a_masked_parameter_placed_past_assignment_is_refused_naming_it():
+    """Regression (a modules audit, 2026-12-02): a masked array with masked elements put in
+    the instance dict was updated by SGD's step everywhere but under its mask (no error), and
+    state_dict returned it as a MaskedArray. The gradient paths now refuse it and state_dict
+    converts it as assignment would, which refuses its masked elements; load_state_dict
+    replaces it with the value loaded."""
+    m = attnc.Linear(3, 3, rng=np.random.default_rng(0))
+    values = m.weight.copy()
+    m.__dict__["weight"] = np.ma.masked_array(values.copy(), mask=np.eye(3, dtype=bool))
+    for call in (lambda: dict(m.named_grads()), m.zero_grad, lambda: attnc.optim.SGD(m, lr=0.1).step()):
+        with pytest.raises(TypeError, match=r"^weight: the parameter is MaskedArray"):
+            call()
+    with pytest.raises(ValueError, match=r"^weight: a masked array with masked elements"):
+        m.state_dict()
+    m.load_state_dict({"weight": values + 1, "bias": m.bias})
+    assert type(m.weight) is np.ndarray
+    np.testing.assert_array_equal(m.weight, values + 1)
 
 
 def test_commit_refuses_a_class_as_an_owner():

@@ -216,6 +216,13 @@ BAD_STATE = [
     ("AdamW", "exp_avg", lambda p: None, TypeError),
     ("AdamW", "exp_avg_sq", lambda p: np.zeros(p.shape[::-1] + (1,), p.dtype), ValueError),
     ("AdamW", "exp_avg", lambda p: np.zeros(p.shape, np.float16), ValueError),
+    # (regression, a modules audit, 2026-12-02: a masked array's masked elements were skipped by the update)
+    ("AdamW", "exp_avg", lambda p: np.ma.masked_array(np.zeros(p.shape, p.dtype), mask=np.ones(p.shape, bool)),
+     ValueError),
+    ("SGD-momentum-decay", "momentum_buffer", lambda p: np.ma.masked_array(np.zeros(p.shape, p.dtype),
+                                                                          mask=np.ones(p.shape, bool)), ValueError),
+    ("AdamW", "exp_avg_sq", lambda p: np.zeros(p.shape, p.dtype).view(np.matrix) if p.ndim == 2
+     else np.ma.masked_array(np.zeros(p.shape, p.dtype)), TypeError),
 ]
 
 
@@ -260,6 +267,34 @@ def test_a_bad_state_dict_raises_naming_it_before_any_update(case, edit, error):
     else:
         opt.state[last] = 3 if edit == "not-a-dict" else None
     assert_step_refused(module, opt, error, f"state[{last!r}]:")
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+@pytest.mark.parametrize("emptied", [True, False], ids=["emptied", "kept"])
+def test_one_state_dict_under_two_parameters_raises_naming_both_before_any_update(case, emptied):
+    """Regression (a modules audit, 2026-12-02): ``dict.fromkeys(names, {})`` puts one dict under
+    every name; step() accepted it, and each parameter after the first was updated with the
+    moments and count the ones before it had just written (AdamW's weights off by 0.016, no
+    error). A dict under two names is refused, naming both, before any update; the same
+    state given a dict each steps as torch's."""
+    module, opt, _, _ = stepped_once(case, 8)
+    names = list(opt.state)
+    shared = {} if emptied else opt.state[names[0]]
+    opt.state[names[0]] = opt.state[names[-1]] = shared
+    assert_step_refused(module, opt, ValueError, f"state[{names[-1]!r}]: the same dict as state[{names[0]!r}]")
+
+    name, kwargs = CASES[case]  # the same edit with a dict each: accepted, and torch's steps
+    module = MODULES["V2"](np.float32)
+    opt, topt, twins = make_pair(module, name, kwargs)
+    rng = np.random.default_rng(8)
+    for step in range(2):
+        set_grads(module, twins, rng)
+        opt.step()
+        topt.step()
+        if step == 0:
+            opt.state = dict.fromkeys(opt.state) | {key: {} for key in opt.state}
+            topt.state.clear()
+    assert_params_match(module, twins, case)
 
 
 @pytest.mark.parametrize("attribute, value", [("state", None), ("state", []), ("state", "abc"), ("module", None)])
