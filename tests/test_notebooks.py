@@ -55,3 +55,17 @@ def test_training_notebook_ends_with_the_loss_comparison():
     text = "".join(o.get("text", "") for o in last.outputs)
     assert "sequence accuracy 1.000" in text
     assert "max |attnc - torch| loss" in text, "the stored run skipped the comparison: build it with torch installed"
+
+
+def test_performance_notebook_shows_the_stored_results():
+    """Regression (a docs audit, 2026-12-02, and a review before it): the benchmark results
+    were stored anew (results.json, results.md, the README's tables) without the performance
+    notebook executed again, so the documentation site's notebook showed an older run (case 2
+    passing there, missing in results.md). Its stored outputs print the run's environment:
+    they must be those of benchmarks/results.json (python notebooks/build.py perf)."""
+    import json
+    environment = json.loads((NOTEBOOKS.parent / "benchmarks" / "results.json").read_text())["environment"]
+    nb = nbformat.read(NOTEBOOKS / "performance.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs)
+    for key in ("attnc", "wall_seconds", "load_average_1min"):
+        assert f"  {key}: {environment[key]}\n" in text, f"{key}: run python notebooks/build.py perf"
