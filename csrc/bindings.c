@@ -629,7 +629,7 @@ static PyArrayObject *cast(PyArrayObject *arr, PyArray_Descr *descr, int contigu
     return copy_as(arr, descr, flags);
 }
 
-/* cast to dt. */
+/* arr cast (above) to the kernels' dtype dt. */
 static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
 {
     PyArray_Descr *descr = dtype_descr(dt);
