@@ -118,6 +118,8 @@ class _Attention(Module):
         self._check_projections()
         # read once: another thread may switch the modes
         (p, dropout_active), training = self._dropout(), self.training
+        if dropout_active:  # a number once, for the forward and its backward alike (an object's __float__ once)
+            p = _C.probability(p, self._spec[1])
         if training and attention_mask is not None:  # read once, for the forward and its backward alike
             attention_mask = _private_copy(as_array(attention_mask, "attention_mask"))
         # by position (keywords cost 2.5 us a call): x, params, spec, attention_mask, dtype,

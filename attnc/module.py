@@ -28,9 +28,14 @@ def _new_locks():
     """The module's locks, made at import and again in a forked child: a
     lock another thread of the parent held at the fork stays held in the
     child, whose calls would then wait for it forever."""
-    global _FINISH_LOCK, _UNPICKLED_LOCK
+    global _FINISH_LOCK, _GRADS_LOCK, _TREE_LOCK, _UNPICKLED_LOCK
     # _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
     _FINISH_LOCK = threading.Lock()
+    # _grad's: a buffer looked up and made in one step (a reader made a second one over a backward's)
+    _GRADS_LOCK = threading.Lock()
+    # __setattr__'s: a module assigned after the check that it does not contain the owner (two threads
+    # assigning two modules into each other had made a cycle)
+    _TREE_LOCK = threading.RLock()  # (re-entered by a __getattribute__ of its own that assigns a module)
     # _unpickled_conversions' (re-entered by _forget when a collection runs inside it)
     _UNPICKLED_LOCK = threading.RLock()
 
@@ -230,11 +235,12 @@ class Module:
         elif isinstance(value, Module):
             if name in self._parameters:
                 raise TypeError(f"{name}: a parameter takes an array or None, got a {type(value).__name__} module")
-            if value._contains(self):
-                raise ValueError(f"{name}: the {type(value).__name__} assigned contains this module (or is it): a "
-                                 "module tree has no cycles (every walk of it, state_dict, train, repr, would "
-                                 "not end)")
-            self._modules[name] = value
+            with _TREE_LOCK:
+                if value._contains(self):
+                    raise ValueError(f"{name}: the {type(value).__name__} assigned contains this module (or is it): "
+                                     "a module tree has no cycles (every walk of it, state_dict, train, repr, would "
+                                     "not end)")
+                self._modules[name] = value
         elif name in self._modules:
             raise TypeError(f"{name}: a submodule takes a Module, got {type(value).__name__}")
         elif name in self._parameters:
@@ -250,7 +256,7 @@ class Module:
                 return True
             if id(current) not in seen:
                 seen.add(id(current))
-                stack.extend(getattr(current, "_modules", {}).values())  # (one whose __init__ has not run: none)
+                stack.extend(tuple(getattr(current, "_modules", {}).values()))  # (no __init__ run yet: none)
         return False
 
     def __delattr__(self, name):
@@ -307,7 +313,8 @@ class Module:
         an array shared by several modules' states once (_unpickled_conversions)."""
         self.__dict__.update(state)
         for name in self._parameters:
-            self.__dict__[name] = self._unpickled_parameter(name, self.__dict__[name])
+            if name in self.__dict__:  # (a deleted parameter stays deleted, and registered)
+                self.__dict__[name] = self._unpickled_parameter(name, self.__dict__[name])
         for name, (grad, made_for) in self._grads.items():  # gradient buffers writable again
             self._grads[name] = np.require(grad, requirements="CAW"), made_for
 
@@ -427,7 +434,7 @@ class Module:
         """
         mode = flag(mode, "mode")
         self.training = mode
-        for child in self._modules.values():
+        for child in tuple(self._modules.values()):  # (another thread may add or delete one)
             child.train(mode)
         return self
 
@@ -498,7 +505,7 @@ class Module:
                 raise AttributeError(f"{prefix}{name}: the parameter was deleted; assign it again") from error
             if value is not None:
                 yield prefix + name, value, self, name
-        for child_name, child in self._modules.items():
+        for child_name, child in tuple(self._modules.items()):  # (another thread may add or delete one)
             yield from child._every_parameter_slot(prefix + child_name + ".")
 
     def _shared_parameters(self, prefix):
@@ -614,7 +621,8 @@ class Module:
         for key, (owner, name, array) in converted.items():
             current = own[key]
             flags = current.flags if type(current) is np.ndarray else None  # a placed subclass: replaced
-            if flags and flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype:
+            if flags and flags.writeable and flags.c_contiguous and flags.aligned and current.dtype == owner.dtype \
+                    and current.shape == array.shape:  # (reshaped since checked, by an __array__ or a thread: replaced)
                 targets.append(current)
                 sources.append(array)
                 continue
@@ -721,7 +729,7 @@ class Module:
 
     def _set_dtype(self, dtype):
         object.__setattr__(self, "dtype", dtype)
-        for child in self._modules.values():
+        for child in tuple(self._modules.values()):
             child._set_dtype(dtype)
 
     # -- gradients -----------------------------------------------------------
@@ -784,19 +792,21 @@ class Module:
             raise TypeError(f"{key}: the parameter is {type(param).__name__}, not an ndarray: assign it again "
                             "(assignment converts it)")
         layout = param.shape, param.dtype
-        grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
-        if grad is not None and made_for == layout:
-            if grad.shape == param.shape and grad.dtype == param.dtype and grad.flags.c_contiguous \
-                    and grad.flags.writeable:
-                return grad
-            if not renew:
-                state = ("" if grad.flags.c_contiguous else ", strided") + ("" if grad.flags.writeable else ", read-only")
-                raise ValueError(f"{key}: its gradient buffer was changed in place (now shape {grad.shape}, dtype "
-                                 f"{grad.dtype}{state}; the parameter is {param.shape}, {param.dtype}): zero_grad() "
-                                 "gives it a new one")
-        grad = np.zeros(param.shape, param.dtype)
-        self._grads[name] = grad, layout
-        return grad
+        with _GRADS_LOCK:
+            grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
+            if grad is not None and made_for == layout:
+                if grad.shape == param.shape and grad.dtype == param.dtype and grad.flags.c_contiguous \
+                        and grad.flags.writeable:
+                    return grad
+                if not renew:
+                    state = ("" if grad.flags.c_contiguous else ", strided") + \
+                        ("" if grad.flags.writeable else ", read-only")
+                    raise ValueError(f"{key}: its gradient buffer was changed in place (now shape {grad.shape}, dtype "
+                                     f"{grad.dtype}{state}; the parameter is {param.shape}, {param.dtype}): "
+                                     "zero_grad() gives it a new one")
+            grad = np.zeros(param.shape, param.dtype)
+            self._grads[name] = grad, layout
+            return grad
 
     def _sums_of_grads(self, grads):
         """(buffers, sums): for {dotted parameter name: gradient} (None:
@@ -909,7 +919,7 @@ class Module:
 
     def __repr__(self):
         extra_lines = self.extra_repr().split("\n") if self.extra_repr() else []
-        child_lines = [f"({name}): " + _indent(repr(child), 2) for name, child in self._modules.items()]
+        child_lines = [f"({name}): " + _indent(repr(child), 2) for name, child in tuple(self._modules.items())]
         lines = extra_lines + child_lines
         text = type(self).__name__ + "("
         if len(extra_lines) == 1 and not child_lines:

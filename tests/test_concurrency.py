@@ -338,3 +338,105 @@ def test_named_grads_and_zero_grad_use_the_parameters_they_enumerated():
         grads = dict(m.named_grads(remove_duplicate=False))
         assert {name: (g.shape, g.dtype) for name, g in grads.items()} == seen
         assert all(not g.any() for g in grads.values()), "zero_grad left a gradient"
+
+
+def _switching_often():
+    """sys.setswitchinterval(1e-6) for a race test (restored after): the races below were
+    found with it, which makes a thread switch between two lines likelier."""
+    import contextlib
+    import sys
+
+    @contextlib.contextmanager
+    def switching():
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(before)
+    return switching()
+
+
+def _two_at_once(first, second):
+    """Runs first() and second() in two threads released together."""
+    barrier = threading.Barrier(2)
+    threads = [threading.Thread(target=lambda f=f: (barrier.wait(), f())) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=JOIN_TIMEOUT)
+
+
+def test_named_grads_beside_a_first_backward_loses_no_gradient():
+    """Regression (a mutation audit, 2026-12-02): _grad looked a buffer up and made it in two
+    steps; named_grads() in another thread, between them, made a second zeros buffer over the
+    one the backward had just filled (72 of 2000 trials, switching every 1e-6 s): the
+    gradient was lost and backward had returned normally. Looked up and made under a lock."""
+    x = np.random.default_rng(1).normal(size=(2, 5, 4))
+    reference = attnc.Linear(4, 4, rng=np.random.default_rng(0))
+    reference.backward(np.ones_like(reference(x)))
+    expected = dict(reference.named_grads())
+    lost = 0
+    with _switching_often():
+        for _ in range(1000):
+            net = attnc.Linear(4, 4, rng=np.random.default_rng(0))
+
+            def train():
+                y = net(x)
+                net.backward(np.ones_like(y))
+            _two_at_once(train, lambda: [list(net.named_grads()) for _ in range(3)])
+            lost += any(not np.array_equal(grad, expected[key]) for key, grad in net.named_grads())
+    assert lost == 0, f"a gradient lost in {lost} of 1000 trials"
+
+
+def test_walks_of_the_tree_while_another_thread_adds_and_deletes_a_submodule():
+    """Regression (a mutation audit, 2026-12-02): state_dict, train, to and named_grads walked
+    _modules itself, so a submodule added or deleted by another thread meanwhile raised
+    RuntimeError ('dictionary changed size during iteration'; 3,539 times in 8 s) and could
+    leave train() half applied. They walk a snapshot."""
+    import time
+    net, stop, errors = attnc.SelfAttentionV1(4), threading.Event(), []
+
+    def add_and_delete():
+        while not stop.is_set():
+            net.extra = attnc.Linear(2, 2)
+            del net.extra
+
+    churn = threading.Thread(target=add_and_delete)
+    with _switching_often():
+        churn.start()
+        try:
+            end = time.perf_counter() + 1.5
+            while time.perf_counter() < end:
+                for walk in (net.state_dict, net.train, lambda: net.to(np.float32), lambda: list(net.named_grads()),
+                             lambda: repr(net)):
+                    try:
+                        walk()
+                    except AttributeError:  # (named_grads of the extra deleted between its name and value)
+                        pass
+                    except RuntimeError as error:
+                        errors.append(str(error))
+        finally:
+            stop.set()
+            churn.join(timeout=JOIN_TIMEOUT)
+    assert not errors, f"{len(errors)} walks failed: {sorted(set(errors))}"
+
+
+def test_two_threads_assigning_two_modules_into_each_other_make_no_cycle():
+    """Regression (a mutation audit, 2026-12-02): __setattr__ checked that the module assigned
+    does not contain the owner, then stored it, unlocked: a.child = b and b.child = a in two
+    threads made a cycle (3 of 3000 trials), on which state_dict, train, repr and to raised
+    RecursionError. Checked and stored under one lock: one of the two raises ValueError."""
+    cycles = 0
+    with _switching_often():
+        for _ in range(4000):
+            a, b = attnc.Linear(2, 2), attnc.Linear(2, 2)
+
+            def assign(owner, child):
+                try:
+                    owner.child = child
+                except ValueError:
+                    pass
+            _two_at_once(lambda: assign(a, b), lambda: assign(b, a))
+            cycles += "child" in a._modules and "child" in b._modules
+    assert cycles == 0, f"{cycles} cycles in 4000 trials"

@@ -1812,3 +1812,72 @@ def test_the_c_calls_name_every_bad_argument(name, call):
     with pytest.raises((TypeError, ValueError, OverflowError), match=rf"^{name}: "):
         call(attnc._C, x, params, spec)
     assert attnc._C.l1d_ways() > 0  # the hooks' refusals changed nothing
+
+
+@pytest.mark.parametrize("name", DROPOUT_IDS)
+def test_the_dropout_probability_is_read_once_for_forward_and_backward(name):
+    """Regression (a mutation audit, 2026-12-02): the attention modules kept the dropout's `p`
+    object for the backward, which converted it again: a p whose value changed between the
+    two (an object whose __float__ gives 0.5 and then 0.1; a 0-d array edited in place)
+    gave the forward p = 0.5's mask and the backward p = 0.1's (gradients off by 0.62, no
+    error). p is a number once, at the forward; checked against the module run with 0.5."""
+    class ChangingP:
+        calls = 0
+
+        def __float__(self):
+            ChangingP.calls += 1
+            return 0.5 if ChangingP.calls == 1 else 0.1
+
+    def run(p):
+        m = make_module(name, 8, dtype=np.float64)
+        m.train()
+        dropout = next(sub for sub in m._modules.values() if isinstance(sub, attnc.Dropout))
+        dropout.p = p
+        m.rng = np.random.default_rng(0)
+        x = np.random.default_rng(1).normal(size=(2, 5, 8))
+        out = m(x)
+        if isinstance(p, np.ndarray):
+            p[()] = 0.1  # edited in place between forward and backward
+        return out, m.backward(np.ones_like(out))
+
+    expected_out, expected_grad = run(0.5)
+    for p in (ChangingP(), np.array(0.5)):
+        out, grad = run(p)
+        np.testing.assert_array_equal(out, expected_out)
+        np.testing.assert_array_equal(grad, expected_grad)
+
+
+@pytest.mark.parametrize("copier", ["pickle", "deepcopy"])
+def test_a_module_with_a_deleted_parameter_copies_with_it_deleted(copier):
+    """Regression (a mutation audit, 2026-12-02): pickle.dumps of a module with a deleted
+    parameter succeeded and pickle.loads raised a bare KeyError ('weight'); copy.deepcopy
+    too. The copy now has the parameter deleted, and registered, as the original: its
+    state_dict names it, and assigning it again restores it."""
+    m = attnc.SelfAttentionV1(4, rng=np.random.default_rng(0))
+    weight = m.Q_proj.weight.copy()
+    del m.Q_proj.weight
+    copied = pickle.loads(pickle.dumps(m)) if copier == "pickle" else copy.deepcopy(m)
+    with pytest.raises(AttributeError, match=r"^Q_proj\.weight: the parameter was deleted"):
+        copied.state_dict()
+    copied.Q_proj.weight = weight
+    m.Q_proj.weight = weight
+    x = _x()
+    np.testing.assert_array_equal(copied(x), m(x))
+
+
+def test_load_state_dict_of_a_parameter_reshaped_while_it_runs():
+    """Regression (a mutation audit, 2026-12-02): a parameter reshaped in place after
+    load_state_dict checked it (by a value's __array__ here, or another thread) was planned
+    as a copy target of the old shape, and the one C call refused the plan with "commit:
+    item 0 is not a writable array and a source of its shape and dtype", naming nothing.
+    Such a parameter is replaced by the value loaded, as one that cannot take a copy is."""
+    net = attnc.Linear(3, 2)
+
+    class ReshapesTheWeight:
+        def __array__(self, dtype=None, copy=None):
+            net.weight.shape = (3, 2)
+            return np.zeros(2)
+
+    net.load_state_dict({"weight": np.arange(6.0).reshape(2, 3), "bias": ReshapesTheWeight()})
+    np.testing.assert_array_equal(net.weight, np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(net.bias, np.zeros(2))
