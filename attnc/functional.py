@@ -409,7 +409,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     if widened and attn_bias is not None:  # the bias rounded as the forward rounded it
         bias = as_array(attn_bias, "attn_bias")
         rounded = bias.dtype.kind in "iu" or is_floating(bias.dtype)  # others: the C layer's error
-        attn_bias = bias.astype(result_dtype) if rounded else bias
+        with np.errstate(over="ignore"):  # (beyond the dtype's range: -inf, as the C layer reads it)
+            attn_bias = bias.astype(result_dtype) if rounded else bias
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,

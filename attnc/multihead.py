@@ -498,25 +498,30 @@ class MultiheadAttention(Module):
 
     def _score_bias(self, attn_mask, key_padding_mask, batched, n, tgt_len, src_len, geometry, params):
         """The masks as one additive score bias broadcastable to (N, H, L, S'),
-        S' = S plus the appended keys (allowed: bias 0); None without masks."""
-        heads = geometry.num_heads
-        bias = None
-        if attn_mask is not None:
-            stacked = (n * heads, tgt_len, src_len)
-            expected = (f"(L, S) = {(tgt_len, src_len)} or " +
-                        (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
-            mask = self._additive(attn_mask, "attn_mask", ((tgt_len, src_len), stacked), expected)
-            bias = mask if mask.shape == (tgt_len, src_len) else mask.reshape(n, heads, tgt_len, src_len)
-        if key_padding_mask is not None:
-            shape = (n, src_len) if batched else (src_len,)
-            mask = self._additive(key_padding_mask, "key_padding_mask", (shape,),
-                                  f"{shape} ({'(N, S)' if batched else '(S,)'})")
-            padding = mask.reshape(n, 1, 1, src_len)
-            bias = padding if bias is None else bias + padding
-        extra = (params["bias_k"] is not None) + geometry.zero_attn
-        if bias is not None and extra:
-            bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
-        return bias
+        S' = S plus the appended keys (allowed: bias 0); None without masks.
+        A value beyond the module dtype's range (float32's -1e9 in float16,
+        two finfo.min summed) is -inf, the key hidden: no overflow warning."""
+        if attn_mask is None and key_padding_mask is None:
+            return None
+        with np.errstate(over="ignore"):
+            heads = geometry.num_heads
+            bias = None
+            if attn_mask is not None:
+                stacked = (n * heads, tgt_len, src_len)
+                expected = (f"(L, S) = {(tgt_len, src_len)} or " +
+                            (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
+                mask = self._additive(attn_mask, "attn_mask", ((tgt_len, src_len), stacked), expected)
+                bias = mask if mask.shape == (tgt_len, src_len) else mask.reshape(n, heads, tgt_len, src_len)
+            if key_padding_mask is not None:
+                shape = (n, src_len) if batched else (src_len,)
+                mask = self._additive(key_padding_mask, "key_padding_mask", (shape,),
+                                      f"{shape} ({'(N, S)' if batched else '(S,)'})")
+                padding = mask.reshape(n, 1, 1, src_len)
+                bias = padding if bias is None else bias + padding
+            extra = (params["bias_k"] is not None) + geometry.zero_attn
+            if bias is not None and extra:
+                bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
+            return bias
 
     def _additive(self, mask, name, shapes, expected):
         """A torch-convention mask as scores to add: bool True -> -inf, floats

@@ -147,8 +147,11 @@ static void name_the_error(const char *name)
  * slip, not a scale of 0 or a probability of 1. 'c' when it is complex
  * (NumPy's complex scalars and arrays, a torch complex tensor), whose
  * conversion to a float would drop the imaginary part with only a
- * warning. Else 0; -1 with the error its dtype raised (other than
- * AttributeError: a property's own, a KeyboardInterrupt). */
+ * warning. 'a' when it has axes (an `ndim` above 0): NumPy refuses such an
+ * array as a number even of one element, and torch's float() takes a
+ * tensor of one, so both are refused alike. Else 0; -1 with the error its
+ * dtype or ndim raised (other than AttributeError: a property's own, a
+ * KeyboardInterrupt). */
 static int odd_number_kind(PyObject *obj)
 {
     if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) return 'b';
@@ -173,7 +176,17 @@ static int odd_number_kind(PyObject *obj)
         Py_XDECREF(text);
     }
     Py_DECREF(dtype);
-    return kind;
+    if (kind) return kind;
+    PyObject *ndim = PyObject_GetAttrString(obj, "ndim");
+    if (!ndim) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    long axes = PyLong_Check(ndim) ? PyLong_AsLong(ndim) : 0;
+    Py_DECREF(ndim);
+    if (axes == -1 && PyErr_Occurred()) return -1;
+    return axes > 0 ? 'a' : 0;
 }
 
 /* obj as a double: Python and NumPy numbers, not strings, bools or complex
@@ -256,18 +269,24 @@ static int scale_fits(double scale, attnc_dtype dt)
     return 0;
 }
 
-/* obj through __index__ as a C long; *overflow as PyLong_AsLongAndOverflow.
- * A bool is refused (odd_number_kind): True where a count or an axis belongs is
- * a slip. */
-static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
+/* obj through __index__ (a new reference), or NULL with TypeError naming
+ * `name` for what __index__ refuses, and for a bool (odd_number_kind: True
+ * where a count, an axis or a seed belongs is a slip) or an array with axes
+ * (as NumPy refuses it); __index__'s other errors as raised. */
+static PyObject *integer_of(PyObject *obj, const char *name)
 {
     int kind = odd_number_kind(obj);
-    PyObject *index = kind == 'b' || kind < 0 ? NULL : PyNumber_Index(obj);
-    if (!index) {
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0;
+    PyObject *index = kind ? NULL : PyNumber_Index(obj);
+    if (!index && !(PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)))
         raise_from_current(PyExc_TypeError, "%s: expected an integer, got %s", name, Py_TYPE(obj)->tp_name);
-        return 0;
-    }
+    return index;
+}
+
+/* obj as a C long (integer_of); *overflow as PyLong_AsLongAndOverflow. */
+static int as_long(PyObject *obj, const char *name, long *out, int *overflow)
+{
+    PyObject *index = integer_of(obj, name);
+    if (!index) return 0;
     *out = PyLong_AsLongAndOverflow(index, overflow);
     Py_DECREF(index);
     return !(*out == -1 && PyErr_Occurred());
@@ -316,13 +335,8 @@ static int draw_seed(PyObject *rng, uint64_t *seed)
 static int seed_argument(PyObject *obj, uint64_t *seed)
 {
     if (obj == Py_None) return 1;
-    int kind = odd_number_kind(obj);
-    PyObject *index = kind == 'b' || kind < 0 ? NULL : PyNumber_Index(obj);
-    if (!index) {
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return 0; /* __index__'s own */
-        raise_from_current(PyExc_TypeError, "seed: expected an integer, got %s", Py_TYPE(obj)->tp_name);
-        return 0;
-    }
+    PyObject *index = integer_of(obj, "seed");
+    if (!index) return 0;
     unsigned long long key = PyLong_AsUnsignedLongLong(index);
     Py_DECREF(index);
     if (key == (unsigned long long)-1 && PyErr_Occurred()) {
@@ -629,6 +643,47 @@ static PyArrayObject *cast(PyArrayObject *arr, PyArray_Descr *descr, int contigu
     return copy_as(arr, descr, flags);
 }
 
+/* cast() of a score bias to descr (stolen): a value beyond the dtype's
+ * range (float32's -1e9 into float16) becomes -inf, the key hidden, by
+ * design, so where the cast narrows NumPy's overflow warning (an error
+ * under np.seterr(over="raise")) is silenced around it, as
+ * numpy.errstate(over="ignore") does. */
+static PyArrayObject *cast_bias(PyArrayObject *arr, PyArray_Descr *descr)
+{
+    if (PyArray_ITEMSIZE(arr) <= PyDataType_ELSIZE(descr)) return cast(arr, descr, 0);
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *errstate = numpy ? PyObject_GetAttrString(numpy, "errstate") : NULL;
+    PyObject *no_args = errstate ? PyTuple_New(0) : NULL;
+    PyObject *kwargs = no_args ? Py_BuildValue("{s:s}", "over", "ignore") : NULL;
+    PyObject *quiet = kwargs ? PyObject_Call(errstate, no_args, kwargs) : NULL;
+    PyObject *entered = quiet ? PyObject_CallMethod(quiet, "__enter__", NULL) : NULL;
+    Py_XDECREF(numpy);
+    Py_XDECREF(errstate);
+    Py_XDECREF(no_args);
+    Py_XDECREF(kwargs);
+    if (!entered) {
+        Py_XDECREF(quiet);
+        Py_DECREF(descr);
+        return NULL;
+    }
+    Py_DECREF(entered);
+    PyArrayObject *out = cast(arr, descr, 0);
+    PyObject *type, *value, *traceback; /* the cast's error, kept across __exit__ */
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *exited = PyObject_CallMethod(quiet, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    Py_DECREF(quiet);
+    if (!exited) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    Py_DECREF(exited);
+    PyErr_Restore(type, value, traceback);
+    return out;
+}
+
 /* arr cast (above) to the kernels' dtype dt. */
 static PyArrayObject *convert(PyArrayObject *arr, attnc_dtype dt, int contiguous)
 {
@@ -918,7 +973,7 @@ static int scores_operand(PyObject *obj, const char *name, int nd, const npy_int
     Py_DECREF(raw);
     if (!collapsed) return 0;
     PyArray_Descr *descr = dt ? dtype_descr(*dt) : PyArray_DescrFromType(NPY_BOOL);
-    m->keep = descr ? cast(collapsed, descr, 0) : NULL;
+    m->keep = descr ? (dt ? cast_bias(collapsed, descr) : cast(collapsed, descr, 0)) : NULL;
     Py_DECREF(collapsed);
     if (!m->keep) return 0;
     for (int d = 0; d < nd; d++) {

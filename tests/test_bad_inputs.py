@@ -244,6 +244,31 @@ def test_complex_numbers_are_refused_by_name(make, arg, number):
         raises_naming(TypeError, arg, lambda: make(number))
 
 
+@pytest.mark.parametrize("number", ["numpy", "torch"])
+@pytest.mark.parametrize("make, arg", [
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), scale=v), "scale"),
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), dropout_p=v,
+                                              seed=0), "dropout_p"),
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), dropout_p=0.5,
+                                              seed=v), "seed"),
+    (lambda v: F.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)), window=(v, 1)),
+     "window"),
+    (lambda v: F.softmax(np.ones((2, 2)), axis=v), "axis"),
+    (lambda v: attnc.Dropout(v), "p"),
+], ids=["sdpa_scale", "sdpa_dropout_p", "sdpa_seed", "sdpa_window", "softmax_axis", "Dropout"])
+def test_a_number_given_as_an_array_of_one_element_is_refused_by_name(make, arg, number):
+    """Regression (a functional audit, 2026-12-02): NumPy refuses an array with an axis as a
+    number, even of one element (scale=np.array([0.5]) raised TypeError naming scale), but
+    torch's float() and __index__ take a tensor of one element, so scale=torch.tensor([0.5])
+    ran as 0.5 and seed=torch.tensor([3]) as 3. Both kinds are refused alike, naming the
+    argument; a 0-d array or tensor is still the number it holds."""
+    torch = pytest.importorskip("torch")
+    value = 1 if arg in ("seed", "window", "axis") else 0.5
+    one_element = np.array([value]) if number == "numpy" else torch.tensor([value])
+    raises_naming(TypeError, arg, lambda: make(one_element))
+    make(np.array(value) if number == "numpy" else torch.tensor(value))  # a 0-d one computes
+
+
 class _FloatRaisesRuntimeError:
     """A number whose conversion raises RuntimeError, as a torch tensor's can."""
 

@@ -739,3 +739,38 @@ def test_tolerances_are_pytorchs():
         t_out = torch.nn.functional.scaled_dot_product_attention(
             *(torch.tensor(a.astype(np.float32)).to(tdt) for a in (q, k, v)))
         assert_close(t_out.float().numpy().astype(low), oracle(q, k, v, exact=True)[0], low, "torch")
+
+
+def test_a_wide_bias_beyond_float16_is_read_as_minus_inf_without_an_overflow_warning():
+    """Regression (a 16-bit audit, 2026-12-02): a float32 bias of -1e9 (a finite mask the docs
+    list) with float16 inputs, converted to float16, is -inf by design, but NumPy's cast
+    warned "overflow encountered in cast" at every call (an error under np.seterr(over=
+    "raise") or warnings as errors, naming nothing); so did the broadcast backward's cast
+    and nn.MultiheadAttention's sum of two float16 finfo.min masks. Silenced there; the
+    results are those of the -inf the value becomes."""
+    import warnings
+    q = np.random.default_rng(0).standard_normal((2, 1, 3, 4)).astype(np.float16)
+    wide = np.zeros((3, 3), np.float32)
+    wide[:, 2] = -1e9
+    hidden = np.where(wide < 0, -np.inf, 0).astype(np.float16)
+    x = np.random.default_rng(1).standard_normal((1, 3, 8)).astype(np.float16)
+    m = attnc.nn.MultiheadAttention(8, 2, batch_first=True, dtype=np.float16).eval()
+    least = np.finfo(np.float16).min
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        out, lse = F.scaled_dot_product_attention(q, q[0], q[0], attn_bias=wide, return_lse=True)
+        grads = F.scaled_dot_product_attention_backward(np.ones_like(out), q, q[0], q[0], out, lse, attn_bias=wide)
+        both = m(x, x, x, attn_mask=np.full((3, 3), least, np.float16),
+                 key_padding_mask=np.array([[0, 0, least]], np.float16))
+    expected_out, expected_lse = F.scaled_dot_product_attention(q, q[0], q[0], attn_bias=hidden, return_lse=True)
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(lse, expected_lse)
+    for grad, expected in zip(grads, F.scaled_dot_product_attention_backward(np.ones_like(out), q, q[0], q[0], out,
+                                                                             lse, attn_bias=hidden)):
+        np.testing.assert_array_equal(grad, expected)
+    combined = np.full((3, 3), least, np.float16)  # the two masks' sum, given as one: its last key -inf
+    combined[:, 2] = -np.inf
+    expected = m(x, x, x, attn_mask=combined)
+    np.testing.assert_array_equal(both[0], expected[0])
+    np.testing.assert_array_equal(both[1], expected[1])
+    assert not both[1][..., 2].any()
