@@ -28,16 +28,22 @@ def bfloat16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def refuse_masked(value, name):
+    """ValueError naming `name` for a numpy.ma.MaskedArray with an element masked: attnc
+    reads (and an optimizer updates) every element, masked or not."""
+    ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
+    if ma is not None and isinstance(value, ma.MaskedArray) and ma.is_masked(value):
+        raise ValueError(f"{name}: a masked array with masked elements; attnc reads every element, masked or "
+                         f"not: pass {name}.filled(value)")
+
+
 def as_array(value, name):
     """np.asarray(value), a torch tensor that requires grad by its values (detached): NumPy
     refuses it, and attnc never differentiates through it; a torch bfloat16 tensor, which
     NumPy refuses, widened to float32 (exactly); a numpy.ma.MaskedArray with an
     element masked refused (ValueError): attnc reads every element, masked or not. The rule of
     attnc._C's conversions, whose errors name the argument as this one's do."""
-    ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
-    if ma is not None and isinstance(value, ma.MaskedArray) and ma.is_masked(value):
-        raise ValueError(f"{name}: a masked array with masked elements; attnc reads every element, masked or "
-                         f"not: pass {name}.filled(value)")
+    refuse_masked(value, name)
     try:
         if not isinstance(value, np.ndarray) and hasattr(value, "requires_grad"):  # a torch tensor
             value = value.detach() if value.requires_grad else value

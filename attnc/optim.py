@@ -36,11 +36,10 @@ the rounding of a multiply-add that torch's vector kernels fuse (a few
 units in the last place per step)."""
 import math
 import numbers
-import sys
 
 import numpy as np
 
-from ._checks import is_floating
+from ._checks import is_floating, refuse_masked
 from .module import Module
 
 __all__ = ["Optimizer", "SGD", "AdamW"]
@@ -83,16 +82,6 @@ try:  # (first byte, one past the last) of the memory an array spans
     from numpy.lib.array_utils import byte_bounds as _byte_bounds  # NumPy 2
 except ImportError:  # NumPy 1
     _byte_bounds = np.byte_bounds
-
-
-def _refuse_masked(array, name):
-    """ValueError naming `name` for a numpy.ma.MaskedArray with an element
-    masked, attnc's rule for every array (the update would skip those
-    elements)."""
-    ma = sys.modules.get("numpy.ma")  # no masked array exists before it is imported
-    if ma is not None and isinstance(array, ma.MaskedArray) and ma.is_masked(array):
-        raise ValueError(f"{name}: a masked array with masked elements; step() updates every element, masked "
-                         f"or not: give it {name}.filled(value)")
 
 
 def _may_overlap_itself(array):
@@ -274,7 +263,7 @@ class Optimizer:
             if key not in state or (array is None and not self._state_counts):  # SGD's None: no buffer yet
                 continue
             expected = f"expected a writable {dtype} array of shape {param.shape}"
-            _refuse_masked(array, f"{where}[{key!r}]")
+            refuse_masked(array, f"{where}[{key!r}]")
             if type(array) is not np.ndarray:  # a subclass's operators are not the update's (np.matrix's *)
                 raise TypeError(f"{where}[{key!r}]: {expected} (an ndarray, not a subclass), got "
                                 f"{type(array).__name__}")

@@ -2,6 +2,8 @@
 the same and different modules get bit-identical results to serial calls; a
 module switched between train/eval or reloaded while other threads use it
 never crashes; the thread count of the pool never changes a bit."""
+import contextlib
+import sys
 import threading
 
 import numpy as np
@@ -340,31 +342,21 @@ def test_named_grads_and_zero_grad_use_the_parameters_they_enumerated():
         assert all(not g.any() for g in grads.values()), "zero_grad left a gradient"
 
 
+@contextlib.contextmanager
 def _switching_often():
     """sys.setswitchinterval(1e-6) for a race test (restored after): the races below were
     found with it, which makes a thread switch between two lines likelier."""
-    import contextlib
-    import sys
-
-    @contextlib.contextmanager
-    def switching():
-        before = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)
-        try:
-            yield
-        finally:
-            sys.setswitchinterval(before)
-    return switching()
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _two_at_once(first, second):
-    """Runs first() and second() in two threads released together."""
-    barrier = threading.Barrier(2)
-    threads = [threading.Thread(target=lambda f=f: (barrier.wait(), f())) for f in (first, second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=JOIN_TIMEOUT)
+    """first() and second() in two threads released together (_run_threads)."""
+    _run_threads(lambda i: (first, second)[i](), n=2)
 
 
 def test_named_grads_beside_a_first_backward_loses_no_gradient():
