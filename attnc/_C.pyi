@@ -55,6 +55,12 @@ def self_attention_backward(
     attention_mask: Optional[npt.ArrayLike] = None, *, dtype: npt.DTypeLike, dropout_p: float = 0.0,
     scale: Optional[float] = None,
 ) -> Tuple[_Array, _Array, _Array, Optional[_Array], Optional[_Array]]: ...
+# one optimizer step of one parameter, in place, then state.update(entries) (attnc.optim)
+def update(
+    param: _Array, grad: _Array, state_arrays: Tuple[_Array, ...], rule: str, state: dict, entries: dict, *,
+    start: bool = False, lr: float = 0.0, momentum: float = 0.0, weight_decay: float = 0.0, decay: float = 1.0,
+    lerp_weight: float = 0.0, beta2: float = 0.0, step_size: float = 0.0, bias2_sqrt: float = 1.0, eps: float = 0.0,
+) -> None: ...
 
 # checks the modules' constructors share with the calls above
 def probability(p: float, name: str = "p") -> float: ...

@@ -31,14 +31,18 @@ parameter moves.
 
 Each update rule is torch's single-tensor (foreach=False) implementation,
 operation by operation, with the hyperparameters rounded to the
-parameter's dtype where torch rounds them; what can differ from torch is
-the rounding of a multiply-add that torch's vector kernels fuse (a few
-units in the last place per step)."""
+parameter's dtype where torch rounds them, computed in one pass over each
+parameter by a C kernel (``_C.update``; csrc/optimizer_impl.h) that also
+puts the state's new entries in place: a KeyboardInterrupt (Ctrl-C) comes
+between two parameters, never inside one, so each parameter and its state
+are stepped or untouched. What can differ from torch is the rounding of a
+multiply-add fused or not (a few units in the last place per step)."""
 import math
 import numbers
 
 import numpy as np
 
+from . import _C
 from ._checks import is_floating, refuse_masked
 from .module import Module
 
@@ -224,15 +228,9 @@ class Optimizer:
                                  "its optimizer state cannot follow it: make a new optimizer")
             self._check_state(name, param)
         self._check_apart(triples)
-        for name, param, grad in triples:
+        for name, param, grad in triples:  # a Ctrl-C comes between two parameters, never inside one
             self._layouts.setdefault(name, (param.shape, param.dtype))
-            state = self.state.setdefault(name, {})
-            if param.dtype.itemsize == 2:  # float16, bfloat16: in float32, rounded once into param
-                widened = param.astype(np.float32)
-                self._update(widened, grad.astype(np.float32), state)
-                param[...] = widened
-            else:
-                self._update(param, grad, state)
+            self._update(param, grad, self.state.setdefault(name, {}))
 
     def _check_settings(self):
         """Checks the hyper-parameter attributes (at construction and at every
@@ -332,8 +330,16 @@ class Optimizer:
     _state_counts = ()  # its counts; with any, the state is all of these or empty
 
     def _update(self, param, grad, state):
-        """Updates `param` in place from `grad` (read only) and its `state` dict."""
-        raise NotImplementedError
+        """Updates `param` in place from `grad` (read only) and its `state` dict,
+        in one call of ``_C.update`` (the update and the state's new entries
+        together: a KeyboardInterrupt comes before or after all of it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no update rule: use attnc.optim.SGD or AdamW")
+
+
+def _update_dtype(param):
+    """The dtype an update computes in and keeps its state in: float32 for a
+    16-bit parameter, else the parameter's."""
+    return np.dtype(np.float32) if param.dtype.itemsize == 2 else param.dtype
 
 
 class SGD(Optimizer):
@@ -400,16 +406,14 @@ class SGD(Optimizer):
         self.weight_decay = _nonnegative(self.weight_decay, "weight_decay")
 
     def _update(self, param, grad, state):
-        d = grad if self.weight_decay == 0 else grad + self.weight_decay * param
+        buffers, entries = (), {}
         if self.momentum != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = np.array(d)  # an array even where d is a 0-d's scalar
-            else:
-                buf *= self.momentum
-                buf += d
-            d = buf
-        param -= self.lr * d
+            buffers = (state.get("momentum_buffer"),)
+            if buffers[0] is None:  # the first step's buffer: in the state once the step is done
+                buffers = (np.empty(param.shape, _update_dtype(param)),)
+                entries["momentum_buffer"] = buffers[0]
+        _C.update(param, grad, buffers, "sgd", state, entries, start=bool(entries), lr=self.lr,
+                  momentum=self.momentum, weight_decay=self.weight_decay)
 
 
 class AdamW(Optimizer):
@@ -485,20 +489,12 @@ class AdamW(Optimizer):
 
     def _update(self, param, grad, state):
         beta1, beta2 = self.betas
-        if not state:
-            state.update(step=0, exp_avg=np.zeros_like(param), exp_avg_sq=np.zeros_like(param))
-        state["step"] = int(state["step"]) + 1  # a Python int: a NumPy integer count (a checkpoint's) wraps
-        step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-        if self.weight_decay != 0:
-            param *= 1 - self.lr * self.weight_decay
-        weight = param.dtype.type(1 - beta1)   # torch.lerp rounds its weight to the dtype
-        if abs(weight) < 0.5:
-            m += weight * (grad - m)
-        else:
-            m[...] = grad - (grad - m) * (1 - weight)
-        v *= beta2
-        v += (1 - beta2) * grad * grad
-        step_size = self.lr / (1 - beta1 ** step)
-        denom = np.sqrt(v) / (1 - beta2 ** step) ** 0.5
-        denom += self.eps
-        param += -step_size * m / denom
+        if state:
+            step = int(state["step"]) + 1  # a Python int: a NumPy integer count (a checkpoint's) wraps
+            moments, entries = (state["exp_avg"], state["exp_avg_sq"]), {"step": step}
+        else:  # the first step's moments: in the state once the step is done
+            step, moments = 1, (np.zeros(param.shape, _update_dtype(param)), np.zeros(param.shape, _update_dtype(param)))
+            entries = {"step": step, "exp_avg": moments[0], "exp_avg_sq": moments[1]}
+        _C.update(param, grad, moments, "adamw", state, entries, decay=1 - self.lr * self.weight_decay,
+                  lerp_weight=1 - beta1, beta2=beta2, step_size=self.lr / (1 - beta1 ** step),
+                  bias2_sqrt=(1 - beta2 ** step) ** 0.5, eps=self.eps)

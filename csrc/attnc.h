@@ -302,6 +302,29 @@ typedef struct {
     attnc_matrices grad_q, grad_k, grad_v; /* written */
 } attnc_attention_backward_args;
 
+/* An optimizer's step on one parameter (optimizer_impl.h): param (n
+ * elems) updated in place from grad (n elems), with the rule's state (n
+ * reals each: the update's real type, float for the 16-bit dtypes):
+ *   ATTNC_SGD    state[0]: the momentum buffer, NULL without momentum;
+ *                start: it is new (b = d)
+ *   ATTNC_ADAMW  state[0], state[1]: the moments m and v
+ * The settings are attnc/optim.py's, those derived from the step count
+ * (step_size, bias2_sqrt) computed there, as Python computes them. */
+typedef enum { ATTNC_SGD, ATTNC_ADAMW } attnc_update_rule;
+
+typedef struct {
+    attnc_update_rule rule;
+    void *param;
+    const void *grad;
+    void *state[2];
+    idx_t n;
+    int start;                         /* SGD */
+    double lr, momentum, weight_decay; /* SGD */
+    /* AdamW: decay = 1 - lr weight_decay, lerp_weight = 1 - beta1,
+     * step_size = lr / (1 - beta1^t), bias2_sqrt = (1 - beta2^t)^0.5 */
+    double decay, lerp_weight, beta2, step_size, bias2_sqrt, eps;
+} attnc_update_args;
+
 /* One dtype's kernels at one ISA level: a row of the kernel table. */
 typedef struct {
     attnc_status (*gemm)(const attnc_gemm_args *args);
@@ -317,6 +340,7 @@ typedef struct {
     /* out (n) <- in (n) * (attnc_uniform(seed, i) < p ? 0 : 1/(1-p)); p == 1
      * gives in * 0 (zeros; NaN stays NaN as in PyTorch). */
     attnc_status (*dropout)(void *out, const void *in, idx_t n, double p, uint64_t seed);
+    attnc_status (*update)(const attnc_update_args *args);
     int vector_bytes; /* the level's SIMD width (the GEMM's orders depend on it; tests ask) */
 } attnc_kernels;
 

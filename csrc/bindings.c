@@ -54,11 +54,17 @@ static void forked_mid_call(void)
                                         "run mid-call): this child lacks the call's worker threads; call it again");
 }
 
-/* status = call, with the GIL released and the interrupt hook installed. */
-#define RUN_KERNEL(status, call)                                  \
+/* The hook of a call that must run to its end (an optimizer's update of
+ * a parameter: stopped midway, it would leave it half stepped): it never
+ * stops it, and a Ctrl-C during it is raised when it returns. */
+static int run_to_the_end(void *ctx) { return 0; }
+
+/* status = call, with the GIL released and the interrupt hook `poll`
+ * installed. */
+#define RUN_KERNEL_POLLED_BY(status, call, poll)                  \
     do {                                                          \
         released_gil gil_ = {PyEval_SaveThread()};                \
-        attnc_interrupt_hook hook_ = {poll_signals, &gil_};       \
+        attnc_interrupt_hook hook_ = {(poll), &gil_};             \
         attnc_call call_;                                         \
         attnc_call_begin(&call_, &hook_);                         \
         (status) = (call);                                        \
@@ -66,6 +72,7 @@ static void forked_mid_call(void)
         PyEval_RestoreThread(gil_.thread);                        \
         if (call_.forked && !PyErr_Occurred()) forked_mid_call(); \
     } while (0)
+#define RUN_KERNEL(status, call) RUN_KERNEL_POLLED_BY(status, call, poll_signals)
 
 /* After RUN_KERNEL: 1 on success; else 0 with an exception set. A signal
  * handler's exception (KeyboardInterrupt) wins over the status, even when
@@ -2078,6 +2085,94 @@ done:
     return result;
 }
 
+/* ======================================================================== */
+/* update(param, grad, state_arrays, rule, state, entries, *, settings)    */
+
+/* An array of the update: arr itself when aligned, native and
+ * C-contiguous, else a contiguous copy (to be written back if the update
+ * writes it); NULL with ValueError naming it unless it has `shape` (nd
+ * dims) and the dtype dt. */
+static PyArrayObject *update_operand(PyObject *obj, const char *name, attnc_dtype dt, int nd, const npy_intp *shape,
+                                     int written)
+{
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || !has_dtype(arr, dt) || PyArray_NDIM(arr) != nd ||
+        !PyArray_CompareLists(PyArray_DIMS(arr), shape, nd) ||
+        (written && !PyArray_ISWRITEABLE(arr))) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a%s array of the parameter's shape and the update's dtype", name,
+                     written ? " writable" : "n");
+        return NULL;
+    }
+    PyArray_Descr *descr = dtype_descr(dt);
+    return descr ? cast(arr, descr, 1) : NULL;
+}
+
+/* update(param, grad, state_arrays, rule, state, entries, *, start=False,
+ * lr=0, momentum=0, weight_decay=0, decay=1, lerp_weight=0, beta2=0,
+ * step_size=0, bias2_sqrt=1, eps=0) -> None:
+ * one optimizer step of one parameter (attnc_update_args), in place, then
+ * state.update(entries), in one call: a Ctrl-C during it comes after the
+ * parameter, its state arrays and its entries are all updated (never
+ * between two of them), where NumPy's operations one by one were each a
+ * point to stop at. An array not aligned, native and C-contiguous is
+ * updated in a copy written back. attnc/optim.py checks everything first;
+ * the checks here only keep the kernel's memory safe. */
+static PyObject *py_update(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"param", "grad", "state_arrays", "rule", "state", "entries", "start", "lr", "momentum",
+                             "weight_decay", "decay", "lerp_weight", "beta2", "step_size", "bias2_sqrt", "eps",
+                             NULL};
+    PyObject *param_obj, *grad_obj, *arrays_obj, *state, *entries;
+    const char *rule;
+    int start = 0;
+    attnc_update_args u = {.decay = 1, .bias2_sqrt = 1};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!sO!O!|$pddddddddd:update", kwlist, &param_obj, &grad_obj,
+                                     &PyTuple_Type, &arrays_obj, &rule, &PyDict_Type, &state, &PyDict_Type, &entries,
+                                     &start, &u.lr, &u.momentum, &u.weight_decay, &u.decay, &u.lerp_weight, &u.beta2,
+                                     &u.step_size, &u.bias2_sqrt, &u.eps))
+        return NULL;
+    int n_arrays = (int)PyTuple_GET_SIZE(arrays_obj), adamw = strcmp(rule, "adamw") == 0;
+    if (adamw ? n_arrays != 2 : strcmp(rule, "sgd") != 0 || n_arrays > 1) {
+        PyErr_Format(PyExc_ValueError, "rule: expected 'sgd' with 0 or 1 state arrays or 'adamw' with 2, got '%s' "
+                     "with %d", rule, n_arrays);
+        return NULL;
+    }
+    u.rule = adamw ? ATTNC_ADAMW : ATTNC_SGD;
+    u.start = start;
+    attnc_dtype dt = ATTNC_N_DTYPES;
+    for (int d = 0; d < ATTNC_N_DTYPES && PyArray_Check(param_obj); d++)
+        if (has_dtype((PyArrayObject *)param_obj, (attnc_dtype)d)) dt = (attnc_dtype)d;
+    if (dt == ATTNC_N_DTYPES) {
+        PyErr_SetString(PyExc_ValueError, "param: expected a float16, bfloat16, float32 or float64 array");
+        return NULL;
+    }
+    PyArrayObject *given[4] = {(PyArrayObject *)param_obj, (PyArrayObject *)grad_obj}, *used[4] = {NULL};
+    static const char *names[4] = {"param", "grad", "state_arrays[0]", "state_arrays[1]"};
+    int n = 2 + n_arrays, nd = PyArray_NDIM(given[0]);
+    PyObject *result = NULL;
+    for (int i = 2; i < n; i++) given[i] = (PyArrayObject *)PyTuple_GET_ITEM(arrays_obj, i - 2);
+    for (int i = 0; i < n; i++) {
+        used[i] = update_operand((PyObject *)given[i], names[i], i < 2 ? dt : compute_dtype(dt), nd,
+                                 PyArray_DIMS(given[0]), i != 1);
+        if (!used[i]) goto done;
+    }
+    u.param = PyArray_DATA(used[0]);
+    u.grad = PyArray_DATA(used[1]);
+    for (int i = 2; i < n; i++) u.state[i - 2] = PyArray_DATA(used[i]);
+    u.n = PyArray_SIZE(used[0]);
+    attnc_status status;
+    RUN_KERNEL_POLLED_BY(status, attnc_kernels_for(dt)->update(&u), run_to_the_end);
+    if (!kernel_ok(status, "update")) goto done;
+    for (int i = 0; i < n; i++) /* the copies written back (grad, read only, is never one to write) */
+        if (i != 1 && used[i] != given[i] && PyArray_CopyInto(given[i], used[i]) < 0) goto done;
+    if (PyDict_Update(state, entries) < 0) goto done;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int i = 0; i < n; i++) Py_XDECREF(used[i]);
+    return result;
+}
+
 /* check_rng(rng) -> rng: a numpy.random.Generator or None, else TypeError. */
 static PyObject *py_check_rng(PyObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -2293,6 +2388,10 @@ static PyMethodDef methods[] = {
      "weights' gradients stacked), grad_bias (stacked), grad_w_out or None, grad_bias_out or None)."},
     {"probability", FN(py_probability), KW,
      "probability($module, /, p, name='p')\n--\n\np as a float in [0, 1], else TypeError/ValueError naming name."},
+    {"update", FN(py_update), KW,
+     "update($module, /, param, grad, state_arrays, rule, state, entries, *, start=False, lr=0, momentum=0, "
+     "weight_decay=0, decay=1, lerp_weight=0, beta2=0, step_size=0, bias2_sqrt=1, eps=0)\n--\n\n"
+     "One optimizer step of one parameter, in place, then state.update(entries), in one call."},
     {"commit", FN(py_commit), KW,
      "commit($module, /, targets, sources, assignments)\n--\n\n"
      "Each target array <- its source (same shape and dtype), then each (owner, attr, value) of assignments "

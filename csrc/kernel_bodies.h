@@ -11,4 +11,5 @@
 #include "attention_backward_impl.h"
 #include "softmax_impl.h"
 #include "dropout_impl.h"
+#include "optimizer_impl.h"
 #include "dtype_end.h"

@@ -612,3 +612,181 @@ def test_a_step_refused_by_its_checks_records_nothing():
         opt.step()
         topt.step()
         assert_params_match(module, twins, f"step {step}")
+
+
+def _snapshot(module, opt):
+    """Each parameter's values and its state (arrays copied, counts), by name."""
+    state = {name: {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in entries.items()}
+             for name, entries in opt.state.items()}
+    return {name: (p.copy(), state.get(name, {})) for name, p in module.named_parameters()}
+
+
+def _assert_each_parameter_whole(now, before, after, what):
+    """Every parameter with its state is as `before` or as `after` (a clean step), never a mix."""
+    for name, (param, state) in now.items():
+        matches = [ref for ref in (before, after) if np.array_equal(param, ref[name][0])
+                   and state.keys() == ref[name][1].keys()
+                   and all(np.array_equal(state[key], ref[name][1][key]) for key in state)]
+        assert matches, f"{what}: {name} and its state are neither as before the step nor as after it"
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["first-step", "kept-state"])
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_a_step_interrupted_at_any_line_leaves_each_parameter_stepped_whole_or_untouched(case, fresh):
+    # Ctrl-C raises KeyboardInterrupt between any two lines of Python: the
+    # update was NumPy's operations one by one, and one between two left a
+    # parameter decayed with its first moment moved and its step counted but
+    # not its second moment (a resources review, 2026-12-02); a retried
+    # step counted it twice. Each parameter's update is now one C call with
+    # its state's new entries. A trace function raises the KeyboardInterrupt
+    # at each line of the package's Python in turn, until a step runs through.
+    from test_hostile_use import _interrupted_at_line
+
+    def setup():
+        module = attnc.MultiHeadAttention(8, 2, rng=np.random.default_rng(3))
+        opt = getattr(attnc.optim, CASES[case][0])(module, **CASES[case][1])
+        rng = np.random.default_rng(4)
+        for _ in range(0 if fresh else 2):
+            for _, buf in module.named_grads():
+                buf[...] = rng.standard_normal(buf.shape)
+            opt.step()
+        for _, buf in module.named_grads():
+            buf[...] = rng.standard_normal(buf.shape)
+        return module, opt
+
+    module, opt = setup()
+    before = _snapshot(module, opt)
+    opt.step()
+    after = _snapshot(module, opt)
+    assert all(not np.array_equal(after[name][0], before[name][0]) for name in before)
+    for line in range(1, 10_000):
+        module, opt = setup()
+        if not _interrupted_at_line(line, opt.step):
+            break
+        _assert_each_parameter_whole(_snapshot(module, opt), before, after, f"interrupted at line {line}")
+    assert line > 20, "the step ran through before the trace reached the updates"
+
+
+def test_a_signal_during_steps_leaves_each_parameter_stepped_whole_or_untouched():
+    # as above, with real signals: a timer's handler raises KeyboardInterrupt
+    # wherever the step is when it fires (a parameter of 2^22 elements takes
+    # milliseconds; the update's C call does not stop for it)
+    import signal
+
+    module = attnc.Linear(2048, 2048, rng=np.random.default_rng(5))
+    opt = attnc.optim.AdamW(module, lr=0.01)
+    rng = np.random.default_rng(6)
+    interrupted = 0
+    for attempt in range(8):
+        for _, buf in module.named_grads():
+            buf[...] = rng.standard_normal(buf.shape)
+        before = _snapshot(module, opt)
+
+        def interrupt(signum, frame):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.0003 * 2 ** attempt)  # 0.3 to 38 ms
+            opt.step()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        now = _snapshot(module, opt)
+        again = attnc.Linear(2048, 2048, dtype=np.float32)
+        again.load_state_dict({name: value for name, (value, _) in before.items()})
+        clean = attnc.optim.AdamW(again, lr=0.01)
+        clean.state = {name: {key: value.copy() if isinstance(value, np.ndarray) else value
+                              for key, value in entries.items()} for name, (_, entries) in before.items() if entries}
+        for (_, buf), (_, ours) in zip(again.named_grads(), module.named_grads()):
+            buf[...] = ours
+        clean.step()
+        _assert_each_parameter_whole(now, before, _snapshot(again, clean), f"attempt {attempt}")
+        for name, (param, state) in now.items():  # stepped fully or not: from here on, steps as they come
+            if not state and before[name][1]:
+                pytest.fail(f"{name}: its state was lost")
+    assert interrupted, "no timer fired during a step"
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_steps_are_bit_identical_for_any_thread_count(case):
+    # the update splits a parameter into chunks of 2^16 elements among
+    # threads; 64 x 4097: four chunks and a part
+    from toolkit import real_thread_counts
+    results = []
+    for threads in (1, 2, 3, 4):
+        with real_thread_counts():
+            attnc.set_num_threads(threads)
+            module = attnc.Linear(64, 4097, rng=np.random.default_rng(7))
+            opt = getattr(attnc.optim, CASES[case][0])(module, **CASES[case][1])
+            rng = np.random.default_rng(8)
+            for _ in range(3):
+                for _, buf in module.named_grads():
+                    buf[...] = rng.standard_normal(buf.shape)
+                opt.step()
+        results.append([p.tobytes() for p in module.parameters()])
+    assert results[0] == results[1] == results[2] == results[3]
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+@pytest.mark.parametrize("layout", ["strided", "fortran"])
+def test_state_arrays_of_any_layout_step_as_contiguous_ones(case, layout):
+    # a state entry that is not C-contiguous is updated in a copy written
+    # back within the one call; the memory around a strided view is untouched
+    results = []
+    for contiguous in (True, False):
+        module, opt, _, _ = stepped_once(case, 9)
+        holders = []
+        for entries in opt.state.values():
+            for key, value in entries.items():
+                if isinstance(value, np.ndarray) and not contiguous and value.ndim == 2:
+                    if layout == "fortran":
+                        entries[key] = np.asfortranarray(value)
+                    else:
+                        holder = np.full((value.shape[0], 2 * value.shape[1]), 7.0, value.dtype)
+                        holder[:, ::2] = value
+                        entries[key] = holder[:, ::2]
+                        holders.append(holder)
+        rng = np.random.default_rng(10)
+        for _ in range(2):
+            for _, buf in module.named_grads():
+                buf[...] = rng.standard_normal(buf.shape)
+            opt.step()
+        results.append(([p.copy() for p in module.parameters()],
+                         [value.copy() for entries in opt.state.values() for value in entries.values()
+                          if isinstance(value, np.ndarray)]))
+        for holder in holders:
+            assert (holder[:, 1::2] == 7.0).all()
+        assert holders or contiguous or layout == "fortran"
+    for ours, theirs in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
+        np.testing.assert_array_equal(ours, theirs)
+    assert results[0][1]
+
+
+def test_the_base_optimizer_says_it_has_no_update_rule():
+    with pytest.raises(NotImplementedError, match="Optimizer has no update rule: use attnc.optim.SGD or AdamW"):
+        attnc.optim.Optimizer(attnc.Linear(2, 1)).step()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda p, g, m: attnc._C.update(p, g, (m,), "adam", {}, {}), "rule:"),
+    (lambda p, g, m: attnc._C.update(p, g, (m,), "adamw", {}, {}), "rule:"),
+    (lambda p, g, m: attnc._C.update(p, g, (m, m), "sgd", {}, {}), "rule:"),
+    (lambda p, g, m: attnc._C.update(p, g[:1], (), "sgd", {}, {}), "grad:"),
+    (lambda p, g, m: attnc._C.update(p, g.astype(np.float64), (), "sgd", {}, {}), "grad:"),
+    (lambda p, g, m: attnc._C.update(p, g, (m.astype(np.float16),), "sgd", {}, {}), "state_arrays[0]:"),
+    (lambda p, g, m: attnc._C.update(p.astype(np.int32), g, (), "sgd", {}, {}), "param:"),
+    (lambda p, g, m: attnc._C.update(np.zeros_like(p), g, (m[:, :1],), "sgd", {}, {}), "state_arrays[0]:"),
+])
+def test_the_update_call_refuses_operands_it_cannot_update(call, message):
+    # the optimizers check everything first; the C call's own checks keep
+    # its memory safe when called directly
+    p = np.ones((3, 4), np.float32)
+    g, m = p.copy(), p.copy()
+    with pytest.raises(ValueError, match="^" + message.replace("[", r"\[")):
+        call(p, g, m)
+    assert (p == 1).all() and (m == 1).all()
