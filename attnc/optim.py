@@ -95,8 +95,8 @@ def _may_overlap_itself(array):
     test is sufficient, not exact: axes sorted by stride, each stride must
     step over everything the smaller ones span (every C, Fortran or sliced
     layout passes)."""
-    if array.size == 0:
-        return False
+    if array.size == 0 or array.flags.c_contiguous or array.flags.f_contiguous:  # (NumPy's flags: no axis of
+        return False                                                            # more than one element overlaps)
     span = array.itemsize
     for stride, size in sorted((abs(stride), size) for stride, size in zip(array.strides, array.shape) if size > 1):
         if stride < span:
@@ -255,11 +255,14 @@ class Optimizer:
         entries = self._state_arrays + self._state_counts
         if self._state_counts and state and any(key not in state for key in entries):
             raise ValueError(f"{where}: expected the entries {entries} or none, got {tuple(state)}")
-        dtype = np.dtype(np.float32) if param.dtype.itemsize == 2 else param.dtype  # the update's
+        dtype = _update_dtype(param)
         for key in self._state_arrays:
             array = state.get(key)
             if key not in state or (array is None and not self._state_counts):  # SGD's None: no buffer yet
                 continue
+            if (type(array) is np.ndarray and array.shape == param.shape and array.dtype == dtype
+                    and array.flags.writeable and not _may_overlap_itself(array)):
+                continue  # (the common case, checked without building a message: steps of small modules)
             expected = f"expected a writable {dtype} array of shape {param.shape}"
             refuse_masked(array, f"{where}[{key!r}]")
             if type(array) is not np.ndarray:  # a subclass's operators are not the update's (np.matrix's *)
@@ -269,9 +272,8 @@ class Optimizer:
                 kind = "a read-only" if not array.flags.writeable else "a"
                 raise ValueError(f"{where}[{key!r}]: {expected}, got {kind} {array.dtype} array of shape "
                                  f"{array.shape}")
-            if _may_overlap_itself(array):
-                raise ValueError(f"{where}[{key!r}]: {expected} whose elements cannot share memory, got strides "
-                                 f"{array.strides}")
+            raise ValueError(f"{where}[{key!r}]: {expected} whose elements cannot share memory, got strides "
+                             f"{array.strides}")
         for key in self._state_counts:
             count = state[key]
             if isinstance(count, bool) or not isinstance(count, numbers.Integral):

@@ -714,8 +714,8 @@ def test_a_signal_during_steps_leaves_each_parameter_stepped_whole_or_untouched(
 
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
 def test_steps_are_bit_identical_for_any_thread_count(case):
-    # the update splits a parameter into chunks of 2^16 elements among
-    # threads; 64 x 4097: four chunks and a part
+    # the update splits a parameter into chunks of 2^14 elements among
+    # threads; 64 x 4097: sixteen chunks and a part
     from toolkit import real_thread_counts
     results = []
     for threads in (1, 2, 3, 4):
