@@ -116,7 +116,20 @@ calls += [
     lambda: F.scaled_dot_product_attention_backward(out16, x16, x16, x16, out16, lse16),
     lambda: mha_bf16.backward(np.ones_like(mha_bf16.train()(xb))),
 ]
+optimized = attnc.MultiHeadAttention(16, 4)  # the optimizers' updates (attnc._C.update)
+sgd, adamw = attnc.optim.SGD(optimized, lr=1e-3, momentum=0.9), attnc.optim.AdamW(optimized)
+
+
+def adamw_step_in_copies():  # Fortran-ordered moments: updated in copies written back
+    adamw.step()
+    for entries in adamw.state.values():
+        entries["exp_avg"] = np.asfortranarray(entries["exp_avg"])
+
+
+calls += [sgd.step, adamw_step_in_copies,
+          lambda: attnc.optim.AdamW(attnc.Linear(16, 8, dtype="bfloat16")).step()]
 rejected = [
+    lambda: attnc._C.update(x, x[:1], (), "sgd", {}, {}), lambda: attnc._C.update(x, x, (x,), "adamw", {}, {}),
     lambda: modules[3][0](x, mask[:, :, :5]), lambda: modules[4][0](x[..., :3]),
     lambda: F.scaled_dot_product_attention(x, x, x[:, :5]), lambda: F.linear(x, w[:, :3]),
     lambda: F.scaled_dot_product_attention(x, x, x, attn_mask=mask.astype(complex)),
