@@ -340,8 +340,9 @@ class Optimizer:
 
 def _update_dtype(param):
     """The dtype an update computes in and keeps its state in: float32 for a
-    16-bit parameter, else the parameter's."""
-    return np.dtype(np.float32) if param.dtype.itemsize == 2 else param.dtype
+    16-bit parameter, else the parameter's (in native byte order: a
+    parameter's dtype set in place to the other order steps as it did)."""
+    return np.dtype(np.float32) if param.dtype.itemsize == 2 else param.dtype.newbyteorder("=")
 
 
 class SGD(Optimizer):

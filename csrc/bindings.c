@@ -398,18 +398,21 @@ static PyArray_Descr *dtype_descr(attnc_dtype dt)
     return bf16;
 }
 
-/* 1 if arr's elements are dt's, in native byte order. */
-static int has_dtype(PyArrayObject *arr, attnc_dtype dt)
+/* 1 if arr's elements are dt's, in either byte order. */
+static int holds_dtype(PyArrayObject *arr, attnc_dtype dt)
 {
     PyArray_Descr *descr = dtype_descr(dt);
     if (!descr) {
         PyErr_Clear();
         return 0;
     }
-    int same = PyArray_DESCR(arr)->type_num == descr->type_num && PyArray_ISNOTSWAPPED(arr);
+    int same = PyArray_DESCR(arr)->type_num == descr->type_num;
     Py_DECREF(descr);
     return same;
 }
+
+/* 1 if arr's elements are dt's, in native byte order. */
+static int has_dtype(PyArrayObject *arr, attnc_dtype dt) { return holds_dtype(arr, dt) && PyArray_ISNOTSWAPPED(arr); }
 
 /* The dtype lse and other compute-precision results come in: float for
  * the 16-bit dtypes. */
@@ -2089,14 +2092,14 @@ done:
 /* update(param, grad, state_arrays, rule, state, entries, *, settings)    */
 
 /* An array of the update: arr itself when aligned, native and
- * C-contiguous, else a contiguous copy (to be written back if the update
+ * C-contiguous, else a copy that is (to be written back if the update
  * writes it); NULL with ValueError naming it unless it has `shape` (nd
- * dims) and the dtype dt. */
+ * dims) and the dtype dt (in either byte order). */
 static PyArrayObject *update_operand(PyObject *obj, const char *name, attnc_dtype dt, int nd, const npy_intp *shape,
                                      int written)
 {
     PyArrayObject *arr = (PyArrayObject *)obj;
-    if (!PyArray_Check(obj) || !has_dtype(arr, dt) || PyArray_NDIM(arr) != nd ||
+    if (!PyArray_Check(obj) || !holds_dtype(arr, dt) || PyArray_NDIM(arr) != nd ||
         !PyArray_CompareLists(PyArray_DIMS(arr), shape, nd) ||
         (written && !PyArray_ISWRITEABLE(arr))) {
         PyErr_Format(PyExc_ValueError, "%s: expected a%s array of the parameter's shape and the update's dtype", name,
@@ -2141,7 +2144,7 @@ static PyObject *py_update(PyObject *self, PyObject *args, PyObject *kwargs)
     u.start = start;
     attnc_dtype dt = ATTNC_N_DTYPES;
     for (int d = 0; d < ATTNC_N_DTYPES && PyArray_Check(param_obj); d++)
-        if (has_dtype((PyArrayObject *)param_obj, (attnc_dtype)d)) dt = (attnc_dtype)d;
+        if (holds_dtype((PyArrayObject *)param_obj, (attnc_dtype)d)) dt = (attnc_dtype)d;
     if (dt == ATTNC_N_DTYPES) {
         PyErr_SetString(PyExc_ValueError, "param: expected a float16, bfloat16, float32 or float64 array");
         return NULL;

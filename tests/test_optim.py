@@ -790,3 +790,25 @@ def test_the_update_call_refuses_operands_it_cannot_update(call, message):
     with pytest.raises(ValueError, match="^" + message.replace("[", r"\[")):
         call(p, g, m)
     assert (p == 1).all() and (m == 1).all()
+
+
+@pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
+def test_a_parameter_in_the_other_byte_order_steps_as_a_native_one(case):
+    # regression: a parameter whose dtype was set in place to big-endian
+    # (NumPy allows it; so did the NumPy update) made the C update raise a
+    # ValueError naming no parameter, after the parameters before it had
+    # stepped; it is updated in a native copy written back
+    name, kwargs = CASES[case]
+    swapped, native = (attnc.Linear(3, 2, rng=np.random.default_rng(0)) for _ in range(2))
+    swapped.weight.dtype = swapped.weight.dtype.newbyteorder()
+    swapped.weight[...] = native.weight
+    optimizers = [getattr(attnc.optim, name)(module, **kwargs) for module in (swapped, native)]
+    for step in range(3):
+        for (_, ours), (_, theirs) in zip(swapped.named_grads(), native.named_grads()):
+            ours[...] = theirs[...] = np.random.default_rng(step).standard_normal(theirs.shape)
+        for opt in optimizers:
+            opt.step()
+    assert swapped.weight.dtype.byteorder == ">"
+    np.testing.assert_array_equal(swapped.weight, native.weight)
+    np.testing.assert_array_equal(swapped.bias, native.bias)
+    assert not np.array_equal(native.weight, attnc.Linear(3, 2, rng=np.random.default_rng(0)).weight)
