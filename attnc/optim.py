@@ -43,7 +43,7 @@ import numbers
 import numpy as np
 
 from . import _C
-from ._checks import is_floating, refuse_masked
+from ._checks import bfloat16, refuse_masked
 from .module import Module
 
 __all__ = ["Optimizer", "SGD", "AdamW"]
@@ -180,8 +180,9 @@ class Optimizer:
             parameter was replaced since the previous step by one of
             another shape or dtype (its state cannot follow it: make a new
             optimizer), or cannot be updated in place (read-only, not
-            floating, or with strides under which elements may share
-            memory, as strides set to 0 make them); naming the setting,
+            float16, bfloat16, float32 or float64, or with strides under
+            which elements may share memory, as strides set to 0 make
+            them); naming the setting,
             if a hyper-parameter attribute (``lr``, ...) was set since
             construction to a value the constructor refuses (checked at
             every step); naming the entry, with no parameter updated, if
@@ -213,10 +214,10 @@ class Optimizer:
                    in zip(self.module.named_parameters(), self.module.named_grads())]
         self._check_own_states(triples)
         for name, param, _ in triples:
-            if not param.flags.writeable or not is_floating(param.dtype):
+            if not param.flags.writeable or not _updatable(param.dtype):
                 kind = f"{'a read-only' if not param.flags.writeable else 'an'} {param.dtype} array"
-                raise ValueError(f"{name}: step() updates parameters in place: expected a writable floating "
-                                 f"array, got {kind}")
+                raise ValueError(f"{name}: step() updates parameters in place: expected a writable float16, "
+                                 f"bfloat16, float32 or float64 array, got {kind}")
             if _may_overlap_itself(param):
                 raise ValueError(f"{name}: step() updates parameters in place: expected an array whose elements "
                                  f"cannot share memory, got strides {param.strides} for shape {param.shape}, which may")
@@ -230,7 +231,10 @@ class Optimizer:
         self._check_apart(triples)
         for name, param, grad in triples:  # a Ctrl-C comes between two parameters, never inside one
             self._layouts.setdefault(name, (param.shape, param.dtype))
-            self._update(param, grad, self.state.setdefault(name, {}))
+            try:
+                self._update(param, grad, self.state.setdefault(name, {}))
+            except ValueError as error:  # (an array made read-only by another thread or a signal handler)
+                raise ValueError(f"{name}: {error}") from None
 
     def _check_settings(self):
         """Checks the hyper-parameter attributes (at construction and at every
@@ -336,6 +340,13 @@ class Optimizer:
         in one call of ``_C.update`` (the update and the state's new entries
         together: a KeyboardInterrupt comes before or after all of it)."""
         raise NotImplementedError(f"{type(self).__name__} has no update rule: use attnc.optim.SGD or AdamW")
+
+
+def _updatable(dtype):
+    """True for the dtypes of the C update (``_C.update``), in either byte
+    order: float16, bfloat16, float32, float64 (not longdouble, nor
+    ml_dtypes' narrower floats)."""
+    return dtype.type in (np.float16, np.float32, np.float64) or (dtype.kind == "V" and dtype == bfloat16())
 
 
 def _update_dtype(param):

@@ -2118,8 +2118,9 @@ static PyArrayObject *update_operand(PyObject *obj, const char *name, attnc_dtyp
  * parameter, its state arrays and its entries are all updated (never
  * between two of them), where NumPy's operations one by one were each a
  * point to stop at. An array not aligned, native and C-contiguous is
- * updated in a copy written back. attnc/optim.py checks everything first;
- * the checks here only keep the kernel's memory safe. */
+ * updated in a copy written back (and then every written array is).
+ * attnc/optim.py checks everything first; the checks here only keep the
+ * kernel's memory safe. */
 static PyObject *py_update(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"param", "grad", "state_arrays", "rule", "state", "entries", "start", "lr", "momentum",
@@ -2151,12 +2152,23 @@ static PyObject *py_update(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     PyArrayObject *given[4] = {(PyArrayObject *)param_obj, (PyArrayObject *)grad_obj}, *used[4] = {NULL};
     static const char *names[4] = {"param", "grad", "state_arrays[0]", "state_arrays[1]"};
-    int n = 2 + n_arrays, nd = PyArray_NDIM(given[0]);
+    int n = 2 + n_arrays, nd = PyArray_NDIM(given[0]), copied = 0;
     PyObject *result = NULL;
     for (int i = 2; i < n; i++) given[i] = (PyArrayObject *)PyTuple_GET_ITEM(arrays_obj, i - 2);
     for (int i = 0; i < n; i++) {
         used[i] = update_operand((PyObject *)given[i], names[i], i < 2 ? dt : compute_dtype(dt), nd,
                                  PyArray_DIMS(given[0]), i != 1);
+        if (!used[i]) goto done;
+        copied |= i != 1 && used[i] != given[i];
+    }
+    /* With one written array copied, all are (grad, read only, is never
+     * one to write): the update then changes nothing of the caller's until
+     * every write-back is known to go through (a signal handler run by a
+     * copy, or another thread, may have made an array read-only since it
+     * was checked), and never only some of them. */
+    for (int i = 0; i < n && copied; i++) {
+        if (i == 1 || used[i] != given[i]) continue;
+        Py_SETREF(used[i], (PyArrayObject *)PyArray_NewCopy(given[i], NPY_CORDER));
         if (!used[i]) goto done;
     }
     u.param = PyArray_DATA(used[0]);
@@ -2166,8 +2178,14 @@ static PyObject *py_update(PyObject *self, PyObject *args, PyObject *kwargs)
     attnc_status status;
     RUN_KERNEL_POLLED_BY(status, attnc_kernels_for(dt)->update(&u), run_to_the_end);
     if (!kernel_ok(status, "update")) goto done;
-    for (int i = 0; i < n; i++) /* the copies written back (grad, read only, is never one to write) */
-        if (i != 1 && used[i] != given[i] && PyArray_CopyInto(given[i], used[i]) < 0) goto done;
+    for (int i = 0; i < n && copied; i++)
+        if (i != 1 && !PyArray_ISWRITEABLE(given[i])) {
+            PyErr_Format(PyExc_ValueError, "%s: made read-only during the update, which then changed nothing",
+                         names[i]);
+            goto done;
+        }
+    for (int i = 0; i < n && copied; i++)
+        if (i != 1 && PyArray_CopyInto(given[i], used[i]) < 0) goto done; /* (same shape and dtype: not expected) */
     if (PyDict_Update(state, entries) < 0) goto done;
     result = Py_None;
     Py_INCREF(result);

@@ -812,3 +812,70 @@ def test_a_parameter_in_the_other_byte_order_steps_as_a_native_one(case):
     np.testing.assert_array_equal(swapped.weight, native.weight)
     np.testing.assert_array_equal(swapped.bias, native.bias)
     assert not np.array_equal(native.weight, attnc.Linear(3, 2, rng=np.random.default_rng(0)).weight)
+
+
+@pytest.mark.parametrize("dtype", ["longdouble", "float8_e4m3fn"])
+def test_a_parameter_of_a_dtype_the_update_lacks_raises_naming_it_before_any_update(dtype):
+    # regression (a review, 2026-12-03): a parameter placed past the module's
+    # conversion in a floating dtype the C update does not compute (longdouble,
+    # ml_dtypes' float8) passed step()'s checks, and the update raised a
+    # ValueError naming no parameter after the ones before it had stepped
+    if dtype == "longdouble":
+        dtype = np.longdouble
+    else:
+        dtype = getattr(pytest.importorskip("ml_dtypes"), dtype)
+    module = attnc.Linear(3, 2, rng=np.random.default_rng(0))
+    object.__setattr__(module, "bias", np.zeros(2, dtype))
+    for _, buf in module.named_grads():
+        buf[...] = 1
+    opt = attnc.optim.SGD(module, lr=0.5)
+    assert_step_refused(module, opt, ValueError, "bias: step() updates parameters in place: expected a writable "
+                        "float16, bfloat16, float32 or float64 array")
+    assert opt.state == {}
+
+
+def test_a_state_array_made_read_only_during_a_step_changes_nothing_of_that_parameter():
+    # regression (a review, 2026-12-03): a misaligned state array over 8 MB is
+    # copied by blocks, with Python's signal handlers run between them; one that
+    # made it read-only let the update step the parameter and the first moment
+    # in place, then fail to write the second back (a parameter half stepped).
+    # Now all of a parameter's written arrays are copies once one is, and none
+    # is written back unless all can be.
+    import signal
+
+    hits = 0
+    for attempt in range(6):
+        module = attnc.Linear(1024, 3000, bias=False, rng=np.random.default_rng(1))
+        for _, buf in module.named_grads():
+            buf[...] = 1
+        opt = attnc.optim.AdamW(module, lr=0.1)
+        opt.step()
+        state = opt.state["weight"]
+        raw = bytearray(state["exp_avg_sq"].nbytes + 1)
+        misaligned = np.frombuffer(raw, np.float32, state["exp_avg_sq"].size, offset=1).reshape(module.weight.shape)
+        misaligned[...] = state["exp_avg_sq"]
+        state["exp_avg_sq"] = misaligned
+        before = _snapshot(module, opt)
+
+        def freeze(signum, frame):
+            misaligned.flags.writeable = False
+
+        previous = signal.signal(signal.SIGALRM, freeze)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.0002 * 2 ** attempt)  # 0.2 to 6.4 ms
+            opt.step()
+            stepped = True
+        except ValueError as error:  # (read-only before the update began: refused by its checks)
+            assert str(error).startswith("weight: state_arrays[1]: "), str(error)
+            stepped = False
+            hits += "made read-only during the update" in str(error)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        now = _snapshot(module, opt)
+        if stepped:
+            assert now["weight"][1]["step"] == 2
+        else:
+            np.testing.assert_array_equal(now["weight"][0], before["weight"][0])
+            assert all(np.array_equal(now["weight"][1][key], before["weight"][1][key]) for key in before["weight"][1])
+    assert hits, "no handler ran during the update's copies"
