@@ -507,7 +507,7 @@ class AdamW(Optimizer):
             step = int(state["step"]) + 1  # a Python int: a NumPy integer count (a checkpoint's) wraps
             moments, entries = (state["exp_avg"], state["exp_avg_sq"]), {"step": step}
         else:  # the first step's moments: in the state once the step is done
-            step, moments = 1, (np.zeros(param.shape, _update_dtype(param)), np.zeros(param.shape, _update_dtype(param)))
+            step, moments = 1, tuple(np.zeros(param.shape, _update_dtype(param)) for _ in range(2))
             entries = {"step": step, "exp_avg": moments[0], "exp_avg_sq": moments[1]}
         _C.update(param, grad, moments, "adamw", state, entries, decay=1 - self.lr * self.weight_decay,
                   lerp_weight=1 - beta1, beta2=beta2, step_size=self.lr / (1 - beta1 ** step),
