@@ -4,9 +4,11 @@
  *   grad  (n) elem     read
  *   state (n) real     SGD: the momentum buffer (or none); AdamW: m and v
  * Each element's parameter, gradient and state are read once and written
- * once (NumPy's whole-array operations made about fifteen passes over
- * them), in the order of operations of attnc/optim.py's rules, each
- * rounded to real; a 16-bit parameter is widened and rounded back once.
+ * once, in the order of operations of torch's single-tensor rules (the
+ * formulas in attnc/optim.py's SGD and AdamW docstrings), each rounded to
+ * real, multiply-adds fused where the level has FMA (as torch's vector
+ * kernels fuse theirs); a 16-bit parameter is widened and rounded back
+ * once.
  * Tasks are chunks of elements: any thread count gives the same bits.
  * The update is never stopped midway (the binding's hook does not stop
  * it): a parameter is stepped whole or not at all. */
