@@ -614,11 +614,14 @@ def test_a_step_refused_by_its_checks_records_nothing():
         assert_params_match(module, twins, f"step {step}")
 
 
+def _copied(entries):
+    """A parameter's state dict with its arrays copied (counts as they are)."""
+    return {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in entries.items()}
+
+
 def _snapshot(module, opt):
-    """Each parameter's values and its state (arrays copied, counts), by name."""
-    state = {name: {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in entries.items()}
-             for name, entries in opt.state.items()}
-    return {name: (p.copy(), state.get(name, {})) for name, p in module.named_parameters()}
+    """Each parameter's values and its state (_copied), by name."""
+    return {name: (p.copy(), _copied(opt.state.get(name, {}))) for name, p in module.named_parameters()}
 
 
 def _assert_each_parameter_whole(now, before, after, what):
@@ -690,7 +693,7 @@ def test_a_signal_during_steps_leaves_each_parameter_stepped_whole_or_untouched(
         try:
             signal.setitimer(signal.ITIMER_REAL, 0.0003 * 2 ** attempt)  # 0.3 to 38 ms
             opt.step()
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_REAL, 0)  # here: a KeyboardInterrupt in `finally` would escape
         except KeyboardInterrupt:
             interrupted += 1
         finally:
@@ -700,15 +703,11 @@ def test_a_signal_during_steps_leaves_each_parameter_stepped_whole_or_untouched(
         again = attnc.Linear(2048, 2048, dtype=np.float32)
         again.load_state_dict({name: value for name, (value, _) in before.items()})
         clean = attnc.optim.AdamW(again, lr=0.01)
-        clean.state = {name: {key: value.copy() if isinstance(value, np.ndarray) else value
-                              for key, value in entries.items()} for name, (_, entries) in before.items() if entries}
+        clean.state = {name: _copied(entries) for name, (_, entries) in before.items() if entries}
         for (_, buf), (_, ours) in zip(again.named_grads(), module.named_grads()):
             buf[...] = ours
         clean.step()
         _assert_each_parameter_whole(now, before, _snapshot(again, clean), f"attempt {attempt}")
-        for name, (param, state) in now.items():  # stepped fully or not: from here on, steps as they come
-            if not state and before[name][1]:
-                pytest.fail(f"{name}: its state was lost")
     assert interrupted, "no timer fired during a step"
 
 
