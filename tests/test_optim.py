@@ -843,7 +843,7 @@ def test_a_state_array_made_read_only_during_a_step_changes_nothing_of_that_para
     import signal
 
     hits = 0
-    for attempt in range(6):
+    for attempt in range(8):
         module = attnc.Linear(1024, 3000, bias=False, rng=np.random.default_rng(1))
         for _, buf in module.named_grads():
             buf[...] = 1
@@ -861,11 +861,11 @@ def test_a_state_array_made_read_only_during_a_step_changes_nothing_of_that_para
 
         previous = signal.signal(signal.SIGALRM, freeze)
         try:
-            signal.setitimer(signal.ITIMER_REAL, 0.0002 * 2 ** attempt)  # 0.2 to 6.4 ms
+            signal.setitimer(signal.ITIMER_REAL, 0.0002 * 2 ** attempt)  # 0.2 to 25.6 ms
             opt.step()
             stepped = True
-        except ValueError as error:  # (read-only before the update began: refused by its checks)
-            assert str(error).startswith("weight: state_arrays[1]: "), str(error)
+        except ValueError as error:  # read-only before the update began: refused by step()'s or the call's checks
+            assert str(error).startswith(("state['weight']['exp_avg_sq']: ", "weight: state_arrays[1]: ")), str(error)
             stepped = False
             hits += "made read-only during the update" in str(error)
         finally:
