@@ -302,6 +302,19 @@ static inline void FN(prefetch_row)(const elem *x, idx_t cols)
     for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c, 0, 2);
 }
 
+/* How far ahead of the row it reads a stream of keys or values asks for
+ * rows (prefetch_row): the rows within PREFETCH_AHEAD_BYTES, at least one.
+ * On a Xeon (2 threads, keys and values of 134 MB each), a decoding step
+ * took 0.85-0.92x the time of asking for the rows a chunk (32 rows, 16 KB
+ * at 128 floats) ahead, and a plain read loop ran at 44 GB/s asking 1-2 KB
+ * ahead against 41 asking 16 KB ahead (benchmarks/NOTES.md). */
+#define PREFETCH_AHEAD_BYTES 2048
+static inline idx_t FN(rows_ahead)(idx_t cols)
+{
+    idx_t bytes = cols * (idx_t)sizeof(elem);
+    return bytes == 0 || bytes >= PREFETCH_AHEAD_BYTES ? 1 : PREFETCH_AHEAD_BYTES / bytes; /* (0: E or Ev 0) */
+}
+
 /* dst (E reals) <- a->scale * the query row q: the rows' scores are
  * (scale q) . k as the flash path's (its packed queries are scaled), so a
  * score whose unscaled dot would overflow is finite on both paths, as in
@@ -312,16 +325,17 @@ static void FN(scaled_query)(real *dst, const attnc_attention_args *a, const ele
     FN(scale_row)(dst, a->E, (real)a->scale);
 }
 
-/* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time. */
+/* Columns [j0, j1) of the scores of n_rows rows: blocks of n_keys keys, then one key at a time;
+ * the keys rows_ahead on are asked for, up to key prefetch_end. */
 static inline __attribute__((always_inline)) void FN(score_rows)(int n_rows, int n_keys, const real *const *q,
                                                                  const elem *k, idx_t ks, idx_t j0, idx_t j1,
                                                                  idx_t E, real *scores, idx_t ld,
                                                                  idx_t prefetch_end)
 {
-    idx_t j = j0;
+    idx_t j = j0, d = FN(rows_ahead)(E);
     for (; j + n_keys <= j1; j += n_keys) {
         for (int t = 0; t < n_keys; t++)
-            if (j + t + ROWS_CHUNK < prefetch_end) FN(prefetch_row)(k + (j + t + ROWS_CHUNK) * ks, E);
+            if (j + t + d < prefetch_end) FN(prefetch_row)(k + (j + t + d) * ks, E);
         FN(score_block)(n_rows, n_keys, q, k + j * ks, ks, E, scores + j, ld);
     }
     for (; j < j1; j++) FN(score_block)(n_rows, 1, q, k + j * ks, ks, E, scores + j, ld);
@@ -342,8 +356,8 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, 
                 for (idx_t j = j0; j < j1; j++) scores[r * n + j] = 0;
             continue;
         }
-        /* the first rows ask for the next chunk's keys, unless it is hidden */
-        idx_t prefetch_end = hidden && j1 < n && hidden[j1 / ROWS_CHUNK] ? 0 : n;
+        /* the first rows ask for the keys ahead, but not into a hidden chunk */
+        idx_t prefetch_end = hidden && j1 < n && hidden[j1 / ROWS_CHUNK] ? j1 : n;
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
             FN(score_rows)(ROW_BLOCK, KEY_BLOCK, q + r, k, ks, j0, j1, E, scores + r * n, n,
                            r == 0 ? prefetch_end : 0);
@@ -354,16 +368,18 @@ static void FN(group_scores)(const real *const *q, idx_t n_rows, const elem *k, 
 }
 
 /* part[r][c0 : c0 + n_vectors * VLANES] += sum over the n keys j, in
- * order, of e[r * ld + j] * v[j] (rows vs apart), for n_rows rows. */
+ * order, of e[r * ld + j] * v[j] (rows vs apart), for n_rows rows; the
+ * value rows rows_ahead on are asked for, up to row prefetch_end (0: none). */
 static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, int n_vectors, const real *e, idx_t ld,
                                                                   const elem *v, idx_t vs, idx_t n, real *const *part,
-                                                                  idx_t c0, idx_t ahead, idx_t Ev)
+                                                                  idx_t c0, idx_t prefetch_end, idx_t Ev)
 {
     vreal acc[ROW_BLOCK * VALUE_VECTORS];
     for (int r = 0; r < n_rows; r++)
         for (int c = 0; c < n_vectors; c++) acc[r * n_vectors + c] = vloadu(part[r] + c0 + c * VLANES);
+    idx_t d = FN(rows_ahead)(Ev);
     for (idx_t j = 0; j < n; j++) {
-        if (j < ahead) FN(prefetch_row)(v + (n + j) * vs, Ev);
+        if (j + d < prefetch_end) FN(prefetch_row)(v + (j + d) * vs, Ev);
         vreal values[ROW_BLOCK * VALUE_VECTORS];
         for (int c = 0; c < n_vectors; c++) values[c] = vload_elems(v + j * vs + c0 + c * VLANES);
         for (int r = 0; r < n_rows; r++) {
@@ -384,21 +400,22 @@ static inline __attribute__((always_inline)) void FN(value_block)(int n_rows, in
  * of a decoding step's value loop). */
 static inline __attribute__((always_inline)) void FN(value_rows)(int n_rows, int n_vectors, const real *e, idx_t ld,
                                                                  const elem *v, idx_t vs, idx_t n, real *const *part,
-                                                                 idx_t Ev, idx_t ahead)
+                                                                 idx_t Ev, idx_t prefetch_end)
 {
     idx_t c0 = 0;
     for (; c0 + n_vectors * VLANES <= Ev; c0 += n_vectors * VLANES)
-        FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
+        FN(value_block)(n_rows, n_vectors, e, ld, v, vs, n, part, c0, c0 == 0 ? prefetch_end : 0, Ev);
 #define VALUE_ROWS_HALVING(width)                                                                          \
     if (n_vectors > (width) && c0 + (width) * VLANES <= Ev) {                                              \
-        FN(value_block)(n_rows, (width), e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);             \
+        FN(value_block)(n_rows, (width), e, ld, v, vs, n, part, c0, c0 == 0 ? prefetch_end : 0, Ev);      \
         c0 += (width) * VLANES;                                                                            \
     }
     VALUE_ROWS_HALVING(8)
     VALUE_ROWS_HALVING(4)
     VALUE_ROWS_HALVING(2)
 #undef VALUE_ROWS_HALVING
-    for (; c0 + VLANES <= Ev; c0 += VLANES) FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0, c0 == 0 ? ahead : 0, Ev);
+    for (; c0 + VLANES <= Ev; c0 += VLANES)
+        FN(value_block)(n_rows, 1, e, ld, v, vs, n, part, c0, c0 == 0 ? prefetch_end : 0, Ev);
     for (; c0 < Ev; c0++)
         for (int r = 0; r < n_rows; r++)
             for (idx_t j = 0; j < n; j++) part[r][c0] = sfma(e[r * ld + j], to_real(v[j * vs + c0]), part[r][c0]);
@@ -414,13 +431,14 @@ static void FN(group_values)(const real *e, idx_t n_rows, idx_t n, const elem *v
         for (idx_t c = 0; c < Ev; c++) part[r][c] = 0;
     for (idx_t j0 = 0; j0 < n; j0 += ROWS_CHUNK) {
         idx_t nk = attnc_min(ROWS_CHUNK, n - j0), r = 0;
-        idx_t ahead = attnc_min(ROWS_CHUNK, n - j0 - nk); /* the next chunk's rows, fetched by the first rows */
+        /* the first rows ask for the values ahead, into the next chunk */
+        idx_t prefetch_end = nk + attnc_min(ROWS_CHUNK, n - j0 - nk);
         for (; r + ROW_BLOCK <= n_rows; r += ROW_BLOCK)
             FN(value_rows)(ROW_BLOCK, VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev,
-                           r == 0 ? ahead : 0);
+                           r == 0 ? prefetch_end : 0);
         for (; r < n_rows; r++)
             FN(value_rows)(1, ROW_BLOCK * VALUE_VECTORS, e + r * n + j0, n, v + j0 * vs, vs, nk, part + r, Ev,
-                           r == 0 ? ahead : 0);
+                           r == 0 ? prefetch_end : 0);
     }
 }
 
