@@ -304,8 +304,8 @@ static inline void FN(prefetch_row)(const elem *x, idx_t cols)
 
 /* How far ahead of the row it reads a stream of keys or values asks for
  * rows (prefetch_row): the rows within PREFETCH_AHEAD_BYTES, at least one.
- * On a Xeon (2 threads, keys and values of 134 MB each), a decoding step
- * took 0.85-0.92x the time of asking for the rows a chunk (32 rows, 16 KB
+ * On a Xeon (2 threads, keys and values of 134 MB each), decoding steps
+ * took 0.85-0.95x the time of asking for the rows a chunk (32 rows, 16 KB
  * at 128 floats) ahead, and a plain read loop ran at 44 GB/s asking 1-2 KB
  * ahead against 41 asking 16 KB ahead (benchmarks/NOTES.md). */
 #define PREFETCH_AHEAD_BYTES 2048
