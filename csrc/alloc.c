@@ -82,7 +82,7 @@ static pthread_once_t fork_handlers_once = PTHREAD_ONCE_INIT;
 
 /* A fork while another thread holds the lock would leave it locked in the
  * child: the forking thread takes it first, and both sides release it. */
-static void lock_cache(void) { pthread_mutex_lock(&cache_lock); }
+static void lock_cache(void) { attnc_lock_briefly_held(&cache_lock); }
 static void unlock_cache(void) { pthread_mutex_unlock(&cache_lock); }
 static void register_fork_handlers(void) { pthread_atfork(lock_cache, unlock_cache, unlock_cache); }
 

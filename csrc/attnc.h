@@ -9,6 +9,7 @@
 #ifndef ATTNC_H
 #define ATTNC_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -96,6 +97,13 @@ void attnc_set_cpus_for_tests(int n);
  * work that pays for waking a thread, or inside a task (which runs nested
  * work inline), else attnc_running_threads(). */
 int attnc_threads_for(double work_flops);
+/* Locks a mutex held only for moments (a few hundred instructions): polls
+ * it LOCK_POLLS times (threads.c) before sleeping in it. The pool's threads
+ * reach such locks together (each task's buffer from the allocator's cache,
+ * at the start and end of its task), and a plain pthread mutex put the loser
+ * to sleep at once: a futex wait and a wake-up syscall at nearly every small
+ * call, a (1, 4, 64, 64) SDPA 18-26 us instead of 18 (benchmarks/NOTES.md). */
+void attnc_lock_briefly_held(pthread_mutex_t *mutex);
 
 /* ------------------------------------------------------------------------ */
 /* interrupt.c: stopping a long call from its caller (Ctrl-C)                */
