@@ -134,6 +134,26 @@
  * (two vectors' lanes) took 1.09-1.55x (benchmarks/NOTES.md). */
 #define GEMM_FEW_ROWS (SIMD_BYTES == 32 ? VLANES : VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
+/* On Intel, from this many bytes of weights a thread (more than its core's
+ * L2 holds, so they come from L3 each call), the few-rows order asks for
+ * the next block's VLANES rows (contiguous: one run of memory) while it
+ * multiplies a block, a VLANES x VLANES turn's worth of lines a step, in
+ * the order they lie (few_rows_block's next_rows): a block reads its rows
+ * side by side, VLANES streams the prefetchers follow less well than one.
+ * On a Xeon family 6 model 167 at AVX-512, 2 threads, the same bits, best
+ * / median: `linear` (1, 768) -> 2304 0.90-1.00x / 0.91-1.00x the time
+ * (four of five runs 0.91-0.95x), (2, 768) -> 2304 0.91-0.98 / 0.92-0.97x,
+ * (1, 1024) -> 3072 0.96-1.04 / 0.96-1.00x; 3 to 5 rows 0.98-1.0x, so
+ * up to GEMM_FEW_ROWS_PREFETCH_MAX_ROWS rows (a copy of
+ * few_rows_block of its own: asked at run time in every copy, it cost 3
+ * and 4 rows 1.10-1.12x where it never asked). Not where the weights a
+ * thread's L2 holds ((1, 1024) -> 1024 and (4, 1024) -> 1024 1.07-1.21x),
+ * nor past GEMM_FEW_ROWS_PREFETCH_TO_BYTES a thread ((1, 4096) -> 4096,
+ * from DRAM: 0.98-1.02x, bench.py's 5-d2 1.02x; (1, 2048) -> 8192 0.98x),
+ * nor with loads by blocks (6 rows: 1.30x) (benchmarks/NOTES.md). */
+#define GEMM_FEW_ROWS_PREFETCH_FROM_BYTES (2 * 1024 * 1024)
+#define GEMM_FEW_ROWS_PREFETCH_TO_BYTES (16 * 1024 * 1024)
+#define GEMM_FEW_ROWS_PREFETCH_MAX_ROWS 2
 /* Blocks of VLANES outputs the few-rows order takes side by side for one
  * row of A (few_rows_block), where their rows are loaded by blocks: alone,
  * a block's sums are one chain of multiply-adds, each waiting on the last.
@@ -892,6 +912,7 @@ typedef struct {
     int columns;
     int by_blocks; /* B's rows loaded a 16-byte block at a time (GEMM_FEW_ROWS_BY_BLOCKS_FROM) */
     int in_lanes;  /* few_rows_lanes (a_step VLANES, A's lanes past M zero) */
+    int prefetch;  /* the next block's rows asked for (GEMM_FEW_ROWS_PREFETCH_FROM_BYTES) */
 } FN(few_rows_job);
 
 /* Whether the level has few_rows_lanes: AVX2's width, elements that are reals */
@@ -950,10 +971,13 @@ static __attribute__((noinline)) void FN(few_rows_lead)(vreal *acc, const elem *
  * A lane past n repeats the last output and
  * is not stored. Each element gets the packed path's operations in its
  * order: from the bias, the multiply-adds of a K block one step after
- * another, then the K blocks' sums added. */
+ * another, then the K blocks' sums added. With next_rows (not NULL: the
+ * next block's rows, one run of memory), each turned step asks for its
+ * share of those rows' lines, in order, into L2
+ * (GEMM_FEW_ROWS_PREFETCH_FROM_BYTES). */
 static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(few_rows_job) *job, idx_t j0, int n,
                                                                      int M, int chains, const elem *const *rows,
-                                                                     idx_t rs, int by_blocks)
+                                                                     idx_t rs, int by_blocks, const char *next_rows)
 {
     const attnc_gemm_args *g = job->g;
     idx_t K = g->K;
@@ -974,8 +998,11 @@ static inline __attribute__((always_inline)) void FN(few_rows_block)(const FN(fe
             for (int i = 0; i < chains * M; i++) acc[i] = lead_acc[i];
             p += lead;
         }
-        for (; p + VLANES <= end; p += VLANES)
+        for (; p + VLANES <= end; p += VLANES) {
+            for (idx_t line = 0; next_rows && line < (idx_t)(VLANES * VLANES * sizeof(elem) / 64); line++)
+                __builtin_prefetch(next_rows + (size_t)p * VLANES * sizeof(elem) + line * 64, 0, 1);
             FN(few_rows_turned)(acc, rows, rs, job->a, p, VLANES, M, chains, by_blocks);
+        }
         for (; p < end; p++)
             for (int c = 0; c < chains; c++) {
                 real step[VLANES];
@@ -1041,9 +1068,11 @@ static inline __attribute__((always_inline)) void FN(few_rows_lanes)(const FN(fe
 #endif
 #define FEW_ROWS_COPY(m, rs)                                               \
     if (m >= GEMM_FEW_ROWS_BY_BLOCKS_FROM && FEW_ROWS_BY_BLOCKS)           \
-        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 1);                  \
+        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 1, NULL);            \
+    else if (m <= GEMM_FEW_ROWS_PREFETCH_MAX_ROWS && (rs) && next_rows)    \
+        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 0, next_rows);       \
     else                                                                   \
-        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 0);
+        FN(few_rows_block)(job, j, n, m, 1, rows, rs, 0, NULL);
 #define FEW_ROWS_CASE(m)                                                   \
     case m:                                                                \
         if (m <= GEMM_FEW_ROWS && rs) {                                    \
@@ -1105,11 +1134,16 @@ static void FN(few_rows_task)(void *ctx, idx_t t)
             FN(few_rows_rows)(job, j, FEW_ROWS_CHAINS * VLANES, FEW_ROWS_CHAINS * VLANES, rows, job->b.rs)) {
             /* one row of A: whole blocks' chains side by side, their rows
              * evenly spaced (from a base per four) and loaded by blocks */
-            FN(few_rows_block)(job, j, FEW_ROWS_CHAINS * VLANES, 1, FEW_ROWS_CHAINS, rows, job->b.rs, 1);
+            FN(few_rows_block)(job, j, FEW_ROWS_CHAINS * VLANES, 1, FEW_ROWS_CHAINS, rows, job->b.rs, 1, NULL);
             j += (FEW_ROWS_CHAINS - 1) * VLANES;
             continue;
         }
         idx_t rs = FN(few_rows_rows)(job, j, n, VLANES, rows, GEMM_FEW_ROWS_SPACED ? job->b.rs : 0);
+        /* the next block's rows, one run of memory when they are one part's
+         * contiguous rows */
+        const char *next_rows = job->prefetch && rs == job->g->K && job->b.n_parts == 1 && end - j >= 2 * VLANES
+                                    ? (const char *)(rows[0] + VLANES * rs)
+                                    : NULL;
         switch (job->g->M) {
             FEW_ROWS_CASE(1)
             FEW_ROWS_CASE(2)
@@ -1150,7 +1184,11 @@ static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const F
     }
     idx_t columns = in_lanes ? GEMM_LANES_COLUMNS : VLANES;
     idx_t blocks = attnc_ceil_div(N, columns), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
-    FN(few_rows_job) job = {g, *b, widened, N, attnc_ceil_div(blocks, tasks), a_step, (int)columns, by_blocks, in_lanes};
+    double thread_weight_bytes = (double)N * (double)K * (double)sizeof(elem) / attnc_running_threads();
+    int prefetch = attnc_cpu_is_intel() && thread_weight_bytes > GEMM_FEW_ROWS_PREFETCH_FROM_BYTES &&
+                   thread_weight_bytes <= GEMM_FEW_ROWS_PREFETCH_TO_BYTES;
+    FN(few_rows_job) job = {g,       *b, widened, N, attnc_ceil_div(blocks, tasks), a_step, (int)columns, by_blocks,
+                            in_lanes, prefetch};
     attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), 2.0 * (double)M * (double)N * (double)K,
                        FN(few_rows_task), &job);
     attnc_free(widened);

@@ -327,6 +327,30 @@ def test_linear_few_rows_every_level(m, k, with_bias, dtype, simd_mode, restore_
         np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
 
 
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_linear_few_rows_weights_past_l2_every_level(m, dtype, simd_mode, restore_threads):
+    """Weights of more than 2 MB a thread (4.3 MB of float, 8.7 of double,
+    contiguous rows of K = 1031 elements, so a last step past whole
+    vectors): on Intel, the few-rows order of one or two rows asks for the
+    next block's rows while it multiplies a block
+    (GEMM_FEW_ROWS_PREFETCH_FROM_BYTES), including the last block of a
+    task, which has no next; three rows do not ask. Against float64, on 1
+    and 2 threads with the same bits, and each row's bits as among 100 rows
+    (a packed order)."""
+    rng = np.random.default_rng(m)
+    k = 1031
+    x, w, b = _r(rng, (m, k), dtype), _r(rng, (1100, k), dtype), _r(rng, (1100,), dtype)
+    outs = []
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+    expected = x.astype(np.float64) @ w.astype(np.float64).T + b
+    assert_close(outs[0], expected, dtype, f"{simd_mode} M={m}")
+    np.testing.assert_array_equal(outs[0], outs[1])
+    among = F.linear(np.concatenate([_r(rng, (50, k), dtype), x, _r(rng, (50 - m, k), dtype)]), w, b)
+    np.testing.assert_array_equal(among[50:50 + m], outs[0])
+
+
 @pytest.mark.parametrize("positions", [1, 2, 8])
 def test_module_few_rows_parts_every_level(positions, dtype, simd_mode):
     """A module's Q, K and V projections are one product of three parts,
