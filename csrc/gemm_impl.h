@@ -134,7 +134,8 @@
  * (two vectors' lanes) took 1.09-1.55x (benchmarks/NOTES.md). */
 #define GEMM_FEW_ROWS (SIMD_BYTES == 32 ? VLANES : VLANES / 2)
 #define GEMM_FEW_ROWS_TASKS 4
-/* On Intel, from this many bytes of weights a thread (more than its core's
+/* On Intel, from this many bytes of weights a thread computing the product
+ * (attnc_threads_for: one inside a task; more than its core's
  * L2 holds, so they come from L3 each call), the few-rows order asks for
  * the next block's VLANES rows (contiguous: one run of memory) while it
  * multiplies a block, a VLANES x VLANES turn's worth of lines a step, in
@@ -1184,13 +1185,13 @@ static attnc_status FN(gemm_few_rows)(const attnc_gemm_args *g, idx_t N, const F
     }
     idx_t columns = in_lanes ? GEMM_LANES_COLUMNS : VLANES;
     idx_t blocks = attnc_ceil_div(N, columns), tasks = GEMM_FEW_ROWS_TASKS * (idx_t)attnc_running_threads();
-    double thread_weight_bytes = (double)N * (double)K * (double)sizeof(elem) / attnc_running_threads();
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    double thread_weight_bytes = (double)N * (double)K * (double)sizeof(elem) / attnc_threads_for(flops);
     int prefetch = attnc_cpu_is_intel() && thread_weight_bytes > GEMM_FEW_ROWS_PREFETCH_FROM_BYTES &&
                    thread_weight_bytes <= GEMM_FEW_ROWS_PREFETCH_TO_BYTES;
     FN(few_rows_job) job = {g,       *b, widened, N, attnc_ceil_div(blocks, tasks), a_step, (int)columns, by_blocks,
                             in_lanes, prefetch};
-    attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), 2.0 * (double)M * (double)N * (double)K,
-                       FN(few_rows_task), &job);
+    attnc_parallel_for(attnc_ceil_div(blocks, job.blocks_per_task), flops, FN(few_rows_task), &job);
     attnc_free(widened);
     return attnc_interrupted() ? ATTNC_EINTR : ATTNC_OK;
 }
