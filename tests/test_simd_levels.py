@@ -143,6 +143,34 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
 
 
+@pytest.mark.parametrize("m", [12, 97, 400, 3000])
+@pytest.mark.parametrize("layout", ["weight by columns", "x by columns", "both by columns", "x rows repeated",
+                                    "x rows reversed"])
+@pytest.mark.parametrize("elem", [np.float32, np.float64, np.float16], ids=["f32", "f64", "f16"])
+def test_linear_operands_by_columns_every_level(m, layout, elem, simd_mode, restore_threads):
+    """A weight, or a 2-D x, given as the transpose of a C-ordered array
+    (row stride 1: the layout of dY^T and of W in a gradient's products) is
+    read in place, each step's elements packed from one run (x is not
+    copied first), and so is a 2-D x of any other strides (one row
+    broadcast, rows reversed): the same bits as the contiguous copies, in
+    the streamed and blocked orders (400 and 3000 rows) and the orders of
+    12 and 97 rows, 130 outputs (the last sliver partial), K two blocks and
+    a bit, on 1 and 2 threads, against float64. float16 widens as it packs."""
+    rng = np.random.default_rng(m)
+    k = 2 * K_BLOCK + 7
+    x = {"x by columns": lambda: _r(rng, (k, m), elem).T, "both by columns": lambda: _r(rng, (k, m), elem).T,
+         "x rows repeated": lambda: np.broadcast_to(_r(rng, (1, k), elem), (m, k)),
+         "x rows reversed": lambda: _r(rng, (m, k), elem)[::-1]}.get(layout, lambda: _r(rng, (m, k), elem))()
+    w = _r(rng, (k, 130), elem).T if layout in ("weight by columns", "both by columns") else _r(rng, (130, k), elem)
+    b = _r(rng, (130,), elem)
+    for threads in (1, 2):
+        attnc.set_num_threads(threads)
+        got = F.linear(x, w, b)
+        np.testing.assert_array_equal(got, F.linear(np.ascontiguousarray(x), np.ascontiguousarray(w), b),
+                                      f"{simd_mode} M={m}")
+    assert_close(got, x.astype(np.float64) @ w.astype(np.float64).T + b, elem, f"{simd_mode} M={m}")
+
+
 def test_the_orders_test_reaches_every_order_every_level(dtype, simd_mode, restore_threads):
     """test_linear_each_order_every_level's sizes, with one row, reach every order of the
     GEMM at every level on this CPU: few rows, transposed, streamed and blocked (1000 rows
