@@ -6,7 +6,7 @@
  * every call. The C library hands blocks that large back to the system
  * (munmap, or a trimmed heap), so the next call faulted every page in again:
  * 2.5 MB per (2, 128, 256) module call, which then took 1.5x as long as its
- * parts (benchmarks/NOTES.md). So a freed block of at least CACHE_MIN_BYTES
+ * parts (benchmarks/NOTES.md). So a freed block of at least ATTNC_KEPT_MIN_BYTES
  * is kept instead (up to CACHE_SLOTS blocks and CACHE_MAX_BYTES in all, the
  * oldest let go first) and given to the next request it fits with no more
  * than half of it to spare: the smallest such block, and of blocks of one
@@ -20,6 +20,10 @@
  * and valgrind until it is handed out again, and then uninitialised, as a
  * new block would be.
  *
+ * The output arrays attnc returns of ATTNC_KEPT_MIN_BYTES or more are
+ * allocated here too (NumPy's memory handler in bindings.c), so that an
+ * output freed by the caller serves the next call in the same way.
+ *
  * New blocks of several MB are asked for in transparent huge pages.
  *
  * The failure-injection counter lets tests prove that every allocation
@@ -29,6 +33,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -54,7 +59,6 @@
 /* Each block starts with a header of one alignment unit holding its size,
  * so that attnc_free knows it. */
 #define HEADER_BYTES ATTNC_ALIGNMENT
-#define CACHE_MIN_BYTES ((size_t)64 << 10)
 #define CACHE_MAX_BYTES ((size_t)64 << 20)
 #define CACHE_SLOTS 16
 
@@ -151,7 +155,7 @@ void *attnc_malloc(size_t n_bytes)
     size_t rounded = (n_bytes + ATTNC_ALIGNMENT - 1) / ATTNC_ALIGNMENT * ATTNC_ALIGNMENT;
     if (rounded < n_bytes || rounded > SIZE_MAX - HEADER_BYTES) return NULL;
     if (rounded == 0) rounded = ATTNC_ALIGNMENT;
-    char *block = rounded >= CACHE_MIN_BYTES ? take_kept(rounded) : NULL;
+    char *block = rounded >= ATTNC_KEPT_MIN_BYTES ? take_kept(rounded) : NULL;
     if (block) return block;
     char *start = aligned_alloc(ATTNC_ALIGNMENT, HEADER_BYTES + rounded);
     if (!start) return NULL;
@@ -160,13 +164,24 @@ void *attnc_malloc(size_t n_bytes)
     return start + HEADER_BYTES;
 }
 
+void *attnc_realloc(void *p, size_t n_bytes)
+{
+    void *moved = attnc_malloc(n_bytes);
+    if (p && moved) {
+        size_t kept = block_bytes(p);
+        memcpy(moved, p, kept < n_bytes ? kept : n_bytes);
+        attnc_free(p);
+    }
+    return moved; /* NULL: p untouched */
+}
+
 void attnc_free(void *p)
 {
     if (!p) return;
     char *block = p, *let_go[CACHE_SLOTS + 1];
     size_t bytes = block_bytes(block);
     int n_let_go = 0;
-    if (bytes < CACHE_MIN_BYTES || bytes > CACHE_MAX_BYTES) {
+    if (bytes < ATTNC_KEPT_MIN_BYTES || bytes > CACHE_MAX_BYTES) {
         let_go[n_let_go++] = block;
     } else {
         MARK_KEPT(block, bytes);

@@ -57,7 +57,11 @@ static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 
  * never). Memory only from attnc_malloc goes to attnc_free. */
 void *attnc_malloc(size_t n_bytes);
 void attnc_free(void *p);
+/* realloc's contract over attnc_malloc's blocks (p NULL: attnc_malloc) */
+void *attnc_realloc(void *p, size_t n_bytes);
 void attnc_fail_alloc_after(long n);
+/* Freed blocks of this many bytes or more are kept */
+#define ATTNC_KEPT_MIN_BYTES ((size_t)64 << 10)
 
 /* ------------------------------------------------------------------------ */
 /* threads.c: a persistent pthread pool, rebuilt after fork                  */

@@ -831,13 +831,69 @@ static idx_t elem_stride(PyArrayObject *arr, int axis)
     return PyArray_STRIDE(arr, axis) / PyArray_ITEMSIZE(arr);
 }
 
+/* NumPy's allocator for the arrays attnc returns of ATTNC_KEPT_MIN_BYTES or
+ * more: alloc.c's, whose freed large blocks the next call's arrays and
+ * buffers reuse. From the C library, each new array of that size came in
+ * fresh pages that the system zeroed as they were touched (an array it
+ * freed was given back to it): a training step of MultiHeadAttention(768,
+ * 12) on x (4, 128, 768) spent about a fifth of its time so
+ * (benchmarks/NOTES.md). */
+static void *kept_malloc(void *ctx, size_t size)
+{
+    (void)ctx;
+    return attnc_malloc(size);
+}
+
+static void *kept_calloc(void *ctx, size_t nelem, size_t elsize)
+{
+    (void)ctx;
+    idx_t size;
+    if (nelem > PTRDIFF_MAX || elsize > PTRDIFF_MAX || !attnc_mul_ok((idx_t)nelem, (idx_t)elsize, &size)) return NULL;
+    void *p = attnc_malloc((size_t)size);
+    if (p) memset(p, 0, (size_t)size);
+    return p;
+}
+
+static void *kept_realloc(void *ctx, void *p, size_t size)
+{
+    (void)ctx;
+    return attnc_realloc(p, size);
+}
+
+static void kept_free(void *ctx, void *p, size_t size)
+{
+    (void)ctx, (void)size;
+    attnc_free(p);
+}
+
+static PyDataMem_Handler kept_blocks_handler = {
+    "attnc_kept_blocks", 1, {NULL, kept_malloc, kept_calloc, kept_realloc, kept_free},
+};
+static PyObject *kept_blocks_capsule; /* the handler as NumPy takes it (module init) */
+
 /* A new C-contiguous array of dt, zero-filled when `zeros`. */
 static PyObject *new_array_of(int nd, const npy_intp *shape, attnc_dtype dt, int zeros)
 {
     PyArray_Descr *descr = dtype_descr(dt); /* stolen by both */
     if (!descr) return NULL;
-    if (zeros) return PyArray_Zeros(nd, (npy_intp *)shape, descr, 0);
-    return PyArray_NewFromDescr(&PyArray_Type, descr, nd, (npy_intp *)shape, NULL, NULL, 0, NULL);
+    idx_t elems = 1;
+    for (int d = 0; d < nd && elems >= 0; d++)
+        if (!attnc_mul_ok(elems, shape[d], &elems)) elems = -1; /* overflows: NumPy's error below */
+    PyObject *previous = NULL; /* NumPy's handler, while attnc's is set */
+    if (elems >= 0 && (size_t)elems >= ATTNC_KEPT_MIN_BYTES / attnc_dtype_size(dt) &&
+        !(previous = PyDataMem_SetHandler(kept_blocks_capsule))) {
+        Py_DECREF(descr);
+        return NULL;
+    }
+    PyObject *arr = zeros ? PyArray_Zeros(nd, (npy_intp *)shape, descr, 0)
+                          : PyArray_NewFromDescr(&PyArray_Type, descr, nd, (npy_intp *)shape, NULL, NULL, 0, NULL);
+    if (previous) { /* (restoring fails only as a context variable's set does: MemoryError) */
+        PyObject *ours = PyDataMem_SetHandler(previous);
+        Py_DECREF(previous);
+        if (!ours) Py_CLEAR(arr);
+        Py_XDECREF(ours);
+    }
+    return arr;
 }
 
 static PyObject *new_array(int nd, const npy_intp *shape, attnc_dtype dt) { return new_array_of(nd, shape, dt, 0); }
@@ -2496,6 +2552,9 @@ PyMODINIT_FUNC PyInit__C(void)
         if (!generator_type) return NULL;
     }
     attnc_select_kernels();
+    if (!kept_blocks_capsule &&
+        !(kept_blocks_capsule = PyCapsule_New(&kept_blocks_handler, "mem_handler", NULL)))
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "GEMM_KC", ATTNC_GEMM_KC) < 0) Py_CLEAR(m);
     if (m && PyModule_AddIntConstant(m, "MAX_L1D_WAYS", ATTNC_MAX_L1D_WAYS) < 0) Py_CLEAR(m);

@@ -201,3 +201,57 @@ def test_kept_work_buffers_are_bounded():
     gc.collect()
     grown = _rss_bytes() - rss
     assert grown < (64 + 16) * 2**20, f"RSS grew {grown / 2**20:.0f} MiB over ten calls"
+
+
+def _handler_name(array):
+    core = np._core if hasattr(np, "_core") else np.core   # NumPy 2, NumPy 1
+    return core.multiarray.get_handler_name(array)
+
+
+def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
+    """Arrays attnc returns of 64 KiB and more are allocated by attnc's own
+    allocator (NumPy's memory handler "attnc_kept_blocks"), so that a freed
+    one's block serves a later call instead of fresh pages; smaller ones,
+    and NumPy's own arrays, by NumPy's. A kept block is never handed out
+    while its array lives: outputs held across calls that free others keep
+    their values; `ndarray.resize` (a realloc) keeps the leading values;
+    zero-initialised outputs (the backward's gradients) start from zeros
+    in a reused block."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 128), dtype=np.float32)
+    w = rng.standard_normal((128, 128), dtype=np.float32)   # output (256, 128) float32: 128 KiB
+    expected = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert _handler_name(F.linear(x, w)) == "attnc_kept_blocks"
+    assert _handler_name(F.linear(x[:8], w)) != "attnc_kept_blocks"   # 4 KiB
+    assert _handler_name(np.ones(3)) != "attnc_kept_blocks"           # NumPy's context is left as it was
+    held = [F.linear(x, w) for _ in range(4)]
+    for _ in range(20):
+        out = F.linear(x, w)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+        out[...] = np.nan      # poisons the block it goes back to
+        del out
+    for out in held:
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    resized = F.linear(x, w)
+    resized.resize((300, 128), refcheck=False)
+    np.testing.assert_allclose(resized[:256], expected, rtol=1e-4, atol=1e-4)
+    assert not resized[256:].any()
+    resized.resize((10, 128), refcheck=False)
+    np.testing.assert_allclose(resized, expected[:10], rtol=1e-4, atol=1e-4)
+    del resized
+    wide = rng.standard_normal((512, 128), dtype=np.float32)
+    for net in (attnc.SelfAttentionV2(128, rng=np.random.default_rng(1)),   # no dropout
+                attnc.MultiHeadAttention(128, 4, 0.0, rng=np.random.default_rng(1))):
+        y = net(x[None])
+        grad_x = net.backward(np.ones_like(y))
+        grads = {name: g.copy() for name, g in net.named_grads()}
+        for _ in range(3):   # NaN-poisoned blocks around: each gradient written whole
+            junk = [F.linear(x, wide[:n]) for n in (128, 192, 384, 512) for _ in range(2)]   # 128-512 KiB
+            for j in junk:
+                j[...] = np.nan
+            del junk, j
+            net.zero_grad()
+            again = net.backward(np.ones_like(net(x[None])))
+            np.testing.assert_array_equal(again, grad_x)
+            for name, g in net.named_grads():
+                np.testing.assert_array_equal(g, grads[name], err_msg=name)
