@@ -93,6 +93,16 @@ def _grad_dtype(x, module_dtype):
     return module_dtype
 
 
+def _sum_into(total, grad, dtype):
+    """total + grad rounded to dtype, as ``buffer += grad`` rounds it: in
+    grad's memory (grad being a backward's own new array) when the sum
+    has grad's dtype and grad is writeable, else a new array. The same
+    bits either way."""
+    if grad.dtype == dtype and grad.flags.writeable and np.result_type(total, grad) == dtype:
+        return np.add(total, grad, out=grad)
+    return np.add(total, grad).astype(dtype, copy=False)
+
+
 # The arguments a module's constructor names its parameters' sizes by, while it
 # makes them (an attention module's Linear layers are sized by its "hidden_dim",
 # not by their own "out_features, in_features"); None outside such a constructor.
@@ -813,7 +823,10 @@ class Module:
         skipped), each buffer and the sum it is to hold, every buffer made,
         checked and summed first (nothing written), so that a failure
         (MemoryError, KeyboardInterrupt, a parameter whose dtype or shape was
-        changed in place since the forward) adds nothing."""
+        changed in place since the forward) adds nothing. Each sum is made in
+        its gradient's memory where it can be (the gradients are the
+        backward's own new arrays): a new array of that size would come in
+        fresh pages."""
         buffers, sums, slot = [], [], {}  # slot: a buffer's index (a tied parameter's gradients add into one)
         for key, value in grads.items():
             if value is None:
@@ -827,11 +840,11 @@ class Module:
                 raise ValueError(f"{key}: its gradient buffer is read-only")
             if id(buffer) in slot:
                 i = slot[id(buffer)]
-                sums[i] = np.add(sums[i], value).astype(buffer.dtype, copy=False)
+                sums[i] = _sum_into(sums[i], value, buffer.dtype)
             else:
                 slot[id(buffer)] = len(buffers)
                 buffers.append(buffer)
-                sums.append(np.add(buffer, value).astype(buffer.dtype, copy=False))  # as buffer += value rounds
+                sums.append(_sum_into(buffer, value, buffer.dtype))
         return buffers, sums
 
     def _keep_for_backward(self, state, output_shape, x, params=None):
