@@ -1110,10 +1110,13 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs)
         shape_error("bias", 1, &n_out, b);
         goto done;
     }
-    if (!convert_in_place(&x, dt, 1, "x") || !convert_in_place(&w, dt, 0, "weight") ||
+    /* a 2-D x is read with its strides, as the weight is (a gradient's dY^T
+     * by columns: no copy first); x of other ranks is made C-contiguous,
+     * so that its leading dims are rows n_in apart */
+    int nd = PyArray_NDIM(x);
+    if (!convert_in_place(&x, dt, nd != 2, "x") || !convert_in_place(&w, dt, 0, "weight") ||
         (b && !convert_in_place(&b, dt, 1, "bias")))
         goto done;
-    int nd = PyArray_NDIM(x);
     npy_intp shape[NPY_MAXDIMS];
     for (int d = 0; d < nd - 1; d++) shape[d] = PyArray_DIM(x, d);
     shape[nd - 1] = n_out;
@@ -1122,7 +1125,7 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kwargs)
     if (PyArray_SIZE((PyArrayObject *)result) == 0) goto done;
     attnc_gemm_args g = {
         .M = rows, .K = n_in,
-        .a = PyArray_DATA(x), .a_rs = n_in, .a_cs = 1,
+        .a = PyArray_DATA(x), .a_rs = nd == 2 ? elem_stride(x, 0) : n_in, .a_cs = nd == 2 ? elem_stride(x, 1) : 1,
         .n_parts = 1, .parts = {{PyArray_DATA(w), b ? PyArray_DATA(b) : NULL, n_out}},
         .b_rs = elem_stride(w, 0), .b_cs = elem_stride(w, 1),
         .c = PyArray_DATA((PyArrayObject *)result), .c_rs = n_out,

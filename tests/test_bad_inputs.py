@@ -333,7 +333,9 @@ def _huge_calls():
     yield "sdpa-mask", lambda: sdpa(q, q, q, attn_mask=huge_view((BIG, BIG, 1, 1), bool)), "attn_mask"
     yield "linear-x", lambda: F.linear(huge_view((BIG, BIG, 64)), np.ones((3, 64), np.float32)), "x"
     yield "linear-out", lambda: F.linear(np.ones((4, 1), np.float32), huge_view((2 ** 58, 1))), "x, weight"
-    yield "linear-rows", lambda: F.linear(huge_view((2 ** 58, 1)), np.ones((3, 1), np.float32)), "x"
+    # a 2-D x is read in place (never copied): its rows make the output too large, as in linear-out
+    yield "linear-rows", lambda: F.linear(huge_view((2 ** 58, 1)), np.ones((3, 1), np.float32)), "x, weight"
+    yield "linear-rows-3d", lambda: F.linear(huge_view((1, 2 ** 58, 1)), np.ones((3, 1), np.float32)), "x"
     yield "softmax", lambda: F.softmax(huge_view((BIG, BIG, 64))), "x"
     yield "softmax-axis0", lambda: F.softmax(huge_view((2 ** 58, 2)), axis=0), "x"
     yield "dropout", lambda: attnc.Dropout(0.5)(huge_view((BIG, BIG, 64))), "x"

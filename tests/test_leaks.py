@@ -255,3 +255,28 @@ def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
             np.testing.assert_array_equal(again, grad_x)
             for name, g in net.named_grads():
                 np.testing.assert_array_equal(g, grads[name], err_msg=name)
+
+
+def test_linear_reads_a_2d_x_by_columns_in_place():
+    """`linear` multiplies a 2-D x with its strides (a gradient's dY^T, as
+    `linear_backward` passes it), never a C-ordered copy of it first: NumPy
+    reports its arrays' allocations to tracemalloc, and the call allocates
+    none of x's size (its output comes from attnc's allocator). The same
+    x with a leading dim of 1 is copied (rows of other ranks must be
+    n_in apart): the measure sees that copy."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((768, 1024), dtype=np.float32).T   # (1024, 768) by columns: 3 MiB
+    w = rng.standard_normal((64, 768), dtype=np.float32)
+
+    def peak_of(call):
+        call()
+        tracemalloc.start()
+        try:
+            call()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    assert peak_of(lambda: F.linear(x, w)) < x.nbytes // 8
+    assert peak_of(lambda: F.linear(x[None], w)) >= x.nbytes   # the oracle sees a copy
+    np.testing.assert_array_equal(F.linear(x, w), F.linear(x[None], w)[0])
