@@ -2037,18 +2037,20 @@ static PyObject *py_self_attention_backward(PyObject *self, PyObject *args, PyOb
     };
     g.forward.seed = seed;
     npy_intp w_shape[2] = {kept_shape[0][1], c.spec.in_dim}, out_shape[2] = {c.spec.out_dim, c.spec.v_dim};
-    int has_out = c.spec.out_dim >= 0;
-    if (!(grads[0] = new_array_of(PyArray_NDIM(c.x), PyArray_DIMS(c.x), c.dt, 1)) ||
-        !(grads[1] = new_array_of(2, w_shape, c.dt, 1)) || !(grads[2] = new_array_of(1, w_shape, c.dt, 1)) ||
-        (has_out && !(grads[3] = new_array_of(2, out_shape, c.dt, 1))) ||
-        (has_out && !(grads[4] = new_array_of(1, out_shape, c.dt, 1))))
+    int has_out = c.spec.out_dim >= 0, run = PyArray_SIZE(c.x) > 0 && PyArray_SIZE(grad) > 0;
+    /* zeros where the kernel does not run (an empty x or grad_output); else
+     * it writes every element (each gradient is a product's whole C) */
+    if (!(grads[0] = new_array_of(PyArray_NDIM(c.x), PyArray_DIMS(c.x), c.dt, !run)) ||
+        !(grads[1] = new_array_of(2, w_shape, c.dt, !run)) || !(grads[2] = new_array_of(1, w_shape, c.dt, !run)) ||
+        (has_out && !(grads[3] = new_array_of(2, out_shape, c.dt, !run))) ||
+        (has_out && !(grads[4] = new_array_of(1, out_shape, c.dt, !run))))
         goto done;
     g.grad_x = PyArray_DATA((PyArrayObject *)grads[0]);
     g.grad_w = PyArray_DATA((PyArrayObject *)grads[1]);
     g.grad_bias = PyArray_DATA((PyArrayObject *)grads[2]);
     g.grad_w_out = has_out ? PyArray_DATA((PyArrayObject *)grads[3]) : NULL;
     g.grad_bias_out = has_out ? PyArray_DATA((PyArrayObject *)grads[4]) : NULL;
-    if (PyArray_SIZE(c.x) > 0 && PyArray_SIZE(grad) > 0) {
+    if (run) {
         attnc_status status;
         RUN_KERNEL(status, attnc_self_attention_backward(&g));
         if (!kernel_ok(status, "self_attention_backward")) goto done;
