@@ -803,12 +803,16 @@ def proc_status_kib(field):
 
 def peak_rss_delta(fn):
     """Peak RSS growth, in bytes, of one warm call of fn (its output included)."""
-    fn()  # one-time initialisation (thread pools, BLAS buffers) is not the call's memory
+    # one-time initialisation (thread pools, BLAS buffers) is not the call's memory; the warm
+    # call's output is held through the measured call, so that its memory cannot serve the
+    # measured output (attnc's allocator keeps a freed output's block for the next call)
+    warm_output = fn()
     gc.collect()
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # resets VmHWM to the current RSS
     before = proc_status_kib("VmRSS")
     output = fn()
+    del warm_output
     return (proc_status_kib("VmHWM") - before) * 1024, np.asarray(output).nbytes
 
 
