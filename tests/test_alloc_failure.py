@@ -30,7 +30,7 @@ def _sweep(call, check):
             except MemoryError as error:
                 failures += 1
                 INJECTED["failed_calls"] += 1
-                # a kernel's workspace, or an output array (NumPy's message: arrays of 64 KB and
+                # a kernel's workspace, or an output array (NumPy's message: arrays of 64 KiB and
                 # more come from the kernels' allocator, so its failures reach them too)
                 assert any(word in str(error) for word in ("memory", "workspace", "Unable to allocate")), str(error)
             else:

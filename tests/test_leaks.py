@@ -215,8 +215,8 @@ def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
     and NumPy's own arrays, by NumPy's. A kept block is never handed out
     while its array lives: outputs held across calls that free others keep
     their values; `ndarray.resize` (a realloc) keeps the leading values;
-    zero-initialised outputs (the backward's gradients) start from zeros
-    in a reused block."""
+    a backward's gradients, made uninitialised (the kernel writes each
+    whole), are right in reused blocks poisoned with NaN."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 128), dtype=np.float32)
     w = rng.standard_normal((128, 128), dtype=np.float32)   # output (256, 128) float32: 128 KiB
