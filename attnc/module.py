@@ -94,11 +94,11 @@ def _grad_dtype(x, module_dtype):
 
 
 def _sum_into(total, grad, dtype):
-    """total + grad rounded to dtype, as ``buffer += grad`` rounds it: in
-    grad's memory (grad being a backward's own new array) when the sum
-    has grad's dtype and grad is writeable, else a new array. The same
-    bits either way."""
-    if grad.dtype == dtype and grad.flags.writeable and np.result_type(total, grad) == dtype:
+    """total (of dtype: a gradient buffer, or a sum made here) + grad
+    rounded to dtype, as ``buffer += grad`` rounds it: in grad's memory
+    (grad being a backward's own new array) when grad has that dtype and
+    is writeable, else a new array. The same bits either way."""
+    if grad.dtype == dtype and grad.flags.writeable:
         return np.add(total, grad, out=grad)
     return np.add(total, grad).astype(dtype, copy=False)
 

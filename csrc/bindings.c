@@ -876,9 +876,7 @@ static PyObject *new_array_of(int nd, const npy_intp *shape, attnc_dtype dt, int
 {
     PyArray_Descr *descr = dtype_descr(dt); /* stolen by both */
     if (!descr) return NULL;
-    idx_t elems = 1;
-    for (int d = 0; d < nd && elems >= 0; d++)
-        if (!attnc_mul_ok(elems, shape[d], &elems)) elems = -1; /* overflows: NumPy's error below */
+    npy_intp elems = PyArray_OverflowMultiplyList((npy_intp *)shape, nd); /* -1: overflows, NumPy's error below */
     PyObject *previous = NULL; /* NumPy's handler, while attnc's is set */
     if (elems >= 0 && (size_t)elems >= ATTNC_KEPT_MIN_BYTES / attnc_dtype_size(dt) &&
         !(previous = PyDataMem_SetHandler(kept_blocks_capsule))) {
