@@ -424,10 +424,10 @@ _LARGE_COPIES = {
     "sdpa-transposed-key": ("k = np.ones((64, 1 << 21), np.float32).T; q = np.ones((1, 64), np.float32); "
                             "v = np.ones((1 << 21, 1), np.float32)",
                             "np.ascontiguousarray(k)", "F.scaled_dot_product_attention(q, k, v)"),
-    "sdpa-float64-bias": ("q, k = np.ones((1 << 14, 2), np.float32), np.ones((1 << 13, 2), np.float32); "
-                          "bias = np.zeros((1 << 14, 1 << 13))",
+    "sdpa-float64-bias": ("q, k = np.ones((1 << 15, 2), np.float32), np.ones((1 << 14, 2), np.float32); "
+                          "bias = np.zeros((1 << 15, 1 << 14))",   # 4 GiB (its pages read as zeros, never faulted in)
                           "bias.astype(np.float32)", "F.scaled_dot_product_attention(q, k, k, attn_bias=bias)"),
-    "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); x = np.ones((1 << 21, 32, 2), np.float32)",
+    "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); x = np.ones((1 << 22, 32, 2), np.float32)",
                           "x.copy()", "m(x)"),
 }
 
