@@ -1373,21 +1373,26 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
 
 /* The gradient of a backward input (its array as converted): the input's
  * own batch shape aligned to the broadcast batch (1 on the axes it is
- * broadcast over), then (rows, cols); C-contiguous and zero-filled, with
- * m's batch strides 0 on those axes, so that the kernel adds the items of
- * a broadcast axis into one gradient. *shared is set when there is one. */
+ * broadcast over), then (rows, cols); C-contiguous, with m's batch
+ * strides 0 on those axes, so that the kernel adds the items of a
+ * broadcast axis into one gradient (*shared is set when there is one).
+ * Zero-filled when it is such a sum or the kernel does not run
+ * (kernel_runs 0: no item, query or key); else the kernel writes every
+ * element (each item's rows, whole, by their key blocks or query tiles). */
 static PyObject *input_grad_result(const attnc_batch *batch, PyArrayObject *input, idx_t rows, idx_t cols,
-                                   attnc_dtype dt, attnc_matrices *m, int *shared)
+                                   attnc_dtype dt, int kernel_runs, attnc_matrices *m, int *shared)
 {
     npy_intp shape[MAX_SCORES_DIMS];
     int nb = batch->ndim, first = nb - (PyArray_NDIM(input) - 2); /* the input's first batch axis in the batch */
+    int summed = 0;
     for (int d = 0; d < nb; d++) {
         shape[d] = d >= first && PyArray_DIM(input, d - first) == batch->shape[d] ? batch->shape[d] : 1;
-        *shared |= shape[d] == 1 && batch->shape[d] > 1;
+        summed |= shape[d] == 1 && batch->shape[d] > 1;
     }
+    *shared |= summed;
     shape[nb] = rows;
     shape[nb + 1] = cols;
-    PyObject *arr = new_array_of(nb + 2, shape, dt, 1);
+    PyObject *arr = new_array_of(nb + 2, shape, dt, summed || !kernel_runs);
     if (arr) {
         m->data = PyArray_DATA((PyArrayObject *)arr);
         m->row_stride = cols;
@@ -1523,10 +1528,11 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
         batch_strides(saved[i], 2, nb, from[i]->batch_strides);
     }
     g.lse = PyArray_DATA(saved[2]);
-    int shared = 0;
-    if (!(grads[0] = input_grad_result(&a->batch, arr[0], a->L, a->E, dt, &g.grad_q, &shared)) ||
-        !(grads[1] = input_grad_result(&a->batch, arr[1], a->S, a->E, dt, &g.grad_k, &shared)) ||
-        !(grads[2] = input_grad_result(&a->batch, arr[2], a->S, a->Ev, dt, &g.grad_v, &shared)))
+    int shared = 0, runs = a->L > 0 && a->S > 0;
+    for (int d = 0; d < nb; d++) runs &= a->batch.shape[d] > 0;
+    if (!(grads[0] = input_grad_result(&a->batch, arr[0], a->L, a->E, dt, runs, &g.grad_q, &shared)) ||
+        !(grads[1] = input_grad_result(&a->batch, arr[1], a->S, a->E, dt, runs, &g.grad_k, &shared)) ||
+        !(grads[2] = input_grad_result(&a->batch, arr[2], a->S, a->Ev, dt, runs, &g.grad_v, &shared)))
         goto done;
     if (shared && compute_dtype(dt) != dt) { /* the kernel sums in the gradients' own dtype */
         PyErr_SetString(PyExc_ValueError, "dtype: gradients summed over a broadcast batch of 16-bit inputs are "

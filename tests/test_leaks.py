@@ -257,6 +257,65 @@ def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
                 np.testing.assert_array_equal(g, grads[name], err_msg=name)
 
 
+def _sdpa_grads_float64(q, k, v, grad_out, causal):
+    """dQ, dK, dV of softmax(Q K^T / sqrt(E)) V in float64, from the
+    formulas (P, dV = P^T dO, dS = P (dO V^T - rowsum(P dO V^T))), with
+    K and V broadcast over the batch as the call broadcasts them and
+    their gradients summed back over the axes they were broadcast on."""
+    q, k, v, grad_out = (np.asarray(t, np.float64) for t in (q, k, v, grad_out))
+    kb, vb = np.broadcast_to(k, q.shape[:-2] + k.shape[-2:]), np.broadcast_to(v, q.shape[:-2] + v.shape[-2:])
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(kb, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = grad_out @ np.swapaxes(vb, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq, dk, dv = ds @ kb * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ grad_out
+    summed = lambda g, like: g.sum(axis=tuple(i for i, n in enumerate(like.shape[:-2]) if n == 1), keepdims=True)
+    return dq, summed(dk, k), summed(dv, v)
+
+
+@pytest.mark.parametrize("case", ["own", "causal", "keys_broadcast", "no_keys"])
+def test_sdpa_backward_gradients_in_reused_blocks(case):
+    """The SDPA backward's gradients come from attnc's kept blocks
+    uninitialised where the kernel writes each whole, zero-filled where it
+    adds into them (K and V broadcast over the batch: their gradients are
+    sums over it) or does not run (no keys): in blocks poisoned with NaN,
+    the gradients equal float64 ones and the first call's bits."""
+    rng = np.random.default_rng(3)
+    keys = 0 if case == "no_keys" else 256
+    q = rng.standard_normal((4, 4, 128, 32), dtype=np.float32)   # its gradient: 256 KiB
+    kv_batch = 1 if case == "keys_broadcast" else 4
+    k, v = (rng.standard_normal((kv_batch, 4, keys, 32), dtype=np.float32) for _ in range(2))
+    grad_out = rng.standard_normal(q.shape, dtype=np.float32)
+    causal = case == "causal"
+    out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+    first = [g.copy() for g in F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse,
+                                                                       is_causal=causal)]
+    expected = ([np.zeros(t.shape) for t in (q, k, v)] if keys == 0   # no key: no weight, no gradient
+                else _sdpa_grads_float64(q, k, v, grad_out, causal))
+    for got, want, name in zip(first, expected, ("q", "k", "v")):
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+    x = rng.standard_normal((256, 128), dtype=np.float32)
+    wide = rng.standard_normal((2048, 128), dtype=np.float32)
+    for _ in range(3):
+        junk = [F.linear(x, wide[:n]) for n in (256, 512, 1024, 2048) for _ in range(2)]   # 256 KiB - 2 MiB
+        for j in junk:
+            j[...] = np.nan
+        del junk, j
+        again = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, is_causal=causal)
+        for got, want, name in zip(again, first, ("q", "k", "v")):
+            owner = got
+            while owner.base is not None:   # (attnc.functional may return a view of the C call's array)
+                owner = owner.base
+            if owner.nbytes >= 64 * 1024:
+                assert _handler_name(owner) == "attnc_kept_blocks", name
+            np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_linear_reads_a_2d_x_by_columns_in_place():
     """`linear` multiplies a 2-D x with its strides (a gradient's dY^T, as
     `linear_backward` passes it), never a C-ordered copy of it first: NumPy
