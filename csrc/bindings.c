@@ -1528,8 +1528,9 @@ static PyObject *py_sdpa_backward(PyObject *self, PyObject *args, PyObject *kwar
         batch_strides(saved[i], 2, nb, from[i]->batch_strides);
     }
     g.lse = PyArray_DATA(saved[2]);
-    int shared = 0, runs = a->L > 0 && a->S > 0;
-    for (int d = 0; d < nb; d++) runs &= a->batch.shape[d] > 0;
+    idx_t n_items; /* (counted without overflow by attention_operands) */
+    if (!count_items(nb, a->batch.shape, &n_items, "query")) goto done;
+    int shared = 0, runs = n_items > 0 && a->L > 0 && a->S > 0;
     if (!(grads[0] = input_grad_result(&a->batch, arr[0], a->L, a->E, dt, runs, &g.grad_q, &shared)) ||
         !(grads[1] = input_grad_result(&a->batch, arr[1], a->S, a->E, dt, runs, &g.grad_k, &shared)) ||
         !(grads[2] = input_grad_result(&a->batch, arr[2], a->S, a->Ev, dt, runs, &g.grad_v, &shared)))
