@@ -417,7 +417,11 @@ def test_sigint_stops_one_long_softmax_row():
 
 
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
-# to tell), and the call.
+# to tell), and the call. The training x: 1 GiB, whose copy took 0.17-0.20 s on a Zen 3 host
+# (512 MiB: 0.09, too short to tell); under ASan 512 MiB (a 1.7 s copy), since there the
+# interrupted call's freeing of its copy of x grows with it: 1 GiB's Ctrl-C came 1.57 s late
+# in one of three CI runs, past the 1 s ASan allows.
+_TRAINING_X_ROWS = "1 << 21" if UNDER_ASAN else "1 << 22"
 _LARGE_COPIES = {
     "softmax-transposed-x": ("x = np.ones((1 << 13, 1 << 13), np.float32).T",
                              "np.ascontiguousarray(x)", "F.softmax(x)"),
@@ -427,7 +431,8 @@ _LARGE_COPIES = {
     "sdpa-float64-bias": ("q, k = np.ones((1 << 15, 2), np.float32), np.ones((1 << 14, 2), np.float32); "
                           "bias = np.zeros((1 << 15, 1 << 14))",   # 4 GiB (its pages read as zeros, never faulted in)
                           "bias.astype(np.float32)", "F.scaled_dot_product_attention(q, k, k, attn_bias=bias)"),
-    "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); x = np.ones((1 << 22, 32, 2), np.float32)",
+    "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); "
+                          f"x = np.ones(({_TRAINING_X_ROWS}, 32, 2), np.float32)",
                           "x.copy()", "m(x)"),
 }
 
