@@ -56,9 +56,16 @@
 #endif
 
 #define ATTNC_ALIGNMENT 64 /* a cache line; also enough for any vector load */
-/* Each block starts with a header of one alignment unit holding its size,
- * so that attnc_free knows it. */
+/* Each block starts with a header of one alignment unit: its size, which
+ * attnc_free keeps it by, and the bytes handed out of it (a kept block serves
+ * requests down to half its size), which attnc_realloc copies: only those
+ * are addressable to ASan and valgrind. */
+typedef struct {
+    size_t bytes;
+    size_t handed_out;
+} block_header;
 #define HEADER_BYTES ATTNC_ALIGNMENT
+_Static_assert(sizeof(block_header) <= HEADER_BYTES, "a block's header fits before its aligned start");
 #define CACHE_MAX_BYTES ((size_t)64 << 20)
 #define CACHE_SLOTS 16
 
@@ -100,7 +107,7 @@ int attnc_mul_ok(idx_t a, idx_t b, idx_t *out)
 
 void attnc_fail_alloc_after(long n) { atomic_store(&allocs_until_failure, n); }
 
-static size_t block_bytes(const char *block) { return *(const size_t *)(block - HEADER_BYTES); }
+static block_header *header_of(char *block) { return (block_header *)(block - HEADER_BYTES); }
 
 /* Drop kept[i], keeping the order of the rest. */
 static void forget_kept(int i)
@@ -124,7 +131,10 @@ static char *take_kept(size_t bytes)
     char *block = best < 0 ? NULL : kept[best].block;
     if (best >= 0) forget_kept(best);
     unlock_cache();
-    if (block) MARK_REUSED(block, bytes);
+    if (block) {
+        header_of(block)->handed_out = bytes;
+        MARK_REUSED(block, bytes);
+    }
     return block;
 }
 
@@ -160,7 +170,7 @@ void *attnc_malloc(size_t n_bytes)
     char *start = aligned_alloc(ATTNC_ALIGNMENT, HEADER_BYTES + rounded);
     if (!start) return NULL;
     if (rounded >= HUGE_PAGES_MIN_BYTES) ask_for_huge_pages(start, HEADER_BYTES + rounded);
-    *(size_t *)start = rounded;
+    *(block_header *)start = (block_header){.bytes = rounded, .handed_out = rounded};
     return start + HEADER_BYTES;
 }
 
@@ -168,8 +178,8 @@ void *attnc_realloc(void *p, size_t n_bytes)
 {
     void *moved = attnc_malloc(n_bytes);
     if (p && moved) {
-        size_t kept = block_bytes(p);
-        memcpy(moved, p, kept < n_bytes ? kept : n_bytes);
+        size_t old = header_of(p)->handed_out;
+        memcpy(moved, p, old < n_bytes ? old : n_bytes);
         attnc_free(p);
     }
     return moved; /* NULL: p untouched */
@@ -179,7 +189,7 @@ void attnc_free(void *p)
 {
     if (!p) return;
     char *block = p, *let_go[CACHE_SLOTS + 1];
-    size_t bytes = block_bytes(block);
+    size_t bytes = header_of(block)->bytes;
     int n_let_go = 0;
     if (bytes < ATTNC_KEPT_MIN_BYTES || bytes > CACHE_MAX_BYTES) {
         let_go[n_let_go++] = block;

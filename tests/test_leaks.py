@@ -257,6 +257,26 @@ def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
                 np.testing.assert_array_equal(g, grads[name], err_msg=name)
 
 
+
+def test_resize_of_an_output_in_a_larger_kept_block():
+    """Regression (an audit, under ASan): a kept block serves a request of
+    half its size and up, and `ndarray.resize` growing an output that sat
+    in a larger block copied the whole block, reading past what was handed
+    out (still marked kept: ASan's use-after-poison, valgrind's invalid
+    read). The copy is now what the output was given; CI's sanitizer lane
+    runs this test."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 64), dtype=np.float32)
+    w = rng.standard_normal((512, 64), dtype=np.float32)
+    freed = [F.linear(x, w) for _ in range(3)]   # (256, 512): 512 KiB each, kept when freed
+    del freed   # the next output's 301 KiB then come from a larger kept block (one of them, or any that fits)
+    expected = x.astype(np.float64) @ w[:301].T.astype(np.float64)
+    small = F.linear(x, w[:301])
+    small.resize((400, 301), refcheck=False)
+    np.testing.assert_allclose(small[:256], expected, rtol=1e-4, atol=1e-4)
+    assert not small[256:].any()
+
+
 def _sdpa_grads_float64(q, k, v, grad_out, causal):
     """dQ, dK, dV of softmax(Q K^T / sqrt(E)) V in float64, from the
     formulas (P, dV = P^T dO, dS = P (dO V^T - rowsum(P dO V^T))), with
