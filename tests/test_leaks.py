@@ -257,7 +257,6 @@ def test_outputs_of_64_kib_and_more_come_from_the_kept_blocks():
                 np.testing.assert_array_equal(g, grads[name], err_msg=name)
 
 
-
 def test_resize_of_an_output_in_a_larger_kept_block():
     """Regression (an audit, under ASan): a kept block serves a request of
     half its size and up, and `ndarray.resize` growing an output that sat
