@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 best="$(cd /tmp && python -c 'import attnc; print(attnc._C.simd_levels()[-1])')"
+copies="$(mktemp -d)"
+trap 'rm -rf "$copies"' EXIT
 for bytes in 64 32; do
     # avx512bf16 is AVX-512 with the bfloat16 dot products: the same 64-byte shapes
     native=$([ "$bytes" = 64 ] && echo avx512 || echo avx2)
@@ -18,7 +20,7 @@ for bytes in 64 32; do
         echo "-- $bytes-byte vectors: skipped, this CPU's best level ($best) ran the whole suite natively at that width"
         continue
     fi
-    copy="$(mktemp -d)/attnc"
+    copy="$copies/$bytes/attnc"
     mkdir -p "$copy"
     git ls-files -z | xargs -0 cp --parents -t "$copy"
     (cd "$copy" && ATTNC_PORTABLE_VECTOR_BYTES=$bytes ATTNC_SKIP_UNRUNNABLE_KERNELS=1 python setup.py -q build_ext --inplace > build.log 2>&1) ||
