@@ -62,8 +62,8 @@ if without_avx512:
 # the kernel files (the AVX512_BF16 ones 20.9 s instead of 10.4).
 # -O2, not -O1: at -O1 the micro-kernels' accumulator tiles stay in memory,
 # every access checked; on 2 Zen 3 cores the suite under ASan took 970 s at
-# -O1 and 792 s at -O2 (one forward test 283 s and 87 s), for 39 s more of
-# compiling. (-O2 is also nearer the release build's -O3.)
+# -O1 and 792 s at -O2 (the two run side by side), for 39 s more of CPU to
+# compile. (-O2 is also nearer the release build's -O3.)
 if os.environ.get("ATTNC_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O2", "-g1"] + sanitize
