@@ -77,9 +77,10 @@ def test_module_forward_by_chunks_under_allocation_failures(restore_threads):
     items of 420 x 512, float64: 32.8 MiB, chunks of 2 and 3 items): a failure in any
     chunk's allocations raises MemoryError (never an output with a chunk left unwritten:
     each output is filled with NaN once checked, for a later one that reuses its memory)
-    and leaves the next call right."""
+    and leaves the next call right. One head: the chunks are cut the same for any count,
+    and 8 heads made 55 allocations to sweep instead of 40 (under ASan 102 s, not 68)."""
     attnc.set_num_threads(2)
-    m = make_module("MHA", 512, dtype=np.float64, heads=8)
+    m = make_module("MHA", 512, dtype=np.float64, heads=1)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((5, 420, 512))
     mask = rng.integers(0, 2, (5, 1, 420, 420))
