@@ -79,6 +79,7 @@ _Static_assert(sizeof(block_header) <= HEADER_BYTES, "a block's header fits befo
 #define HUGE_PAGES_MIN_BYTES ((size_t)4 << 20)
 
 static atomic_long allocs_until_failure = -1; /* < 0: never fail */
+static atomic_int fail_once;                  /* the failing allocation's successors succeed */
 
 /* The kept blocks, oldest first, and their total size; under cache_lock. */
 static struct {
@@ -105,7 +106,13 @@ int attnc_mul_ok(idx_t a, idx_t b, idx_t *out)
     return 1;
 }
 
-void attnc_fail_alloc_after(long n) { atomic_store(&allocs_until_failure, n); }
+long attnc_fail_alloc_after(long n, int once)
+{
+    long left = atomic_exchange(&allocs_until_failure, -1);
+    atomic_store(&fail_once, once);
+    atomic_store(&allocs_until_failure, n);
+    return left;
+}
 
 static block_header *header_of(char *block) { return (block_header *)(block - HEADER_BYTES); }
 
@@ -159,8 +166,12 @@ void *attnc_malloc(size_t n_bytes)
 {
     long left = atomic_load(&allocs_until_failure);
     while (left >= 0) {
-        if (left == 0) return NULL;
-        if (atomic_compare_exchange_weak(&allocs_until_failure, &left, left - 1)) break;
+        if (left == 0 && !atomic_load(&fail_once)) return NULL;
+        /* (once: of the threads that find 0, the one that ends the countdown fails) */
+        if (atomic_compare_exchange_weak(&allocs_until_failure, &left, left == 0 ? -1 : left - 1)) {
+            if (left == 0) return NULL;
+            break;
+        }
     }
     size_t rounded = (n_bytes + ATTNC_ALIGNMENT - 1) / ATTNC_ALIGNMENT * ATTNC_ALIGNMENT;
     if (rounded < n_bytes || rounded > SIZE_MAX - HEADER_BYTES) return NULL;

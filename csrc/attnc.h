@@ -53,13 +53,15 @@ static inline idx_t attnc_min(idx_t x, idx_t y) { return x < y ? x : y; }
 static inline idx_t attnc_ceil_div(idx_t x, idx_t y) { return x / y + (x % y != 0); }
 /* 64-byte aligned malloc whose large freed blocks are kept for reuse (at
  * most 64 MiB in all), with an allocation-failure injection hook for tests:
- * after attnc_fail_alloc_after(n), the (n+1)-th allocation fails (n < 0:
- * never). Memory only from attnc_malloc goes to attnc_free. */
+ * after attnc_fail_alloc_after(n, once), the (n+1)-th allocation fails, and
+ * every later one too unless once (n < 0: none fails); it returns the
+ * allocations that were left before a failure (-1 once a `once` failure
+ * has been made). Memory only from attnc_malloc goes to attnc_free. */
 void *attnc_malloc(size_t n_bytes);
 void attnc_free(void *p);
 /* realloc's contract over attnc_malloc's blocks (p NULL: attnc_malloc) */
 void *attnc_realloc(void *p, size_t n_bytes);
-void attnc_fail_alloc_after(long n);
+long attnc_fail_alloc_after(long n, int once);
 /* Freed blocks of this many bytes or more are kept */
 #define ATTNC_KEPT_MIN_BYTES ((size_t)64 << 10)
 

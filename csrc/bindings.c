@@ -2423,10 +2423,15 @@ static PyObject *py_set_cpus_for_tests(PyObject *self, PyObject *args, PyObject 
 
 static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *kwargs)
 {
+    static char *kwlist[] = {"n", "once", NULL};
+    PyObject *obj;
+    int once = 0, overflow;
     long n;
-    if (!bounded_long_argument(args, kwargs, "fail_alloc_after", "n", LONG_MIN, LONG_MAX, &n)) return NULL;
-    attnc_fail_alloc_after(n);
-    Py_RETURN_NONE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:fail_alloc_after", kwlist, &obj, &once)) return NULL;
+    if (!as_long(obj, "n", &n, &overflow)) return NULL;
+    if (overflow) return PyErr_Format(PyExc_ValueError, "n: expected an integer from %ld to %ld, got %R", LONG_MIN,
+                                      LONG_MAX, obj);
+    return PyLong_FromLong(attnc_fail_alloc_after(n, once));
 }
 
 /* ======================================================================== */
@@ -2542,7 +2547,9 @@ static PyMethodDef methods[] = {
      "`set_num_threads` counts up to `n` split the work as on a machine that wide (0 to 64);\n"
      "the default thread count stays the real CPUs'."},
     {"fail_alloc_after", FN(py_fail_alloc_after), KW,
-     "fail_alloc_after($module, /, n)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails (n < 0: never)."},
+     "fail_alloc_after($module, /, n, *, once=False)\n--\n\nTesting hook: the (n+1)-th kernel allocation fails, and "
+     "every later one too unless once (n < 0: none fails). Returns the allocations that were "
+     "left before a failure (-1 once a `once` failure has been made)."},
     {NULL, NULL, 0, NULL},
 };
 
