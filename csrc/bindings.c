@@ -2326,21 +2326,27 @@ done:
 /* ======================================================================== */
 /* threads, kernel levels, test hooks                                       */
 
-/* The one integer argument `name` of `function`, in [low, high]; a
- * TypeError or ValueError naming it otherwise. */
+/* The integer `obj`, argument `name`, in [low, high]; a TypeError or
+ * ValueError naming it otherwise. */
+static int long_in_range(PyObject *obj, const char *name, long low, long high, long *out)
+{
+    int overflow;
+    if (!as_long(obj, name, out, &overflow)) return 0;
+    if (!overflow && *out >= low && *out <= high) return 1;
+    PyErr_Format(PyExc_ValueError, "%s: expected an integer from %ld to %ld, got %R", name, low, high, obj);
+    return 0;
+}
+
+/* The one integer argument `name` of `function`, in [low, high]. */
 static int bounded_long_argument(PyObject *args, PyObject *kwargs, const char *function, char *name, long low,
                                  long high, long *out)
 {
     char *kwlist[] = {name, NULL};
     char format[64];
     PyObject *obj;
-    int overflow;
     snprintf(format, sizeof format, "O:%s", function); /* errors of the call itself name the function */
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &obj)) return 0;
-    if (!as_long(obj, name, out, &overflow)) return 0;
-    if (!overflow && *out >= low && *out <= high) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: expected an integer from %ld to %ld, got %R", name, low, high, obj);
-    return 0;
+    return long_in_range(obj, name, low, high, out);
 }
 
 static PyObject *py_set_num_threads(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -2425,12 +2431,10 @@ static PyObject *py_fail_alloc_after(PyObject *self, PyObject *args, PyObject *k
 {
     static char *kwlist[] = {"n", "once", NULL};
     PyObject *obj;
-    int once = 0, overflow;
+    int once = 0;
     long n;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:fail_alloc_after", kwlist, &obj, &once)) return NULL;
-    if (!as_long(obj, "n", &n, &overflow)) return NULL;
-    if (overflow) return PyErr_Format(PyExc_ValueError, "n: expected an integer from %ld to %ld, got %R", LONG_MIN,
-                                      LONG_MAX, obj);
+    if (!long_in_range(obj, "n", LONG_MIN, LONG_MAX, &n)) return NULL;
     return PyLong_FromLong(attnc_fail_alloc_after(n, once));
 }
 
