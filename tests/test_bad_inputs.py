@@ -374,43 +374,64 @@ def _huge_calls():
 HUGE_CALLS = {name: (call, argument) for name, call, argument in _huge_calls()}
 
 _HUGE_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import json, sys, time
     sys.path.insert(0, {tests!r})
     import test_bad_inputs as t
-    start = time.time()
-    try:
-        t.HUGE_CALLS[{name!r}][0]()
-    except (MemoryError, ValueError) as e:
-        print("RAISED", type(e).__name__, e)
-    else:
-        print("RETURNED")
-    print("SECONDS", time.time() - start)
+    for name, (call, _) in t.HUGE_CALLS.items():
+        print(json.dumps({{"started": name}}), flush=True)
+        start = time.time()
+        try:
+            call()
+        except (MemoryError, ValueError) as e:
+            result = {{"raised": type(e).__name__, "message": str(e)}}
+        else:
+            result = {{"raised": None}}
+        print(json.dumps({{"name": name, "seconds": time.time() - start, **result}}), flush=True)
 """)
+HUGE_CHILD_TIMEOUT = 120
 
 
-@pytest.mark.parametrize("name", list(HUGE_CALLS))
-def test_huge_shapes_raise_before_any_work(name):
-    """MemoryError or ValueError naming the argument, at once (NumPy's own
-    MemoryError named too: a broadcast view too large to copy, an output too
-    large to allocate). Run in a child with a memory cap
-    and a timeout, so a wrong size computation cannot take the test run down."""
+@pytest.fixture(scope="module")
+def huge_call_outcomes():
+    """Every HUGE_CALLS call, one after the other in one child (one interpreter start,
+    which under ASan took a second a call), with a memory cap and a timeout, so that a
+    wrong size computation cannot take the test run down: {name: outcome}, and the
+    child's exit status, stderr and the call it was in when it stopped."""
+    import json
     import os
-    script = _HUGE_SCRIPT.format(tests=os.path.dirname(__file__), name=name)
+    script = _HUGE_SCRIPT.format(tests=os.path.dirname(__file__))
     # 4 GB of address space: a wrongly sized allocation fails instead of
     # swapping (not under ASan, whose shadow memory needs terabytes of it)
     cap = "" if "asan" in os.environ.get("LD_PRELOAD", "") else "ulimit -v 4000000; "
+    argv = ["bash", "-c", cap + f'exec "{sys.executable}" -c "$0"', script]
     try:
-        proc = subprocess.run(["bash", "-c", cap + f'exec "{sys.executable}" -c "$0"', script],
-                              capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{name}: still running after 60 s (hang or work on an impossible size)")
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    assert "RAISED" in proc.stdout, f"{name}: returned a result\n{proc.stdout}"
-    message = proc.stdout.split("RAISED", 1)[1].split(None, 1)[1]  # after the error's type
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=HUGE_CHILD_TIMEOUT)
+        stdout, ended = proc.stdout, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    except subprocess.TimeoutExpired as e:
+        stdout, ended = (e.stdout or b"").decode(), f"still running after {HUGE_CHILD_TIMEOUT} s"
+    outcomes, last_started = {}, None
+    for line in stdout.splitlines():
+        record = json.loads(line)
+        if "started" in record:
+            last_started = record["started"]
+        else:
+            outcomes[record["name"]] = record
+    return outcomes, f"the child stopped ({ended}) in {last_started!r}"
+
+
+@pytest.mark.parametrize("name", list(HUGE_CALLS))
+def test_huge_shapes_raise_before_any_work(name, huge_call_outcomes):
+    """MemoryError or ValueError naming the argument, at once (NumPy's own
+    MemoryError named too: a broadcast view too large to copy, an output too
+    large to allocate)."""
+    outcomes, how_the_child_stopped = huge_call_outcomes
+    assert name in outcomes, f"{name}: no outcome; {how_the_child_stopped}"
+    outcome = outcomes[name]
+    assert outcome["raised"], f"{name}: returned a result"
     argument = HUGE_CALLS[name][1]
-    assert message.startswith(argument + ":"), f"{name}: the error does not name {argument!r}: {message}"
-    seconds = float(proc.stdout.split("SECONDS")[1])
-    assert seconds < 5, f"{name}: took {seconds:.1f} s before raising"
+    assert outcome["message"].startswith(argument + ":"), \
+        f"{name}: the {outcome['raised']} does not name {argument!r}: {outcome['message']}"
+    assert outcome["seconds"] < 5, f"{name}: took {outcome['seconds']:.1f} s before raising"
 
 
 def test_empty_result_with_huge_work_returns_at_once():
