@@ -691,7 +691,9 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
     calls shared one per-thread state, so the inner call's end left the outer one unpolled
     (Ctrl-C came only when it finished), and an inner call stopped by KeyboardInterrupt
     stopped the outer one's workers too, which returned with a third of C never computed,
-    no error raised (a review helper, 2026-11-24). Each call now has its own state."""
+    no error raised (a review helper, 2026-11-24). Each call now has its own state. The
+    child checks that the inner call was the one interrupted (an outer product of 2000
+    rows outlasts two ticks; 3000 took 3x the time under ASan, 21 s)."""
     out = _run_child("""
         import signal, time
         import numpy as np
@@ -699,25 +701,27 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
         from attnc import functional as F
         attnc.set_num_threads(2)
         rng = np.random.default_rng(8)
-        a = rng.standard_normal((3000, 3000)).astype(np.float32)
+        a = rng.standard_normal((2000, 2000)).astype(np.float32)  # past the first tick
         b = rng.standard_normal((2000, 2000)).astype(np.float32)  # long enough for the next tick
         expected = a.astype(np.float64) @ a.T.astype(np.float64)
-        ticks = []
+        ticks, inner_calls = [], []
         def nested_call_interrupted(signum, frame):
             ticks.append(time.perf_counter())
             if len(ticks) == 1:
                 try:
                     F.linear(b, b)  # its poll runs this handler again: the second tick stops it
+                    inner_calls.append("ended")
                 except KeyboardInterrupt:
-                    pass
+                    inner_calls.append("interrupted")
             elif len(ticks) == 2:
                 raise KeyboardInterrupt
         signal.signal(signal.SIGALRM, nested_call_interrupted)
         for _ in range(3):
-            ticks.clear()
+            ticks.clear(), inner_calls.clear()
             signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
             out = F.linear(a, a)
             signal.setitimer(signal.ITIMER_REAL, 0)
+            assert inner_calls == ["interrupted"], inner_calls  # the case this test is for
             np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-2)
         print("outer whole")
         # a nested call that completes, then Ctrl-C: the outer call still stops promptly
