@@ -93,9 +93,9 @@ def test_module_forward_by_chunks_under_allocation_failures(restore_threads):
     chunk's failure then meets later chunks whose allocations succeed, and must not be
     lost to them (a planted loop that went on to the next chunk returned an output with
     a chunk never written; failing every later allocation too, as the other sweeps also
-    do, hid it). One head and short items of 128 features: the same chunks as 5 items of
-    420 x 512 (40 allocations, 8 heads 55), at 0.4 of their time under ASan (55
-    allocations: 44 s against 78)."""
+    do, hid it). One head and items of 128 features: 55 allocations to sweep, at 0.39 s a
+    call under ASan, where 5 items of 420 x 512 made 40 at 0.97 s (44 s against 78; with
+    8 heads, 55 allocations)."""
     attnc.set_num_threads(2)
     m = make_module("MHA", 128, dtype=np.float64, heads=1)
     rng = np.random.default_rng(3)

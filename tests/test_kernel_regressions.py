@@ -717,7 +717,8 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
                 raise KeyboardInterrupt
         signal.signal(signal.SIGALRM, nested_call_interrupted)
         for _ in range(3):
-            ticks.clear(), inner_calls.clear()
+            ticks.clear()
+            inner_calls.clear()
             signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
             out = F.linear(a, a)
             signal.setitimer(signal.ITIMER_REAL, 0)
