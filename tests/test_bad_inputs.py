@@ -411,6 +411,8 @@ def huge_call_outcomes():
         stdout, ended = (e.stdout or b"").decode(), f"still running after {HUGE_CHILD_TIMEOUT} s"
     outcomes, last_started = {}, None
     for line in stdout.splitlines():
+        if not line.startswith("{"):  # (not one of the child's records)
+            continue
         record = json.loads(line)
         if "started" in record:
             last_started = record["started"]
