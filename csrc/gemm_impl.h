@@ -409,23 +409,30 @@ static inline __attribute__((always_inline)) void FN(gemm_tile)(int rows, int ve
     for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] = 4 * g < rows ? a + 4 * g * a_rs : a;
     idx_t offset[4] = {0, a_rs, 2 * a_rs, 3 * a_rs};
     const size_t step_bytes = sizeof(elem) * (pairs ? 2 : 1); /* a step of next_rows */
-    GEMM_K_UNROLL for (idx_t p = 0; p < kc; p++, b += b_rs ? b_rs : GEMM_NR) {
-        if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
-            __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
-            if (vectors == 2 && GEMM_NR * sizeof(real) > 64)
-                __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
-        }
-        if (next_rows && p % (64 / step_bytes) == 0) /* a line of each of the next sliver's rows */
+    /* Steps in runs of a line's worth of next_rows, whose asks come
+     * before each run: no test of next_rows or of the step in the loop
+     * (one run of all kc steps without next_rows) */
+    const idx_t run_steps = next_rows ? (idx_t)(64 / step_bytes) : kc;
+    for (idx_t p0 = 0; p0 < kc; p0 += run_steps) {
+        if (next_rows) /* a line of each of the next sliver's rows */
             for (int r = 0; r < GEMM_NEXT_SLIVER_ROWS; r++)
-                __builtin_prefetch(next_rows + r * next_rs + p * step_bytes, 0, 2);
-        vreal b0 = b_rs ? vloadu(b) : vload(b);
-        vreal b1 = vectors == 2 ? (b_rs ? vloadu(b + VLANES) : vload(b + VLANES)) : vzero();
-        _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
-            vreal ai = vset1(group[i / 4][offset[i % 4]]);
-            acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
-            if (vectors == 2) acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
+                __builtin_prefetch(next_rows + r * next_rs + p0 * step_bytes, 0, 2);
+        const idx_t p_end = attnc_min(kc, p0 + run_steps);
+        GEMM_K_UNROLL for (idx_t p = p0; p < p_end; p++, b += b_rs ? b_rs : GEMM_NR) {
+            if (stream_b) { /* a step's B is one cache line, or two (NR = 32 floats) */
+                __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR);
+                if (vectors == 2 && GEMM_NR * sizeof(real) > 64)
+                    __builtin_prefetch(b + GEMM_PREFETCH_STEPS * GEMM_NR + VLANES);
+            }
+            vreal b0 = b_rs ? vloadu(b) : vload(b);
+            vreal b1 = vectors == 2 ? (b_rs ? vloadu(b + VLANES) : vload(b + VLANES)) : vzero();
+            _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++) {
+                vreal ai = vset1(group[i / 4][offset[i % 4]]);
+                acc[i][0] = vmac(pairs, ai, b0, acc[i][0]);
+                if (vectors == 2) acc[i][1] = vmac(pairs, ai, b1, acc[i][1]);
+            }
+            for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] += a_step;
         }
-        for (int g = 0; g < (GEMM_MR + 3) / 4; g++) group[g] += a_step;
     }
     _Pragma("GCC unroll 12") for (int i = 0; i < rows; i++, c += c_rs) {
         for (int v = 0; v < vectors; v++) {
@@ -736,12 +743,18 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     if (m == GEMM_MR && n == GEMM_NR) {
         real *c = job->c + i * job->c_rs + j;
         idx_t next_rs = job->b.rs * (idx_t)sizeof(elem);
-        if (first)
-            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, 0, c, job->c_rs,
-                          bias ? bias + j : FN(gemm_zeros), 0, NULL, 1, BF16_PAIRS, next_rows, next_rs);
-        else
-            FN(gemm_tile)(GEMM_MR, 2, job->steps, a, a_rs, a_step, b, 0, c, job->c_rs, NULL, 0, NULL, 1, BF16_PAIRS,
-                          next_rows, next_rs);
+        /* A's step a constant in each copy (1 in place, where A's column
+         * stride is 1: a_packed_from; MR packed), so that the unrolled K
+         * loop reaches its steps by displacements */
+#define GEMM_FULL_TILE(A_RS, A_STEP, INIT)                                                                         \
+    FN(gemm_tile)(GEMM_MR, 2, job->steps, a, A_RS, A_STEP, b, 0, c, job->c_rs, INIT, 0, NULL, 1, BF16_PAIRS, next_rows, \
+                  next_rs)
+        const real *init = bias ? bias + j : FN(gemm_zeros);
+        if (in_place && first) GEMM_FULL_TILE(a_rs, 1, init);
+        else if (in_place) GEMM_FULL_TILE(a_rs, 1, NULL);
+        else if (first) GEMM_FULL_TILE(1, GEMM_MR, init);
+        else GEMM_FULL_TILE(1, GEMM_MR, NULL);
+#undef GEMM_FULL_TILE
         return;
     }
     /* the tile's start: zeros, or the bias along its columns (one row for
