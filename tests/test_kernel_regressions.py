@@ -705,20 +705,29 @@ def test_a_call_inside_a_signal_handler_leaves_the_interrupted_call_whole():
         b = rng.standard_normal((2000, 2000)).astype(np.float32)  # long enough for the next tick
         expected = a.astype(np.float64) @ a.T.astype(np.float64)
         ticks, inner_calls = [], []
+        # a tick raises only while the inner call runs, and once: a tick that came before
+        # the first handler reached its `try` (the thread held up 10 ms on a busy host) had
+        # raised there, out of the outer call
+        inner = {"running": False, "raised": False}
         def nested_call_interrupted(signum, frame):
             ticks.append(time.perf_counter())
             if len(ticks) == 1:
                 try:
-                    F.linear(b, b)  # its poll runs this handler again: the second tick stops it
+                    inner["running"] = True
+                    F.linear(b, b)  # its poll runs this handler again: the next tick stops it
                     inner_calls.append("ended")
                 except KeyboardInterrupt:
                     inner_calls.append("interrupted")
-            elif len(ticks) == 2:
+                finally:
+                    inner["running"] = False
+            elif inner["running"] and not inner["raised"]:
+                inner["raised"] = True
                 raise KeyboardInterrupt
         signal.signal(signal.SIGALRM, nested_call_interrupted)
         for _ in range(3):
             ticks.clear()
             inner_calls.clear()
+            inner["raised"] = False
             signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
             out = F.linear(a, a)
             signal.setitimer(signal.ITIMER_REAL, 0)
