@@ -6,6 +6,7 @@ import contextvars
 import functools
 import math
 import os
+import sys
 import threading
 import weakref
 
@@ -30,9 +31,11 @@ def _new_locks():
     child, whose calls would then wait for it forever."""
     global _FINISH_LOCK, _GRADS_LOCK, _TREE_LOCK, _UNPICKLED_LOCK
     # _finish_backward's: adding a backward's gradients and releasing its forward's state are one step
+    # (never re-entered: _finish_backward refuses a call from inside itself)
     _FINISH_LOCK = threading.Lock()
-    # _grad's: a buffer looked up and made in one step (a reader made a second one over a backward's)
-    _GRADS_LOCK = threading.Lock()
+    # _grad's: a buffer looked up and made in one step (a reader made a second one over a backward's);
+    # re-entered by a signal handler (or a finalizer) that runs inside the block and reads the gradients
+    _GRADS_LOCK = threading.RLock()
     # __setattr__'s: a module assigned after the check that it does not contain the owner (two threads
     # assigning two modules into each other had made a cycle)
     _TREE_LOCK = threading.RLock()  # (re-entered by a __getattribute__ of its own that assigns a module)
@@ -65,6 +68,17 @@ def _forget(key, dead):
     with _UNPICKLED_LOCK:
         if _unpickled_conversions.get(key, (None,))[0] is dead:
             del _unpickled_conversions[key]
+
+def _inside_finish_backward(frame):
+    """Whether `frame` runs inside a Module._finish_backward of its thread (a
+    signal handler or a finalizer run there): read from the thread's stack,
+    which no interrupt can leave stale, as a flag could be."""
+    while frame is not None:
+        if frame.f_code is Module._finish_backward.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -802,8 +816,10 @@ class Module:
             raise TypeError(f"{key}: the parameter is {type(param).__name__}, not an ndarray: assign it again "
                             "(assignment converts it)")
         layout = param.shape, param.dtype
+        grads = self._grads
         with _GRADS_LOCK:
-            grad, made_for = self._grads.get(name, (None, None))  # made_for: the parameter's layout then
+            entry = grads.get(name)
+            grad, made_for = entry or (None, None)  # made_for: the parameter's layout then
             if grad is not None and made_for == layout:
                 if grad.shape == param.shape and grad.dtype == param.dtype and grad.flags.c_contiguous \
                         and grad.flags.writeable:
@@ -815,7 +831,11 @@ class Module:
                                      f"{grad.dtype}{state}; the parameter is {param.shape}, {param.dtype}): "
                                      "zero_grad() gives it a new one")
             grad = np.zeros(param.shape, param.dtype)
-            self._grads[name] = grad, layout
+            # A signal handler this thread ran since the lookup may have made the buffer and added to it:
+            # that one stands. (No call between this test and the store, so no handler runs in between.)
+            if (grads[name] if name in grads else None) is not entry:
+                return self._grad(name, key, param, renew)
+            grads[name] = grad, layout
             return grad
 
     def _sums_of_grads(self, grads):
@@ -904,6 +924,10 @@ class Module:
         so no KeyboardInterrupt, in between), so that a failure leaves the
         state for a retry. Returns grad_x in the dtype of the forward's
         input."""
+        if _inside_finish_backward(sys._getframe(1)):
+            raise RuntimeError(f"{type(self).__name__}.backward: called by a signal handler (or a finalizer) "
+                               "while its thread was adding another backward's gradients (whose lock it would "
+                               "have waited for forever); nothing was added: call it again after that")
         with _FINISH_LOCK:
             saved = self._saved
             if saved is None or saved[0] is not state:

@@ -1881,3 +1881,78 @@ def test_load_state_dict_of_a_parameter_reshaped_while_it_runs():
     net.load_state_dict({"weight": np.arange(6.0).reshape(2, 3), "bias": ReshapesTheWeight()})
     np.testing.assert_array_equal(net.weight, np.arange(6.0).reshape(2, 3))
     np.testing.assert_array_equal(net.bias, np.zeros(2))
+
+
+# What each child below runs inside the package's gradient locks, at a C call made in the
+# block (as a signal handler runs at a Ctrl-C poll or between two lines): sys.setprofile
+# stands in for the signal, once. grad_y.T @ x and grad_y.sum(0) are a Linear's gradients.
+_INSIDE_A_GRADIENT_LOCK = """
+import sys, numpy as np, attnc
+rng = np.random.default_rng(0)
+x, grad_y = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
+a, b = attnc.Linear(4, 3, dtype=np.float64), attnc.Linear(4, 3, dtype=np.float64)
+def grads_are(module, scale):
+    got = dict(module.named_grads())
+    return np.allclose(got["weight"], scale * grad_y.T @ x) and np.allclose(got["bias"], scale * grad_y.sum(0))
+def once_inside(function, code_name, work):
+    def hook(frame, event, arg):
+        if event == "c_call" and arg is function and frame.f_code.co_name == code_name:
+            sys.setprofile(None)
+            work()
+    sys.setprofile(hook)
+{scenario}
+print("ok")
+"""
+
+_GRADIENT_LOCK_SCENARIOS = {
+    # A handler reading the gradients while the backward's sums make the buffers (a logger of
+    # gradient norms): it waited for the lock its own thread held, forever.
+    "read_while_a_backward_makes_the_buffers": """
+read = []
+once_inside(np.zeros, "_grad", lambda: read.append({name: g.copy() for name, g in a.named_grads()}))
+a(x); a.backward(grad_y)
+assert read and all(np.array_equal(g, np.zeros_like(g)) for g in read[0].values())
+assert grads_are(a, 1)
+""",
+    # A handler running a forward and backward while named_grads() makes the first buffer: the
+    # buffer the handler's backward added into stands (not a second, empty one made over it).
+    "a_backward_while_named_grads_makes_a_buffer": """
+once_inside(np.zeros, "_grad", lambda: (a(x), a.backward(grad_y)))
+assert grads_are(a, 1)
+""",
+    # A handler running another module's backward while this thread adds a backward's
+    # gradients: refused with RuntimeError (nothing added, its forward kept), never waiting.
+    "a_backward_while_another_adds_its_gradients": """
+refused = []
+def other_backward():
+    b(x)
+    try:
+        b.backward(grad_y)
+    except RuntimeError as error:
+        refused.append(str(error))
+once_inside(getattr, "_sums_of_grads", other_backward)
+a(x); a.backward(grad_y)
+assert grads_are(a, 1) and len(refused) == 1 and "called by a signal handler" in refused[0], refused
+assert all(not g.any() for _, g in b.named_grads())
+b.backward(grad_y)
+assert grads_are(b, 1)
+a(x); a.backward(grad_y)
+assert grads_are(a, 2)
+""",
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(_GRADIENT_LOCK_SCENARIOS))
+def test_gradients_touched_by_a_handler_inside_the_gradient_locks(scenario, tmp_path):
+    """Regression (a hostile-use audit, 2026-12-05): a signal handler that ran inside the locks
+    guarding the gradient buffers (plain locks then) and read the gradients, stepped an
+    optimizer or ran a backward waited for its own thread forever. In a child, so that a hang
+    fails this test (by its timeout) instead of stopping the run."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "inside.py"
+    script.write_text(_INSIDE_A_GRADIENT_LOCK.replace("{scenario}", _GRADIENT_LOCK_SCENARIOS[scenario]))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(attnc.__file__)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
