@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnc
 from attnc import functional as F
-from toolkit import MODEL_IDS, MODELS, assert_close, make_module, ref_attend, scores_shape
+from toolkit import MODEL_IDS, MODELS, assert_close, make_module, ref_attend, ref_module, scores_shape
 
 UNDER_ASAN = os.environ.get("ATTNC_SANITIZER") == "asan"
 
@@ -306,11 +306,13 @@ def test_module_bits_do_not_depend_on_weights_or_batch(name, dim, seq, dtype, si
     module = make_module(name, dim=dim, dtype=dtype)
     x = np.random.default_rng(dim + seq).standard_normal((7, seq, dim)).astype(dtype)
     batch = module(x)
+    assert_close(batch, ref_module(module, x)[0], dtype)  # (an audit: attnc was compared with itself only)
     np.testing.assert_array_equal(batch, module(x, return_weights=True)[0], err_msg="return_weights")
     np.testing.assert_array_equal(batch[2:3], module(x[2:3]), err_msg="an item alone")
     if model.masked:
         mask = np.random.default_rng(3).random(scores_shape(model, dim, x.shape, heads=None)) < 0.8
         masked = module(x, mask)
+        assert_close(masked, ref_module(module, x, mask)[0], dtype)
         np.testing.assert_array_equal(masked, module(x, mask, return_weights=True)[0])
         np.testing.assert_array_equal(masked[2:3], module(x[2:3], mask[2:3]))
 

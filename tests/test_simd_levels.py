@@ -548,11 +548,13 @@ def test_sdpa_every_level(L, S, E, Ev, masked, is_causal, dtype, simd_mode):
         keep = rng.random((L, S)) < 0.6
         keep[:, 0] = True
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
-    assert_close(out, ref_attend(q, k, v, 1 / np.sqrt(E), keep, is_causal)[0], dtype, f"{simd_mode} L={L} S={S} E={E} Ev={Ev}")
+    ref_out, ref_weights = ref_attend(q, k, v, 1 / np.sqrt(E), keep, is_causal)
+    assert_close(out, ref_out, dtype, f"{simd_mode} L={L} S={S} E={E} Ev={Ev}")
     if not is_causal:  # the materialised path (weights returned) too
         out_w, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_weights=True)
         assert_close(out_w, out, dtype)
         assert weights.shape == (2, L, S)
+        assert_close(weights, ref_weights, dtype, f"{simd_mode} weights")  # (an audit: shape alone was checked)
 
 
 def test_levels_reported_and_capped():
