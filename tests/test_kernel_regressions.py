@@ -220,6 +220,12 @@ def test_hidden_overflowing_scores_reach_rows_at_every_length(L, S, dtype, simd_
         for what, actual, oracle in zip(["out", "grad_q", "grad_k", "grad_v"], [out, *grads],
                                         [expected[0], *expected[3:]]):
             assert_close(actual, oracle, dtype, what)
+    else:  # item 0 (ordinary numbers) against the float64 oracle of it alone (an audit: unchecked)
+        expected = _torch_math_with_grads(*(a[:1].astype(np.float64) for a in (q, k, v)), np.zeros((1, L, S)),
+                                          grad_out[:1].astype(np.float64), is_causal=True)
+        for what, actual, oracle in zip(["out", "grad_q", "grad_k", "grad_v"], [out, *grads],
+                                        [expected[0], *expected[3:]]):
+            assert_close(actual[:1], oracle, dtype, what)
 
 
 @pytest.mark.parametrize("L", [1, 16, 17], ids=["rows-one", "rows-sixteen", "tiles"])

@@ -6,7 +6,7 @@ import torch
 
 import attnc
 from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, padded_batch, padding_bias, ref_attend,
-                     ref_linear, ref_forward, np_sd, ref_values, random_keep_mask, torch_forward)
+                     ref_linear, ref_forward, ref_module, np_sd, ref_values, random_keep_mask, torch_forward)
 
 B, S = 3, 5
 
@@ -89,6 +89,7 @@ def test_mask_dtypes_nonzero_keeps(case, mask_dtype):
     shape = (B, 1, S) if h is None else (B, 1, 1, S)
     keep = random_keep_mask(np.random.default_rng(4), shape).astype(bool)
     expected = am(x, keep)
+    assert_close(expected, ref_module(am, x, keep)[0], np.float32)  # (an audit: attnc against attnc only)
     mask = keep.astype(mask_dtype)
     np.testing.assert_array_equal(am(x, mask), expected)
     kind = np.dtype(mask_dtype).kind
