@@ -474,6 +474,12 @@ def test_nn_multihead_takes_a_bfloat16_float_mask():
     expected, _ = m(x, x, x, attn_mask=mask.astype(np.float32))
     got, _ = m(x, x, x, attn_mask=mask.astype(BF16))
     np.testing.assert_array_equal(got, expected)
+    twin = torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)  # (an audit: attnc only)
+    twin.load_state_dict({name: torch.from_numpy(value.astype(np.float64)) for name, value in m.state_dict().items()})
+    tx = torch.from_numpy(x.astype(np.float64))
+    with torch.no_grad():
+        oracle = twin(tx, tx, tx, attn_mask=torch.from_numpy(mask))[0].numpy()
+    assert_close(got, oracle, np.float32)
 
 
 def test_mask_and_bias_never_change_the_dtype(low):

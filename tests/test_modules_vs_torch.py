@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (MODEL, MODEL_IDS, MODELS, assert_close, make_pair, np_sd, random_keep_mask, ref_forward,
-                     scores_shape, torch_dtype, torch_forward)
+from toolkit import (MODEL, MODEL_IDS, MODELS, assert_close, assert_grad_close, make_pair, np_sd, random_keep_mask,
+                     ref_forward, scores_shape, torch_dtype, torch_forward)
 from toolkit import doc_models as dm
 
 
@@ -326,6 +326,11 @@ def test_a_row_of_minus_inf_scores_gives_nan_gradients_as_torch(case):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(out_t.detach().numpy()))
     grad_x = am.backward(np.ones_like(out))
     np.testing.assert_array_equal(np.isnan(grad_x), np.isnan(xt.grad.numpy()))
+    # the finite values too, as torch's (an audit: the NaN pattern alone was compared); of
+    # grad_x, item 1's but for feature 0, whose gradient sums terms of 1e291 (through Q's
+    # near-largest weight), in an order that decides it
+    assert_close(out[~np.isnan(out)], out_t.detach().numpy()[~np.isnan(out)], np.float64, "out")
+    assert_grad_close(grad_x[1, :, 1:], xt.grad.numpy()[1, :, 1:], np.float64, "grad_x")
     torch_grads = {name: param.grad.numpy() for name, param in tm.named_parameters()}
     for name, grad in am.named_grads():
         np.testing.assert_array_equal(np.isnan(grad), np.isnan(torch_grads[name]), err_msg=name)
