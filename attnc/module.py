@@ -69,6 +69,7 @@ def _forget(key, dead):
         if _unpickled_conversions.get(key, (None,))[0] is dead:
             del _unpickled_conversions[key]
 
+
 def _inside_finish_backward(frame):
     """Whether `frame` runs inside a Module._finish_backward of its thread (a
     signal handler or a finalizer run there): read from the thread's stack,
