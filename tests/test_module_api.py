@@ -294,7 +294,8 @@ def test_register_parameter_refused_value_leaves_no_name():
     np.testing.assert_array_equal(net.state_dict()["scale"], np.array([1, 2, 3], np.float32))
 
 
-@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("seed", TypeError)])
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.5, TypeError), ("seed", TypeError), (True, TypeError),
+                                        (np.array(3), TypeError)])  # docs/API.md: what default_rng takes
 def test_manual_seed_errors_name_n(bad, error):
     with pytest.raises(error, match=r"manual_seed: n="):
         attnc.manual_seed(bad)
