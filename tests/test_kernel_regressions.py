@@ -22,23 +22,30 @@ UNDER_ASAN = os.environ.get("ATTNC_SANITIZER") == "asan"
 
 # The Ctrl-C of the child scripts that need one: Python's handler installed (Python leaves
 # SIGINT ignored when it starts ignored, as in a background job of a non-interactive shell:
-# `nohup ... &`); sigint_after(seconds) starts a thread that sends the process SIGINT after
-# `seconds` and returns a list that then holds the time it was sent; sigint_delay(seconds,
-# call) is the time from that SIGINT, sent into call(), to its KeyboardInterrupt.
+# `nohup ... &`); sigint_after(seconds, go=None) starts a thread that sends the process SIGINT
+# `seconds` after `go` is set (at once without one) and returns a list that then holds the time
+# it was sent; sigint_delay(seconds, call) is the time from that SIGINT, sent into call(), to
+# its KeyboardInterrupt. Its countdown starts inside its `try`: started before, the SIGINT came
+# while Thread.start() still waited for the new thread, outside the `try`, when the main thread
+# was not run again for 10 ms (a CI run on a busy 2-vCPU host, 2026-12-05).
 _SIGINT_AFTER = """
 import os, signal, threading, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-def sigint_after(seconds):
+def sigint_after(seconds, go=None):
     sent = []
     def send():
+        if go is not None:
+            go.wait()
         time.sleep(seconds)
         sent.append(time.perf_counter())
         os.kill(os.getpid(), signal.SIGINT)
     threading.Thread(target=send, daemon=True).start()
     return sent
 def sigint_delay(seconds, call):
-    sent = sigint_after(seconds)
+    go = threading.Event()
+    sent = sigint_after(seconds, go)
     try:
+        go.set()
         call()
     except KeyboardInterrupt:
         return time.perf_counter() - sent[0]
