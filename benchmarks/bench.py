@@ -285,9 +285,9 @@ def numpy_mha(x, weights, heads):
     return lambda: numpy_self_attention(x, w_qkv, b_qkv, heads, out_proj)
 
 
-def causal_exclusion(length):
-    """(L, L) True above the diagonal: the keys a causal query may not see."""
-    return np.triu(np.ones((length, length), dtype=bool), k=1)
+def causal_exclusion(queries, keys=None):
+    """(L, S) True above the diagonal (S = L by default): the keys a causal query may not see."""
+    return np.triu(np.ones((queries, queries if keys is None else keys), dtype=bool), k=1)
 
 
 def attnc_sdpa(q, k, v, causal):
@@ -318,7 +318,7 @@ def torch_doc_core(q, k, v, causal):
 
 
 def numpy_sdpa(q, k, v, causal):
-    exclude = causal_exclusion(q.shape[-2]) if causal else None
+    exclude = causal_exclusion(q.shape[-2], k.shape[-2]) if causal else None
     scale = 1 / math.sqrt(q.shape[-1])
     return lambda: numpy_core(q, k, v, scale, exclude)
 
@@ -496,7 +496,7 @@ def ort_sdpa(q, k, v, causal):
     constants = {"scale": np.array(1 / math.sqrt(E), np.float32)}
     if causal:
         nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"]))
-        constants["mask"] = np.where(np.triu(np.ones((L, k.shape[2]), dtype=bool), k=1), -np.inf, 0).astype(np.float32)
+        constants["mask"] = np.where(causal_exclusion(L, k.shape[2]), -np.inf, 0).astype(np.float32)
     nodes += [helper.make_node("Softmax", ["masked" if causal else "scaled"], ["weights"], axis=-1),
               helper.make_node("MatMul", ["weights", "v"], ["out"])]
     return described(ort_runner(nodes, inputs, q.shape, constants, "sdpa_plain"),
@@ -649,7 +649,7 @@ def as_float64(*arrays):
 
 
 def case_peer_mha(size, names):
-    """Case 7: MultiHeadAttention(D, heads) on x (B, L, D) against torch, ONNX Runtime and OpenVINO."""
+    """Case 7: MultiHeadAttention(D, heads) on x (B, L, D) against torch, ONNX Runtime, OpenVINO and NumPy."""
     B, T, C, heads = size
     rng = np.random.default_rng(7)
     x = random_array(rng, (B, T, C), np.float32)
@@ -660,8 +660,7 @@ def case_peer_mha(size, names):
     reference = numpy_self_attention(*as_float64(x, w_qkv, b_qkv), heads,
                                      as_float64(weights["output_linear.weight"], weights["output_linear.bias"]))
     factories = {ATTNC: attnc_mha, ATTNC_FROZEN: attnc_frozen_mha, TORCH_NN_MHA: torch_nn_mha,
-                 TORCH_FUSED: torch_fused_mha, ORT: ort_mha,
-                 OPENVINO: ov_mha}
+                 TORCH_FUSED: torch_fused_mha, ORT: ort_mha, OPENVINO: ov_mha, NUMPY: numpy_mha}
     impls, skipped = build_impls(factories, names, (x, weights, heads))
     flops = 4 * 2 * B * T * C * C + 2 * 2 * B * T * T * C
     return PeerBench(f"x ({B}, {T}, {C}), {heads} heads", flops, reference, impls, skipped)
@@ -673,9 +672,9 @@ def case_peer_sdpa(size, names):
     rng = np.random.default_rng(8)
     q = random_array(rng, (B, H, L, E), np.float32)
     k, v = (random_array(rng, (B, H, S, E), np.float32) for _ in range(2))
-    exclude = np.triu(np.ones((L, S), dtype=bool), k=1) if causal else None
+    exclude = causal_exclusion(L, S) if causal else None
     reference = numpy_core(*as_float64(q, k, v), 1 / math.sqrt(E), exclude)
-    factories = {ATTNC: attnc_sdpa, TORCH_SDPA: torch_sdpa, ORT: ort_sdpa, OPENVINO: ov_sdpa}
+    factories = {ATTNC: attnc_sdpa, TORCH_SDPA: torch_sdpa, ORT: ort_sdpa, OPENVINO: ov_sdpa, NUMPY: numpy_sdpa}
     impls, skipped = build_impls(factories, names, (q, k, v, causal))
     pairs = L * (L + 1) // 2 if causal else L * S
     shape = f"q ({B}, {H}, {L}, {E})" + (f", k, v ({B}, {H}, {S}, {E})" if S != L else ", k, v alike")
@@ -756,8 +755,8 @@ class PeerRow:
 
 
 def peer_rows():
-    mha_names = (ATTNC, ATTNC_FROZEN, TORCH_NN_MHA, TORCH_FUSED, ORT, OPENVINO)
-    core_names = (ATTNC, TORCH_SDPA, ORT, OPENVINO)
+    mha_names = (ATTNC, ATTNC_FROZEN, TORCH_NN_MHA, TORCH_FUSED, ORT, OPENVINO, NUMPY)
+    core_names = (ATTNC, TORCH_SDPA, ORT, OPENVINO, NUMPY)
     result = [PeerRow(f"7-{i}", 7, "MultiHeadAttention sweep", mha_names, functools.partial(case_peer_mha, size))
               for i, size in enumerate(PEER_MHA, 1)]
     for i, size in enumerate(PEER_SDPA + PEER_DECODE + PEER_SDPA_CAUSAL, 1):
@@ -1137,7 +1136,7 @@ def markdown_cases(env, results):
 
 
 PEER_COLUMNS = (("torch", lambda name: name.startswith("torch")), ("ONNX Runtime", lambda name: name == ORT),
-                ("OpenVINO", lambda name: name == OPENVINO))
+                ("OpenVINO", lambda name: name == OPENVINO), ("NumPy", lambda name: name == NUMPY))
 
 
 def peer_cell(row, matches):
@@ -1164,7 +1163,7 @@ def markdown_peers(env, peer_results):
             if used else "not run"
 
     versions = env["peer_versions"]
-    lines = ["## attnc against torch, ONNX Runtime and OpenVINO (cases 7 and 8)", "",
+    lines = ["## attnc against torch, ONNX Runtime, OpenVINO and NumPy (cases 7 and 8)", "",
              f"{env['peer_timing']}; tolerance: 1e-4 x max(1, max|reference|). "
              f"onnxruntime {versions['onnxruntime']} (onnx {versions['onnx']}): {settings(ORT)}. "
              f"openvino {versions['openvino']}: {settings(OPENVINO)}.", "",
@@ -1255,7 +1254,7 @@ def parse_args(argv):
                         help="tiny sizes and few repeats (cases 7, 8 and 9 keep their sizes: a few minutes)")
     parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9",
                         help="comma-separated case numbers (default: all); 7: MultiHeadAttention sweep and 8: SDPA "
-                             "sweep with decode steps, against torch, ONNX Runtime and OpenVINO; 9: float16 and "
+                             "sweep with decode steps, against torch, ONNX Runtime, OpenVINO and NumPy; 9: float16 and "
                              "bfloat16 (bench_low_precision.py)")
     parser.add_argument("--repeats", type=int, help="timed rounds per case (default: 5, quick: 3)")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)), help="output directory")
