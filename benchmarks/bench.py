@@ -376,8 +376,9 @@ def torch_fused_mha(x, weights, heads):
 # and optional (a peer whose package is missing is skipped with a note). Each
 # factory's callable carries `.ops`, the operators it runs, for the results.
 
-ONNX_OPSET, ONNX_IR_VERSION = 17, 10  # ai.onnx opset and IR version of the graphs built here
-ONNX_ATTENTION_OPSET, ONNX_ATTENTION_IR_VERSION = 23, 11  # the first with the standard Attention op
+ONNX_OPSET = 17  # ai.onnx opset of the graphs built here
+ONNX_ATTENTION_OPSET = 23  # the first with the standard Attention op
+ONNX_IR_VERSIONS = {ONNX_OPSET: 10, ONNX_ATTENTION_OPSET: 11}  # the IR version each opset's graphs declare
 OPENVINO_CONFIG = {  # f32 forced: on a CPU with AVX512_BF16 the plugin's default precision is bf16
     "INFERENCE_NUM_THREADS": THREADS, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
 PEER_SETTINGS = {}  # what the peers were run with, as they report it: written into the results
@@ -419,7 +420,7 @@ def ort_runner(nodes, inputs, output_shape, initializers, name, opset=ONNX_OPSET
         [onnx.numpy_helper.from_array(np.ascontiguousarray(value), key) for key, value in initializers.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = ONNX_IR_VERSION if opset == ONNX_OPSET else ONNX_ATTENTION_IR_VERSION
+    model.ir_version = ONNX_IR_VERSIONS[opset]
     onnx.checker.check_model(model)
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
@@ -431,8 +432,8 @@ def ort_runner(nodes, inputs, output_shape, initializers, name, opset=ONNX_OPSET
         "version": ort.__version__, "onnx": onnx.__version__, "providers": session.get_providers(),
         "intra_op_num_threads": options.intra_op_num_threads, "inter_op_num_threads": options.inter_op_num_threads,
         "execution_mode": str(options.execution_mode), "graph_optimization_level": str(options.graph_optimization_level),
-        "opset": ONNX_OPSET, "ir_version": ONNX_IR_VERSION,
-        "attention_opset": ONNX_ATTENTION_OPSET, "attention_ir_version": ONNX_ATTENTION_IR_VERSION})
+        "opset": ONNX_OPSET, "ir_version": ONNX_IR_VERSIONS[ONNX_OPSET],
+        "attention_opset": ONNX_ATTENTION_OPSET, "attention_ir_version": ONNX_IR_VERSIONS[ONNX_ATTENTION_OPSET]})
     return lambda: session.run(None, inputs)[0]  # the inputs are bound on every call
 
 
