@@ -263,12 +263,13 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
     for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
     if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i0, j0);
+        real m[BLOCK_Q];
         for (idx_t j = 0; j < nk; j++) {
             real *p = t->fwd.scores_t + j * BLOCK_Q, *ds = t->ds_t + j * BLOCK_Q;
+            FN(column_keep_factors)(m, &mask, nq, j);
             for (idx_t i = 0; i < nq; i++) {
-                real m = FN(keep_factor)(&mask, i, j);
-                ds[i] = p[i] * (ds[i] * m - t->d[i]) * scale;
-                p[i] *= m;
+                ds[i] = p[i] * (ds[i] * m[i] - t->d[i]) * scale;
+                p[i] *= m[i];
             }
         }
     } else {

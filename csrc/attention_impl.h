@@ -206,8 +206,11 @@ static void FN(apply_dropout)(real *scores_t, const attnc_attention_args *a, idx
                               idx_t j0, idx_t nk)
 {
     FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i0, j0);
-    for (idx_t j = 0; j < nk; j++)
-        for (idx_t i = 0; i < nq; i++) scores_t[j * BLOCK_Q + i] *= FN(keep_factor)(&mask, i, j);
+    real factors[BLOCK_Q];
+    for (idx_t j = 0; j < nk; j++) {
+        FN(column_keep_factors)(factors, &mask, nq, j);
+        for (idx_t i = 0; i < nq; i++) scores_t[j * BLOCK_Q + i] *= factors[i];
+    }
 }
 
 /* out rows [i0, i0+nq) of item b <- acc / row_sum (0 for a row whose

@@ -133,27 +133,26 @@ static inline real FN(log_sum_exp)(const attnc_attention_args *a, real max, real
 }
 
 /* Item b's dropout mask from weight (i0, j0) on: weight (i0 + i, j0 + j)
- * is kept when attnc_uniform(seed, first + i * S + j) >= p (attnc.h). */
+ * is draw first + i * S + j of the seed's stream (attnc.h). */
 typedef struct {
-    uint64_t seed, first, S;
-    double p;
-    real keep_scale; /* 1/(1-p), or 0 for p == 1 */
+    FN(dropout_draws) draws;
+    uint64_t first, S;
 } FN(dropout_mask);
 
 static inline FN(dropout_mask) FN(dropout_mask_at)(const attnc_attention_args *a, idx_t b, idx_t i0, idx_t j0)
 {
     FN(dropout_mask) mask = {
-        a->seed, ((uint64_t)b * (uint64_t)a->L + (uint64_t)i0) * (uint64_t)a->S + (uint64_t)j0, (uint64_t)a->S,
-        a->dropout_p, a->dropout_p >= 1 ? 0 : (real)(1.0 / (1.0 - a->dropout_p)),
+        FN(dropout_draws_for)(a->dropout_p, a->seed),
+        ((uint64_t)b * (uint64_t)a->L + (uint64_t)i0) * (uint64_t)a->S + (uint64_t)j0, (uint64_t)a->S,
     };
     return mask;
 }
 
-/* The factor of weight (i0 + i, j0 + j): 0 (dropped) or 1/(1-p) (kept). */
-static inline real FN(keep_factor)(const FN(dropout_mask) *mask, idx_t i, idx_t j)
+/* factors[i] <- the factor of weight (i0 + i, j0 + j), i < nq (<= BLOCK_Q):
+ * 0 (dropped) or 1/(1-p) (kept); a key's column of a query tile */
+static inline void FN(column_keep_factors)(real *factors, const FN(dropout_mask) *mask, idx_t nq, idx_t j)
 {
-    uint64_t index = mask->first + (uint64_t)i * mask->S + (uint64_t)j;
-    return attnc_uniform(mask->seed, index) < mask->p ? 0 : mask->keep_scale;
+    FN(keep_factors)(factors, nq, &mask->draws, mask->first + (uint64_t)j, mask->S);
 }
 
 /* The sum over the n rows (cols elements each, rows rs apart) of x of a
@@ -609,7 +608,12 @@ static void FN(split_softmax)(const attnc_attention_args *a, const FN(item_view)
     if (e_kept) memcpy(e_kept, scores, (size_t)n * sizeof(real));
     if (a->dropout_p > 0) {
         FN(dropout_mask) mask = FN(dropout_mask_at)(a, b, i, s0);
-        for (idx_t j = 0; j < n; j++) scores[j] *= FN(keep_factor)(&mask, 0, j);
+        real factors[DROPOUT_RUN];
+        for (idx_t j0 = 0; j0 < n; j0 += DROPOUT_RUN) {
+            idx_t run = attnc_min(DROPOUT_RUN, n - j0);
+            FN(keep_factors)(factors, run, &mask.draws, mask.first + (uint64_t)j0, 1);
+            for (idx_t j = 0; j < run; j++) scores[j0 + j] *= factors[j];
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 #ifndef ATTNC_H
 #define ATTNC_H
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -265,8 +266,9 @@ static inline idx_t attnc_band_end(const attnc_band *band, idx_t i, idx_t S)
  * NULL, (n_items, L) contiguous: each row's log-sum-exp of its scores
  * (-inf for a row of -inf, NaN with nan_rows: its backward's gradients are
  * then NaN, as torch's), what the backward recomputes weights from.
- * Dropout keeps weight (b, i, j) when attnc_uniform(seed, (b*L + i)*S + j) >= p
- * and scales kept weights by 1/(1-p); p == 1 gives zeros.
+ * Dropout keeps weight (b, i, j) when draw (b*L + i)*S + j of stream seed is
+ * kept (attnc_keep_threshold), and scales kept weights by 1/(1-p); p == 1
+ * gives zeros.
  */
 typedef struct {
     attnc_batch batch;
@@ -351,7 +353,7 @@ typedef struct {
     /* out (outer, n, inner) <- softmax(in) along n, stable (row max
      * subtracted); both C-contiguous, outer * n * inner fits idx_t. */
     attnc_status (*softmax)(void *out, const void *in, idx_t outer, idx_t n, idx_t inner);
-    /* out (n) <- in (n) * (attnc_uniform(seed, i) < p ? 0 : 1/(1-p)); p == 1
+    /* out (n) <- in (n) * (draw i of stream seed kept ? 1/(1-p) : 0); p == 1
      * gives in * 0 (zeros; NaN stays NaN as in PyTorch). */
     attnc_status (*dropout)(void *out, const void *in, idx_t n, double p, uint64_t seed);
     attnc_status (*update)(const attnc_update_args *args);
@@ -466,20 +468,22 @@ typedef struct {
 attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_args *args);
 
 /* ------------------------------------------------------------------------ */
-/* rng: counter-based uniform in [0, 1): the same bits for any tiling       */
+/* rng: a counter-based draw per element: the same bits for any tiling     */
 
-static inline uint64_t attnc_hash64(uint64_t seed, uint64_t index)
-{
-    /* splitmix64's output function at position `index` of stream `seed` */
-    uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+/* Draw `index` of stream `seed` is splitmix64's output there: the state
+ * seed + (index + 1) * ATTNC_SPLITMIX64_GAMMA (mod 2^64), mixed. The mix
+ * takes a uint64_t state or a vector of them (z: a scratch of the state's
+ * type), and dropout_impl.h steps a vector's states by additions. */
+#define ATTNC_SPLITMIX64_GAMMA 0x9E3779B97F4A7C15ULL
+#define ATTNC_SPLITMIX64_MIX(z, state)                         \
+    ((z) = (state), (z) = ((z) ^ ((z) >> 30)) * 0xBF58476D1CE4E5B9ULL, \
+     (z) = ((z) ^ ((z) >> 27)) * 0x94D049BB133111EBULL, (z) ^ ((z) >> 31))
 
-static inline double attnc_uniform(uint64_t seed, uint64_t index)
-{
-    return (double)(attnc_hash64(seed, index) >> 11) * 0x1.0p-53;
-}
+/* A draw's uniform is u = (draw >> 11) * 2^-53 in [0, 1), and dropout
+ * keeps an element whose u >= p: the same test in integers is draw >> 11
+ * >= attnc_keep_threshold(p), since
+ * u's 53 bits are an integer n and n * 2^-53 >= p exactly when n >=
+ * ceil(p * 2^53). */
+static inline uint64_t attnc_keep_threshold(double p) { return (uint64_t)ceil(p * 0x1.0p53); }
 
 #endif

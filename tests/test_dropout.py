@@ -120,6 +120,31 @@ def test_dropout_same_bits_for_any_thread_count(restore_threads):
         np.testing.assert_array_equal(o, outs[0])
 
 
+def _documented_keeps(seed, index, p):
+    """The documented draw, in NumPy's wrapping uint64 arithmetic: splitmix64's
+    output at position `index` of stream `seed`, as the uniform (bits >> 11) *
+    2**-53; kept where it is >= p."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + (np.asarray(index, np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 >= p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.93])
+def test_dropout_mask_is_the_documented_draw(dtype, p):
+    """Element i of attnc.Dropout is kept exactly where draw i of the seed drawn from
+    its generator is (a vector of draws at a time in the kernels: every lane, the
+    runs' tails and the tasks' chunks of 65536 against the scalar definition)."""
+    x = _x((3, 70001), seed=5, dtype=dtype)
+    out = attnc.Dropout(p, rng=np.random.default_rng(6), dtype=dtype)(x)
+    seed = int(np.random.default_rng(6).integers(0, 2**64, dtype=np.uint64))
+    expected = _documented_keeps(seed, np.arange(x.size), p).reshape(x.shape)
+    np.testing.assert_array_equal(out != 0, expected)
+
+
 def test_dropout_does_not_modify_input_and_returns_fresh():
     x = _x((20, 20), seed=9)
     before = x.copy()
@@ -413,6 +438,29 @@ def test_sdpa_dropout_mask_follows_the_seed():
     second = attnc.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, rng=g) == 0
     np.testing.assert_array_equal(first, a)
     _check_agreement(first, second, p, "two draws of one generator")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("L, S", [(1, 37), (3, 1500), (100, 200), (97, 130)])
+@pytest.mark.parametrize("seed", [11, 2**64 - 3])
+def test_sdpa_dropout_mask_is_the_documented_draw(dtype, L, S, seed):
+    """Weight (item, i, j) is kept exactly where draw (item * L + i) * S + j of the
+    seed's stream is (docs/API.md), in the forward (few-query rows, split keys
+    past 1024, and query tiles) and in the backward, whose dV = (P m)^T dO shows
+    the mask it recomputes when dO is the identity."""
+    p, batch = 0.3, (2, 3)
+    q, k, _ = _uniform_attention_inputs(batch, L, S, dtype=dtype)
+    v = np.random.default_rng(21).standard_normal(batch + (S, L)).astype(dtype)
+    v_identity = np.broadcast_to(np.eye(S, dtype=dtype), batch + (S, S))
+    index = np.arange(np.prod(batch) * L * S).reshape(batch + (L, S))
+    expected = _documented_keeps(seed, index, p)
+    F = attnc.functional
+    out = F.scaled_dot_product_attention(q, k, v_identity, dropout_p=p, seed=seed)
+    np.testing.assert_array_equal(out != 0, expected)
+    out, lse = F.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=seed, return_lse=True)
+    grad_out = np.broadcast_to(np.eye(L, dtype=dtype), batch + (L, L))
+    _, _, grad_v = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, dropout_p=p, seed=seed)
+    np.testing.assert_array_equal(np.swapaxes(grad_v, -1, -2) != 0, expected)
 
 
 def _exposing_module(kind, S, heads, p, seed):
