@@ -279,7 +279,7 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
         }
     }
     if (item->fwd.mask) /* a masked score is the constant fill: no gradient reaches Q or K through it */
-        for (idx_t j = 0; j < nk; j++) FN(fill_hidden)(t->ds_t + j * BLOCK_Q, a, item->fwd.mask, i0, nq, j0 + j, cover, 0);
+        FN(fill_hidden_tile)(t->ds_t, a, item->fwd.mask, i0, nq, j0, nk, cover, 0);
 }
 
 /* rows (n, cols) of a padded accumulator (rows acc_rs apart) -> dst */

@@ -221,6 +221,26 @@ def test_sdpa_backward_padding_mask_matches_torch(causal, dtype):
         np.testing.assert_array_equal(grads[2][hidden], 0)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "rows apart", "keys apart"])
+def test_sdpa_backward_per_position_mask_matches_torch(layout, dtype, simd_mode):
+    """A mask that changes from query to query, read a vector of keys at a time and
+    turned where its rows are contiguous along the keys (else key by key): the forward
+    and the gradients as torch's, over query and key tiles with ends past whole vectors."""
+    rng = np.random.default_rng(43)
+    L, S = 131, 227
+    q, k, v = (normal(rng, (2, 3, n, 16), dtype) for n in (L, S, S))
+    keep = {"contiguous": rng.random((2, 1, L, S)) < 0.6,
+            "rows apart": (rng.random((2, 1, L, S + 9)) < 0.6)[..., 4:S + 4],
+            "keys apart": (rng.random((2, 1, L, 2 * S)) < 0.6)[..., ::2]}[layout]
+    keep[0, 0, 5] = False   # a query that sees no key: uniform weights over the fill
+    g = normal(rng, (2, 3, L, 16), dtype)
+    out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, return_lse=True)
+    grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=keep)
+    want_out, _, *want = torch_sdpa(q, k, v, g, keep)
+    for got, w, name in zip((out, *grads), (want_out, *want), ("out", "grad_query", "grad_key", "grad_value")):
+        check(got, w, dtype, name)
+
+
 def test_sdpa_backward_all_padding_item_matches_torch(dtype):
     """An item whose every key is hidden attends uniformly (the fill everywhere): its
     key blocks must not be left out, though the mask hides them all."""
