@@ -146,7 +146,7 @@ typedef uint8_t FN(vmask_bytes) __attribute__((vector_size(SIMD_LANES)));
  * turned in registers, the group of queries past nq reading the last
  * query's bytes again and storing nothing; the same select as
  * masked_fill. Position by position, with a byte load per score from a
- * row S bytes away, a random (B, 1, 512, 512) mask took 1.39x an unmasked
+ * row S bytes away, a random (B, 1, 512, 512) mask took 1.30-1.39x an unmasked
  * (8, 12, 512, 64) attention's time on a Zen 3 core (benchmarks/NOTES.md). */
 static void FN(fill_hidden_turned)(real *rows, const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq,
                                    idx_t j, real fill)
