@@ -639,6 +639,31 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     }
 }
 
+/* w (nq, nk: rows S apart) <- scores_t (nk, BLOCK_Q) turned, VLANES keys x
+ * VLANES queries at a time in registers; a group past nk reads rows of
+ * scores_t past it (BLOCK_K rows are there) and stores only nk's, a group
+ * past nq stores only nq's rows. One score at a time, written S apart,
+ * the copy took 35 % of a (2, 12, 512, 64) attention's samples with the
+ * weights asked for (benchmarks/NOTES.md). */
+static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_t nq, idx_t nk)
+{
+    for (idx_t j = 0; j < nk; j += VLANES) {
+        int keys = (int)attnc_min(VLANES, nk - j);
+        for (idx_t i = 0; i < nq; i += VLANES) {
+            int queries = (int)attnc_min(VLANES, nq - i);
+            vreal block[VLANES];
+            for (int l = 0; l < VLANES; l++) block[l] = vloadu(scores_t + (j + l) * BLOCK_Q + i);
+            vtranspose(block);
+            for (int l = 0; l < queries; l++) {
+                if (keys == VLANES)
+                    vstoreu(w + (i + l) * S + j, block[l]);
+                else
+                    vstore_first(w + (i + l) * S + j, block[l], keys);
+            }
+        }
+    }
+}
+
 /* The weights rows [i0, i0+nq) of item b: the scores of every key tile
  * into them, then a softmax in place (weights 0 for a row of -inf). Elems
  * are computed in `rows` (nq, S reals) and rounded once. */
@@ -652,8 +677,7 @@ static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a,
         idx_t nk = attnc_min(S - j0, BLOCK_K);
         FN(pack_key_tile)(t, a, item, j0, nk);
         FN(score_tile)(t, a, item, i0, nq, j0, nk);
-        for (idx_t j = 0; j < nk; j++)
-            for (idx_t i = 0; i < nq; i++) w[i * S + j0 + j] = t->scores_t[j * BLOCK_Q + i];
+        FN(store_scores_turned)(w + j0, S, t->scores_t, nq, nk);
     }
     for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
         real *row = w + i * S;

@@ -63,8 +63,9 @@ static void FN(keep_factors)(real *factors, idx_t n, const FN(dropout_draws) *dr
     const vlanes_mask keep_scale = (vlanes_mask)vset1(draws->keep_scale);
     for (idx_t l = 0; l < n; l += VLANES, state += (uint64_t)VLANES * gap) {
 #if defined(ATTNC_COMPUTE_F32)
-        vlanes_mask kept = __builtin_shuffle((vlanes_mask)FN(kept_draws)(draws, state + lane_offsets),
-                                             (vlanes_mask)FN(kept_draws)(draws, state + DRAW_LANES * gap + lane_offsets),
+        FN(vdraws) first_half = state + lane_offsets, second_half = first_half + DRAW_LANES * gap;
+        vlanes_mask kept = __builtin_shuffle((vlanes_mask)FN(kept_draws)(draws, first_half),
+                                             (vlanes_mask)FN(kept_draws)(draws, second_half),
                                              (vlanes_mask){LANE_LIST(EVEN_LANE, 0)});
 #else
         vlanes_mask kept = (vlanes_mask)FN(kept_draws)(draws, state + lane_offsets);

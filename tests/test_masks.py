@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (MASKED_MODELS, MASKED_IDS, assert_close, make_pair, padded_batch, padding_bias, ref_attend,
-                     ref_linear, ref_forward, ref_module, np_sd, ref_values, random_keep_mask, torch_forward)
+from toolkit import (LOW_PRECISION_TOLERANCES, MASKED_MODELS, MASKED_IDS, assert_close, make_pair, padded_batch,
+                     padding_bias, ref_attend, ref_linear, ref_forward, ref_module, np_sd, ref_values, random_keep_mask,
+                     torch_forward)
 
 B, S = 3, 5
 
@@ -244,6 +245,34 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
     ref, ref_w = ref_attend(q, k, v, 1 / 4, keep)
     assert_close(out, ref, dtype)
     assert_close(w, ref_w, dtype)
+
+
+@pytest.mark.parametrize("kind", ["plain", "masked", "causal"])
+def test_weights_over_many_key_tiles_against_float64(kind, dtype, simd_mode):
+    """Weights of more keys than one key tile holds: each tile's scores turned into the
+    weights' rows in registers, with the query and key counts past whole vectors."""
+    rng = np.random.default_rng(25)
+    L, S = 131, 419
+    q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(dtype) for n in (L, S, S))
+    keep = rng.random((2, 1, L, S)) < 0.7 if kind == "masked" else None
+    causal = kind == "causal"
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                                                           return_weights=True)
+    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal=causal)
+    assert_close(w, ref_w, dtype)
+    assert_close(out, ref, dtype)
+
+
+def test_float16_weights_over_many_key_tiles_against_float64():
+    """The same in float16, whose weights are computed in a float buffer and rounded
+    once: within PyTorch's float16 SDPA tolerances of the float64 weights."""
+    rng = np.random.default_rng(26)
+    q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(np.float16) for n in (131, 419, 419))
+    _, w = attnc.functional.scaled_dot_product_attention(q, k, v, return_weights=True)
+    _, ref_w = ref_attend(q, k, v, 1 / 4)
+    atol, rtol = LOW_PRECISION_TOLERANCES["float16"]
+    assert w.dtype == np.float16
+    np.testing.assert_allclose(w.astype(np.float64), ref_w, atol=atol, rtol=rtol)
 
 
 # ----------------------------------------------------------------------------
