@@ -236,13 +236,14 @@ static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attentio
     const attnc_band *band = &a->band;
     if (item->bias) FN(add_bias)(t->scores_t, a, item->bias, i0, nq, j0, nk);
     if (item->mask) FN(fill_hidden_tile)(t->scores_t, a, item->mask, i0, nq, j0, nk, cover, (real)-1e20);
-    for (idx_t j = 0; j < nk && band->on; j++) {
-        /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
-        real *row = t->scores_t + j * BLOCK_Q;
-        idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
-        for (idx_t i = 0; i < nq && i < first; i++) row[i] -= (real)INFINITY;
-        for (idx_t i = last + 1 > 0 ? last + 1 : 0; i < nq; i++) row[i] -= (real)INFINITY;
-    }
+    if (band->on)
+        for (idx_t j = 0; j < nk; j++) {
+            /* key j0+j is in the band of queries [j0+j - offset - right, j0+j - offset + left] */
+            real *row = t->scores_t + j * BLOCK_Q;
+            idx_t first = j0 + j - band->offset - band->right - i0, last = j0 + j - band->offset + band->left - i0;
+            for (idx_t i = 0; i < nq && i < first; i++) row[i] -= (real)INFINITY;
+            for (idx_t i = last + 1 > 0 ? last + 1 : 0; i < nq; i++) row[i] -= (real)INFINITY;
+        }
     return cover;
 }
 

@@ -481,9 +481,8 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
 
 /* A draw's uniform is u = (draw >> 11) * 2^-53 in [0, 1), and dropout
  * keeps an element whose u >= p: the same test in integers is draw >> 11
- * >= attnc_keep_threshold(p), since
- * u's 53 bits are an integer n and n * 2^-53 >= p exactly when n >=
- * ceil(p * 2^53). */
+ * >= attnc_keep_threshold(p), since u's 53 bits are an integer n and
+ * n * 2^-53 >= p exactly when n >= ceil(p * 2^53). */
 static inline uint64_t attnc_keep_threshold(double p) { return (uint64_t)ceil(p * 0x1.0p53); }
 
 #endif
