@@ -8,9 +8,11 @@
  *          query tiles of BLOCK_Q queries; key tiles of BLOCK_K, each
  *          packed once for the task's query tiles; online softmax (running
  *          max and sum), P.V accumulated per query tile; the (L, S) score
- *          matrix never exists. When the weights are wanted, a second pass
- *          per query tile writes them: scores into the weights rows, then
- *          a softmax in place.
+ *          matrix never exists. When the weights are wanted, each tile's
+ *          exponentials are also stored into the weights rows, and once a
+ *          query tile's max and sum are final, each is rescaled to the
+ *          final max and divided by the sum in place (the numbers the
+ *          output is normalised by).
  *   rows (attention_rows.h): no packing, the key range split into fixed
  *          splits merged by their log-sum-exp: few queries per item
  *          (decode), or head sizes too large for the tiles.
@@ -33,7 +35,9 @@ static inline int attention_takes_rows(const attnc_attention_args *a)
 typedef struct {
     const attnc_attention_args *args;
     idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;
-    idx_t weights_elems; /* elems' weights rows (BLOCK_Q, S) after the workspace, or 0 */
+    /* with the weights, after the workspace: the maxes (tiles_per_task * BLOCK_Q, key tiles), then
+     * elems' weights rows (tiles_per_task * BLOCK_Q, S); in all weights_elems */
+    idx_t weight_maxes_elems, weights_elems;
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
@@ -298,26 +302,74 @@ static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, r
     }
 }
 
-/* 1 when the flash pass writes item b's weights itself (weights_from_tile):
- * every key of a row fits one key tile, which nothing leaves out (no mask,
- * bias or band), and the probabilities are the exponentials themselves (no
- * bfloat16 pairs). weights_tile, which computes every score and exponential
- * again, writes the others. */
-static inline int FN(weights_in_flash)(const attnc_attention_args *a, const FN(item_view) *item, int pairs)
+/* w (nq, nk: rows S apart) <- scores_t (nk, BLOCK_Q) turned, VLANES keys x
+ * VLANES queries at a time in registers; a group past nk reads rows of
+ * scores_t past it (BLOCK_K rows are there) and stores only nk's, a group
+ * past nq stores only nq's rows. One score at a time, written S apart,
+ * the copy took 35 % of a (2, 12, 512, 64) attention's samples with the
+ * weights asked for (benchmarks/NOTES.md). */
+static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_t nq, idx_t nk)
 {
-    return a->weights && a->S <= BLOCK_K && !pairs && !a->band.on && !item->mask && !item->bias;
+    for (idx_t j = 0; j < nk; j += VLANES) {
+        int keys = (int)attnc_min(VLANES, nk - j);
+        for (idx_t i = 0; i < nq; i += VLANES) {
+            int queries = (int)attnc_min(VLANES, nq - i);
+            vreal block[VLANES];
+            for (int l = 0; l < VLANES; l++) block[l] = vloadu(scores_t + (j + l) * BLOCK_Q + i);
+            vtranspose(block);
+            for (int l = 0; l < queries; l++) {
+                if (keys == VLANES)
+                    vstoreu(w + (i + l) * S + j, block[l]);
+                else
+                    vstore_first(w + (i + l) * S + j, block[l], keys);
+            }
+        }
+    }
 }
 
-/* Weights rows [i0, i0+nq) of item b from the tile's exponentials, once its
- * one key tile (all S keys) is summed: each times the row's 1 / sum, the
- * factor write_rows gives the output, rounded once. */
-static void FN(weights_from_tile)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t i0,
-                                  idx_t nq)
+/* With the weights: a query tile's rows start as 0 and its maxes as -inf,
+ * row by row with a question for Ctrl-C between rows. The flash pass
+ * stores over them the key tiles it computes (keep_weight_tile); a key it
+ * leaves out (a band, a mask or a bias: key_range, key_tile_left_out)
+ * keeps the 0 its weight is. The rows' pages are touched here first: the
+ * flash pass, storing a key tile into every row of the task, had zeroed up
+ * to 400 MB of fresh (huge) pages between two questions (0.5 s after
+ * SIGINT with 65536 keys). */
+static void FN(start_weight_rows)(const FN(tile_buffers) *t, idx_t nq)
 {
-    for (idx_t i = 0; i < nq; i++) {
-        elem *w = FN(weights_at)(a, b, i0 + i, 0);
-        real inverse = FN(row_inverse)(a, t->run_sum[i]);
-        for (idx_t j = 0; j < a->S; j++) w[j] = to_elem(t->scores_t[j * BLOCK_Q + i] * inverse);
+    idx_t S = t->weight_stride;
+    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++)
+        for (idx_t j = 0; j < S; j++) t->weight_rows[i * S + j] = 0;
+    for (idx_t i = 0; i < attnc_ceil_div(S, BLOCK_K) * BLOCK_Q; i++) t->weight_maxes[i] = -(real)INFINITY;
+}
+
+/* The exponentials of the key tile from j0 (its first nk keys: the rest,
+ * left out, stay 0) into the weights rows, and the running max they were
+ * taken under (scores_t holds exp(score - safe_shift(run_max))). */
+static void FN(keep_weight_tile)(const FN(tile_buffers) *t, idx_t nq, idx_t j0, idx_t nk)
+{
+    FN(store_scores_turned)(t->weight_rows + j0, t->weight_stride, t->scores_t, nq, nk);
+    for (idx_t i = 0; i < nq; i++) t->weight_maxes[j0 / BLOCK_K * BLOCK_Q + i] = t->run_max[i];
+}
+
+/* The weights rows [q0, q0+nq) of item b from their key tiles'
+ * exponentials, once the query tile's max and sum are final: each times
+ * exp(its tile's max - safe_shift(final max)) (1 for a single key tile, 0
+ * for a tile whose max was -inf: its exponentials are 0) and the row's
+ * 1 / sum (the factor write_rows gives the output), rounded once into the
+ * weights. */
+static void FN(weights_from_tiles)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t q0,
+                                   idx_t nq)
+{
+    idx_t S = a->S;
+    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
+        const real *e = t->weight_rows + i * S;
+        elem *w = FN(weights_at)(a, b, q0 + i, 0); /* the same row as e for float and double */
+        real shift = FN(safe_shift)(t->run_max[i]), inverse = FN(row_inverse)(a, t->run_sum[i]);
+        for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) {
+            real factor = FN(vexp)(t->weight_maxes[j0 / BLOCK_K * BLOCK_Q + i] - shift) * inverse;
+            FN(store_row_scaled)(w + j0, e + j0, attnc_min(S - j0, BLOCK_K), factor);
+        }
     }
 }
 
@@ -328,7 +380,7 @@ static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     FN(grow_running_max)(t->run_max, t->run_sum, t->tile_max, t->correction, nq);
     FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk, t->pairs);
-    if (FN(weights_in_flash)(a, item, t->pairs)) FN(weights_from_tile)(a, t, b, i0, nq);
+    if (t->weight_rows) FN(keep_weight_tile)(t, nq, j0, nk);
     if (a->dropout_p > 0) FN(apply_dropout)(t->scores_t, a, b, i0, nq, j0, nk);
     for (idx_t i = 0; i < nq; i++)
         if (t->correction[i] != 1) FN(scale_row)(t->acc + i * t->Ev_padded, t->Ev_padded, t->correction[i]);
@@ -593,6 +645,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, nq);
         FN(start_tile)(&view, nq);
+        if (view.weight_rows) FN(start_weight_rows)(&view, nq);
         FN(key_range)(a, skip_hidden[tile], q0, nq, &tile_begin, &tile_end);
         begin = attnc_min(begin, tile_begin);
         end = tile_end > end ? tile_end : end;
@@ -637,57 +690,11 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
         if (mask_skipped[tile] && !FN(rows_above_fill)(&view, nq))
             FN(tile_again)(t, a, item, b, tile, q0, nq, skip_hidden[tile], end);
         FN(write_rows)(a, &view, item, b, q0, nq);
+        if (view.weight_rows) FN(weights_from_tiles)(a, &view, b, q0, nq);
     }
 }
 
-/* w (nq, nk: rows S apart) <- scores_t (nk, BLOCK_Q) turned, VLANES keys x
- * VLANES queries at a time in registers; a group past nk reads rows of
- * scores_t past it (BLOCK_K rows are there) and stores only nk's, a group
- * past nq stores only nq's rows. One score at a time, written S apart,
- * the copy took 35 % of a (2, 12, 512, 64) attention's samples with the
- * weights asked for (benchmarks/NOTES.md). */
-static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_t nq, idx_t nk)
-{
-    for (idx_t j = 0; j < nk; j += VLANES) {
-        int keys = (int)attnc_min(VLANES, nk - j);
-        for (idx_t i = 0; i < nq; i += VLANES) {
-            int queries = (int)attnc_min(VLANES, nq - i);
-            vreal block[VLANES];
-            for (int l = 0; l < VLANES; l++) block[l] = vloadu(scores_t + (j + l) * BLOCK_Q + i);
-            vtranspose(block);
-            for (int l = 0; l < queries; l++) {
-                if (keys == VLANES)
-                    vstoreu(w + (i + l) * S + j, block[l]);
-                else
-                    vstore_first(w + (i + l) * S + j, block[l], keys);
-            }
-        }
-    }
-}
-
-/* The weights rows [i0, i0+nq) of item b: the scores of every key tile
- * into them, then a softmax in place (weights 0 for a row of -inf). Elems
- * are computed in `rows` (nq, S reals) and rounded once. */
-static void FN(weights_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
-                             idx_t b, idx_t i0, idx_t nq, real *rows)
-{
-    idx_t S = a->S;
-    real *w = ELEM_IS_REAL ? (real *)FN(weights_at)(a, b, i0, 0) : rows;
-    FN(pack_query_tile)(t, a, item, i0, nq);
-    for (idx_t j0 = 0; j0 < S && !attnc_interrupted(); j0 += BLOCK_K) {
-        idx_t nk = attnc_min(S - j0, BLOCK_K);
-        FN(pack_key_tile)(t, a, item, j0, nk);
-        FN(score_tile)(t, a, item, i0, nq, j0, nk);
-        FN(store_scores_turned)(w + j0, S, t->scores_t, nq, nk);
-    }
-    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
-        real *row = w + i * S;
-        FN(scale_row)(row, S, FN(row_inverse)(a, FN(exp_shift_sum)(row, S, FN(safe_shift)(FN(row_max)(row, S)))));
-        if (!ELEM_IS_REAL) FN(store_row)(FN(weights_at)(a, b, i0 + i, 0), row, S);
-    }
-}
-
-/* Task = item b and a run of tiles_per_task query tiles: the output, then
+/* Task = item b and a run of tiles_per_task query tiles: the output and
  * (when wanted) the weights of the same queries. */
 static void FN(attention_task)(void *ctx, idx_t task)
 {
@@ -705,12 +712,13 @@ static void FN(attention_task)(void *ctx, idx_t task)
     }
     FN(tile_buffers) t;
     FN(tile_layout)(work, a->E, a->Ev, last_tile - first_tile, &t);
+    if (a->weights) { /* after the workspace: the maxes, then elems' rows (float and double: the weights) */
+        t.weight_maxes = work + job->workspace_elems;
+        t.weight_rows = ELEM_IS_REAL ? (real *)FN(weights_at)(a, b, i0, 0) : t.weight_maxes + job->weight_maxes_elems;
+        t.weight_stride = a->S;
+    }
     FN(item_view) item = FN(item_at)(a, b);
     FN(flash_queries)(&t, a, &item, b, i0, i1);
-    real *rows = work + job->workspace_elems; /* elems' weights rows */
-    if (a->weights && !FN(weights_in_flash)(a, &item, t.pairs))
-        for (idx_t q0 = i0; q0 < i1 && !attnc_interrupted(); q0 += BLOCK_Q)
-            FN(weights_tile)(&t, a, &item, b, q0, FN(tile_queries)(q0, i1), rows);
     attnc_free(work);
 }
 
@@ -740,13 +748,15 @@ static attnc_status FN(attention_tiles)(const attnc_attention_args *a, idx_t n_i
     idx_t tiles = FN(tiles_per_task)(a, n_items, n_query_tiles);
     FN(tile_buffers) unused;
     FN(attention_job) job = {a, n_query_tiles, tiles, attnc_ceil_div(n_query_tiles, tiles),
-                             FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0, 0};
-    idx_t n_tasks, task_bytes; /* a task's allocation: checked here, made by each task */
+                             FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0, 0, 0};
+    idx_t n_tasks, task_bytes, elem_rows = 0; /* a task's allocation: checked here, made by each task */
     if (!attnc_mul_ok(n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
-    if (a->weights && !ELEM_IS_REAL &&
-        (!attnc_mul_ok(BLOCK_Q, a->S, &job.weights_elems) ||
-         !attnc_mul_ok(job.weights_elems + job.workspace_elems, sizeof(real), &task_bytes)))
+    if (a->weights &&
+        (!attnc_mul_ok(tiles * BLOCK_Q, attnc_ceil_div(a->S, BLOCK_K), &job.weight_maxes_elems) ||
+         (!ELEM_IS_REAL && !attnc_mul_ok(tiles * BLOCK_Q, a->S, &elem_rows)) ||
+         !attnc_mul_ok(job.weight_maxes_elems + elem_rows + job.workspace_elems, sizeof(real), &task_bytes)))
         return ATTNC_EOVERFLOW;
+    job.weights_elems = job.weight_maxes_elems + elem_rows;
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;

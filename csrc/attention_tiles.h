@@ -48,6 +48,12 @@ typedef struct {
     real *acc;      /* per tile: (BLOCK_Q, Ev_padded): output accumulator          */
     real *run_max, *run_sum; /* per tile: (BLOCK_Q) each                           */
     real *tile_max, *correction; /* (BLOCK_Q) each                                */
+    /* with the weights (attention_impl.h), per tile: weight_rows, BLOCK_Q
+     * rows weight_stride (S) apart, each key tile's exponentials, then the
+     * weights; weight_maxes, (key tiles of S, BLOCK_Q), each row's running
+     * max they were taken under. NULL without the weights. */
+    real *weight_rows, *weight_maxes;
+    idx_t weight_stride;
     idx_t Ev_padded;
     /* BF16_PAIRS' forward: queries, keys and values are packed as pairs of
      * bfloat16 along the products' K (storage.h), so their slivers are
@@ -78,12 +84,15 @@ static idx_t FN(tile_layout)(real *work, idx_t E, idx_t Ev, idx_t tiles, FN(tile
     PART(tile_max, BLOCK_Q);
     PART(correction, BLOCK_Q);
 #undef PART
+    t->weight_rows = t->weight_maxes = NULL;
+    t->weight_stride = 0;
     t->Ev_padded = Ev_padded;
     return used;
 }
 
 /* The buffers of query tile `tile` of the task: its packed queries,
- * accumulator and running max and sum in place of the first tile's. */
+ * accumulator, running max and sum and weight rows in place of the first
+ * tile's. */
 static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx_t E)
 {
     FN(tile_buffers) v = *t;
@@ -91,6 +100,10 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
     v.acc += tile * BLOCK_Q * t->Ev_padded;
     v.run_max += tile * BLOCK_Q;
     v.run_sum += tile * BLOCK_Q;
+    if (v.weight_rows) {
+        v.weight_rows += tile * BLOCK_Q * t->weight_stride;
+        v.weight_maxes += tile * BLOCK_Q * attnc_ceil_div(t->weight_stride, BLOCK_K);
+    }
     return v;
 }
 

@@ -247,20 +247,29 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
     assert_close(w, ref_w, dtype)
 
 
-@pytest.mark.parametrize("kind", ["plain", "masked", "causal"])
+@pytest.mark.parametrize("kind", ["plain", "masked", "causal", "window"])
 def test_weights_over_many_key_tiles_against_float64(kind, dtype, simd_mode):
-    """Weights of more keys than one key tile holds: each tile's scores turned into the
-    weights' rows in registers, with the query and key counts past whole vectors."""
+    """Weights of more keys than one key tile holds: each tile's exponentials turned into
+    the weights' rows in registers, with the query and key counts past whole vectors,
+    then rescaled to the row's final max. A window (bottom-right: query i sees keys
+    i + 138 .. i + 308) leaves whole key tiles out on both sides of some query tiles and
+    ends others inside a key tile: those keys' weights must be exactly 0."""
     rng = np.random.default_rng(25)
     L, S = 131, 419
     q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(dtype) for n in (L, S, S))
     keep = rng.random((2, 1, L, S)) < 0.7 if kind == "masked" else None
-    causal = kind == "causal"
-    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
-                                                           return_weights=True)
-    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal=causal)
+    options = {"is_causal": kind == "causal"}
+    if kind == "window":
+        options.update(window=(150, 20), causal_alignment="bottom_right")
+        centre = np.arange(L)[:, None] + S - L
+        keep = (np.arange(S) >= centre - 150) & (np.arange(S) <= centre + 20)
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=None if kind == "window" else keep,
+                                                           return_weights=True, **options)
+    ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal=kind == "causal")
     assert_close(w, ref_w, dtype)
     assert_close(out, ref, dtype)
+    if kind == "window":
+        np.testing.assert_array_equal(w[..., ~keep], 0)
 
 
 def test_float16_weights_over_many_key_tiles_against_float64():
