@@ -517,8 +517,11 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
 
 
 @pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
-@pytest.mark.parametrize("case", ["huge_head", "broadcast_items", "huge_value_head", "long_keys"])
+@pytest.mark.parametrize("case", ["huge_head", "broadcast_items", "huge_value_head", "long_keys", "float16_weights"])
 def test_peak_memory_is_bounded_by_the_data(case):
+    """float16_weights: the weights of 1152 queries against 65536 keys (144 MiB) are
+    computed in float rows, a task's query tiles' worth at a time (two tasks of two
+    tiles at once here: 96 MiB), at most twice the weights' size in all."""
     out = _run_child(f"""
         import numpy as np
         import attnc
@@ -530,15 +533,23 @@ def test_peak_memory_is_bounded_by_the_data(case):
             q = np.ones((1 << 22, 1, 1), np.float32); args = (q, q[:1], q[:1])
         elif case == "huge_value_head":
             args = (np.ones((8, 1, 4), np.float32), np.ones((8, 1, 4), np.float32), np.ones((8, 1, 1 << 21), np.float32))
-        else:
+        elif case == "long_keys":
             args = (np.ones((1, 1, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32), np.ones((1, 1 << 21, 64), np.float32))
+        else:
+            attnc.set_num_threads(2)
+            rng = np.random.default_rng(0)
+            args = tuple(rng.standard_normal((1, n, 64)).astype(np.float16) for n in (1152, 1 << 16, 1 << 16))
         data = sum(a.nbytes for a in args)
         base = peak_reset()
-        out = F.scaled_dot_product_attention(*args)
+        if case == "float16_weights":
+            out, weights = F.scaled_dot_product_attention(*args, return_weights=True)
+        else:
+            out, weights = F.scaled_dot_product_attention(*args), np.zeros(0)
         peak = peak_rss()
-        data += out.nbytes
-        assert np.isfinite(out).all()
-        print("extra", peak - base - out.nbytes, "limit", max(64 << 20, 2 * data))
+        written = out.nbytes + weights.nbytes
+        data += written
+        assert np.isfinite(out).all() and np.isfinite(weights).all()
+        print("extra", peak - base - written, "limit", max(64 << 20, 2 * data))
     """)
     extra, limit = (int(out.split(word)[1].split()[0]) for word in ("extra", "limit"))
     assert extra <= limit, f"{case}: {extra / 2**20:.0f} MiB beyond the output, limit {limit / 2**20:.0f} MiB"
