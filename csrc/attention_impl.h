@@ -192,26 +192,31 @@ static void FN(fill_hidden_tile)(real *scores_t, const attnc_attention_args *a, 
  * at a time and turned in registers (load_turned), the group of queries
  * past nq reading the last query's row again and storing nothing; added
  * one by one, with a load per score from a row S elements away, it took
- * 42 % of a (2, 12, 512, 64) attention's samples (benchmarks/NOTES.md). */
+ * 42 % of a (2, 12, 512, 64) attention's samples. A group of queries
+ * takes every key of the tile before the next group, so that each line
+ * of their rows is used whole: by keys first, the tile's 96 rows (S
+ * apart: one L1 set for S = 1024 floats) had evicted each line before
+ * its second half was read, 1.11x the time at (1, 12, 1024, 64) on one
+ * thread (benchmarks/NOTES.md). */
 static void FN(add_bias)(real *scores_t, const attnc_attention_args *a, const elem *bias, idx_t i0, idx_t nq,
                          idx_t j0, idx_t nk)
 {
     const elem *first = bias + i0 * a->bias_rs + j0 * a->bias_cs;
-    idx_t j = 0;
-    if (a->bias_rs && a->bias_cs == 1)
-        for (; j + VLANES <= nk; j += VLANES)
-            for (idx_t g = 0; g < nq; g += VLANES) {
-                int lanes = (int)attnc_min(VLANES, nq - g);
-                const elem *rows[VLANES];
-                vreal block[VLANES];
-                for (int l = 0; l < VLANES; l++) rows[l] = first + (g + (l < lanes ? l : lanes - 1)) * a->bias_rs;
-                FN(load_turned)(block, rows, 0, j, SIMD_BYTES == 32); /* by blocks at AVX2 only (not measured at AVX-512) */
-                for (int l = 0; l < VLANES; l++) {
-                    real *row = scores_t + (j + l) * BLOCK_Q + g;
-                    vstore_first(row, vloadu(row) + block[l], lanes);
-                }
+    idx_t turned = a->bias_rs && a->bias_cs == 1 ? nk / VLANES * VLANES : 0; /* the keys turned in registers */
+    for (idx_t g = 0; g < nq && turned; g += VLANES) {
+        int lanes = (int)attnc_min(VLANES, nq - g);
+        const elem *rows[VLANES];
+        for (int l = 0; l < VLANES; l++) rows[l] = first + (g + (l < lanes ? l : lanes - 1)) * a->bias_rs;
+        for (idx_t j = 0; j < turned; j += VLANES) {
+            vreal block[VLANES];
+            FN(load_turned)(block, rows, 0, j, SIMD_BYTES == 32); /* by blocks at AVX2 only (not measured at AVX-512) */
+            for (int l = 0; l < VLANES; l++) {
+                real *row = scores_t + (j + l) * BLOCK_Q + g;
+                vstore_first(row, vloadu(row) + block[l], lanes);
             }
-    for (; j < nk; j++) {
+        }
+    }
+    for (idx_t j = turned; j < nk; j++) {
         real *row = scores_t + j * BLOCK_Q;
         const elem *b = first + j * a->bias_cs;
         if (!a->bias_rs) { /* broadcast over the queries: one value, held (it may alias the row) */
