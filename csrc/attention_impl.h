@@ -143,7 +143,7 @@ static inline void FN(fill_hidden)(real *row, const attnc_attention_args *a, con
 /* A vector's lanes of mask bytes. */
 typedef uint8_t FN(vmask_bytes) __attribute__((vector_size(SIMD_LANES)));
 
-/* rows (VLANES keys [j, j + VLANES) of a transposed tile, nq queries from
+/* scores_t (nk keys from j0, a whole number of vectors; nq queries from
  * i0) <- fill where a mask of rows of keys (one per query, contiguous
  * along the keys: an (L, S) mask of torch's kind) hides the key: each
  * query's VLANES bytes widened to a lane mask, the VLANES x VLANES block
@@ -151,39 +151,43 @@ typedef uint8_t FN(vmask_bytes) __attribute__((vector_size(SIMD_LANES)));
  * query's bytes again and storing nothing; the same select as
  * masked_fill. Position by position, with a byte load per score from a
  * row S bytes away, a random (B, 1, 512, 512) mask took 1.30-1.39x an unmasked
- * (8, 12, 512, 64) attention's time on a Zen 3 core (benchmarks/NOTES.md). */
-static void FN(fill_hidden_turned)(real *rows, const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq,
-                                   idx_t j, real fill)
+ * (8, 12, 512, 64) attention's time on a Zen 3 core. A group of queries
+ * takes every key before the next group, so that each line of their rows
+ * is read whole while in L1, as add_bias does (benchmarks/NOTES.md). */
+static void FN(fill_hidden_turned)(real *scores_t, const attnc_attention_args *a, const uint8_t *mask, idx_t i0,
+                                   idx_t nq, idx_t j0, idx_t nk, real fill)
 {
     const vlanes_mask fill_bits = (vlanes_mask)vset1(fill);
     for (idx_t g = 0; g < nq; g += VLANES) {
         int lanes = (int)attnc_min(VLANES, nq - g);
-        vreal block[VLANES];
-        for (int l = 0; l < VLANES; l++) {
-            FN(vmask_bytes) bytes;
-            memcpy(&bytes, mask + (i0 + g + (l < lanes ? l : lanes - 1)) * a->mask_rs + j, sizeof bytes);
-            block[l] = (vreal)(__builtin_convertvector(bytes, vlanes_mask) != 0);
-        }
-        vtranspose(block);
-        for (int l = 0; l < VLANES; l++) {
-            real *row = rows + l * BLOCK_Q + g;
-            vlanes_mask keep = (vlanes_mask)block[l];
-            vstore_first(row, (vreal)(((vlanes_mask)vloadu(row) & keep) | (fill_bits & ~keep)), lanes);
+        const uint8_t *query_rows[VLANES];
+        for (int l = 0; l < VLANES; l++) query_rows[l] = mask + (i0 + g + (l < lanes ? l : lanes - 1)) * a->mask_rs + j0;
+        for (idx_t j = 0; j < nk; j += VLANES) {
+            vreal block[VLANES];
+            for (int l = 0; l < VLANES; l++) {
+                FN(vmask_bytes) bytes;
+                memcpy(&bytes, query_rows[l] + j, sizeof bytes);
+                block[l] = (vreal)(__builtin_convertvector(bytes, vlanes_mask) != 0);
+            }
+            vtranspose(block);
+            for (int l = 0; l < VLANES; l++) {
+                real *row = scores_t + (j + l) * BLOCK_Q + g;
+                vlanes_mask keep = (vlanes_mask)block[l];
+                vstore_first(row, (vreal)(((vlanes_mask)vloadu(row) & keep) | (fill_bits & ~keep)), lanes);
+            }
         }
     }
 }
 
 /* scores_t (nk, BLOCK_Q) <- fill where the item's mask hides keys [j0,
- * j0+nk) from queries [i0, i0+nq) (fill_hidden), VLANES keys at a time
- * where the mask's rows are contiguous along the keys */
+ * j0+nk) from queries [i0, i0+nq) (fill_hidden), whole vectors of keys
+ * turned in registers where the mask's rows are contiguous along the keys */
 static void FN(fill_hidden_tile)(real *scores_t, const attnc_attention_args *a, const uint8_t *mask, idx_t i0,
                                  idx_t nq, idx_t j0, idx_t nk, attnc_mask_cover cover, real fill)
 {
-    idx_t j = 0;
-    if (cover == MASK_MIXED && a->mask_rs && a->mask_cs == 1)
-        for (; j + VLANES <= nk; j += VLANES)
-            FN(fill_hidden_turned)(scores_t + j * BLOCK_Q, a, mask, i0, nq, j0 + j, fill);
-    for (; j < nk; j++) FN(fill_hidden)(scores_t + j * BLOCK_Q, a, mask, i0, nq, j0 + j, cover, fill);
+    idx_t turned = cover == MASK_MIXED && a->mask_rs && a->mask_cs == 1 ? nk / VLANES * VLANES : 0;
+    if (turned) FN(fill_hidden_turned)(scores_t, a, mask, i0, nq, j0, turned, fill);
+    for (idx_t j = turned; j < nk; j++) FN(fill_hidden)(scores_t + j * BLOCK_Q, a, mask, i0, nq, j0 + j, cover, fill);
 }
 
 /* scores_t (nk, BLOCK_Q) += the item's bias at queries [i0, i0+nq) x keys
@@ -312,13 +316,16 @@ static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, r
  * scores_t past it (BLOCK_K rows are there) and stores only nk's, a group
  * past nq stores only nq's rows. One score at a time, written S apart,
  * the copy took 35 % of a (2, 12, 512, 64) attention's samples with the
- * weights asked for (benchmarks/NOTES.md). */
+ * weights asked for. A group of queries takes every key before the next
+ * group, so that each line of its rows is written whole (as add_bias
+ * reads): by keys first, a call with the weights took 1.04-1.08x as long
+ * (benchmarks/NOTES.md). */
 static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_t nq, idx_t nk)
 {
-    for (idx_t j = 0; j < nk; j += VLANES) {
-        int keys = (int)attnc_min(VLANES, nk - j);
-        for (idx_t i = 0; i < nq; i += VLANES) {
-            int queries = (int)attnc_min(VLANES, nq - i);
+    for (idx_t i = 0; i < nq; i += VLANES) {
+        int queries = (int)attnc_min(VLANES, nq - i);
+        for (idx_t j = 0; j < nk; j += VLANES) {
+            int keys = (int)attnc_min(VLANES, nk - j);
             vreal block[VLANES];
             for (int l = 0; l < VLANES; l++) block[l] = vloadu(scores_t + (j + l) * BLOCK_Q + i);
             vtranspose(block);
