@@ -645,15 +645,19 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
     real q_bound[MAX_TILES_PER_TASK]; /* with a bias: the tile's rows_norm_bound (key_tile_left_out) */
     real bias_least[MAX_TILES_PER_TASK]; /* the tile's bias_least_max or -inf, once decided (tile_bias_least) */
     int bias_least_decided[MAX_TILES_PER_TASK];
-    real keys_bound = a->band.on ? FN(keys_bound)(a, item->k, item->v, a->S) : (real)INFINITY, keys_norm = -1;
+    real keys_bound = -1, keys_norm = -1; /* keys_bound: found when a tile's band first leaves keys out */
     idx_t tiles = attnc_ceil_div(i1 - i0, BLOCK_Q);
     /* key tiles on the BLOCK_K grid from 0, whatever the band: a query
      * tile meets the same key tiles however the queries are split into tasks */
     idx_t begin = a->S, end = 0, tile_begin, tile_end;
     for (idx_t tile = 0; tile < tiles; tile++) {
         idx_t q0 = i0 + tile * BLOCK_Q, nq = FN(tile_queries)(q0, i1);
-        skip_hidden[tile] =
-            a->band.on && FN(scores_bounded)(a, FN(queries_bound)(a, item, q0, q0 + nq, 0, a->S), keys_bound);
+        FN(key_range)(a, a->band.on, q0, nq, &tile_begin, &tile_end);
+        skip_hidden[tile] = 0;
+        if (tile_begin >= BLOCK_K || tile_end < a->S) { /* the band leaves a key out of the tile's range */
+            if (keys_bound < 0) keys_bound = FN(keys_bound)(a, item->k, item->v, a->S);
+            skip_hidden[tile] = FN(scores_bounded)(a, FN(queries_bound)(a, item, q0, q0 + nq, 0, a->S), keys_bound);
+        }
         FN(tile_buffers) view = FN(tile_view)(t, tile, a->E);
         FN(pack_query_tile)(&view, a, item, q0, nq);
         FN(start_tile)(&view, nq);
