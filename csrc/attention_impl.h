@@ -35,9 +35,9 @@ static inline int attention_takes_rows(const attnc_attention_args *a)
 typedef struct {
     const attnc_attention_args *args;
     idx_t n_query_tiles, tiles_per_task, tasks_per_item, workspace_elems;
-    /* with the weights, after the workspace: the maxes (tiles_per_task * BLOCK_Q, key tiles), then
-     * elems' weights rows (tiles_per_task * BLOCK_Q, S); in all weights_elems */
-    idx_t weight_maxes_elems, weights_elems;
+    /* with the weights, after a task's workspace, per query tile: the maxes (key tiles, BLOCK_Q),
+     * then elems' weights rows (BLOCK_Q, S); in all weights_per_tile elements a tile */
+    idx_t maxes_per_tile, weights_per_tile;
     atomic_int failed; /* a task could not allocate its workspace */
 } FN(attention_job);
 
@@ -366,10 +366,10 @@ static void FN(keep_weight_tile)(const FN(tile_buffers) *t, idx_t nq, idx_t j0, 
 
 /* The weights rows [q0, q0+nq) of item b from their key tiles'
  * exponentials, once the query tile's max and sum are final: each times
- * exp(its tile's max - safe_shift(final max)) (1 for a single key tile, 0
- * for a tile whose max was -inf: its exponentials are 0) and the row's
- * 1 / sum (the factor write_rows gives the output), rounded once into the
- * weights. */
+ * exp(its tile's max - safe_shift(final max)) (1 for a tile whose max is
+ * the final one, as a single key tile's; 0 for one whose max was -inf) and
+ * the row's 1 / sum (the factor write_rows gives the output), rounded once
+ * into the weights. */
 static void FN(weights_from_tiles)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t q0,
                                    idx_t nq)
 {
@@ -721,16 +721,17 @@ static void FN(attention_task)(void *ctx, idx_t task)
     idx_t last_tile = attnc_min(first_tile + job->tiles_per_task, job->n_query_tiles);
     if (first_tile >= last_tile) return;
     idx_t i0 = first_tile * BLOCK_Q, i1 = attnc_min(last_tile * BLOCK_Q, a->L);
-    real *work = attnc_malloc((size_t)(job->workspace_elems + job->weights_elems) * sizeof(real));
+    idx_t tiles = last_tile - first_tile;
+    real *work = attnc_malloc((size_t)(job->workspace_elems + tiles * job->weights_per_tile) * sizeof(real));
     if (!work) {
         atomic_store(&job->failed, 1);
         return;
     }
     FN(tile_buffers) t;
-    FN(tile_layout)(work, a->E, a->Ev, last_tile - first_tile, &t);
+    FN(tile_layout)(work, a->E, a->Ev, tiles, &t);
     if (a->weights) { /* after the workspace: the maxes, then elems' rows (float and double: the weights) */
         t.weight_maxes = work + job->workspace_elems;
-        t.weight_rows = ELEM_IS_REAL ? (real *)FN(weights_at)(a, b, i0, 0) : t.weight_maxes + job->weight_maxes_elems;
+        t.weight_rows = ELEM_IS_REAL ? (real *)FN(weights_at)(a, b, i0, 0) : t.weight_maxes + tiles * job->maxes_per_tile;
         t.weight_stride = a->S;
     }
     FN(item_view) item = FN(item_at)(a, b);
@@ -765,14 +766,16 @@ static attnc_status FN(attention_tiles)(const attnc_attention_args *a, idx_t n_i
     FN(tile_buffers) unused;
     FN(attention_job) job = {a, n_query_tiles, tiles, attnc_ceil_div(n_query_tiles, tiles),
                              FN(tile_layout)(NULL, a->E, a->Ev, tiles, &unused), 0, 0, 0};
-    idx_t n_tasks, task_bytes, elem_rows = 0; /* a task's allocation: checked here, made by each task */
+    /* a task's allocation, at most tiles_per_task tiles: checked here, made by each task */
+    idx_t n_tasks, elem_rows = 0, task_weights, task_bytes;
     if (!attnc_mul_ok(n_items, job.tasks_per_item, &n_tasks)) return ATTNC_EOVERFLOW;
     if (a->weights &&
-        (!attnc_mul_ok(tiles * BLOCK_Q, attnc_ceil_div(a->S, BLOCK_K), &job.weight_maxes_elems) ||
-         (!ELEM_IS_REAL && !attnc_mul_ok(tiles * BLOCK_Q, a->S, &elem_rows)) ||
-         !attnc_mul_ok(job.weight_maxes_elems + elem_rows + job.workspace_elems, sizeof(real), &task_bytes)))
+        (!attnc_mul_ok(BLOCK_Q, attnc_ceil_div(a->S, BLOCK_K), &job.maxes_per_tile) ||
+         (!ELEM_IS_REAL && !attnc_mul_ok(BLOCK_Q, a->S, &elem_rows)) ||
+         !attnc_mul_ok(tiles, job.maxes_per_tile + elem_rows, &task_weights) ||
+         !attnc_mul_ok(task_weights + job.workspace_elems, sizeof(real), &task_bytes)))
         return ATTNC_EOVERFLOW;
-    job.weights_elems = job.weight_maxes_elems + elem_rows;
+    job.weights_per_tile = job.maxes_per_tile + elem_rows;
     double flops = 2.0 * (double)n_items * (double)a->L * (double)a->S * (double)(a->E + a->Ev);
     attnc_parallel_for(n_tasks, flops, FN(attention_task), &job);
     return atomic_load(&job.failed) ? ATTNC_ENOMEM : ATTNC_OK;

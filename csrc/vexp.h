@@ -26,7 +26,8 @@
  *
  * for_bf16 (a constant; float only): the results are rounded to bfloat16
  * right after (the probabilities of BF16_PAIRS' value product, whose
- * rounding error is up to 2^-9 = 2e-3), so the polynomial is of degree 4,
+ * rounding error is up to 2^-9 = 2e-3, and the bfloat16 weights the
+ * attention stores from the same exponentials), so the polynomial is of degree 4,
  * fitted as above (5.3e-6 relative), and ln2 is one float (r off by at most
  * 127 * 1.9e-9 = 2.4e-7): three multiply-adds fewer, an error 1/350 of the
  * rounding's that follows. PyTorch's CPU flash attention takes an exp of

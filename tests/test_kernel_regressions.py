@@ -521,7 +521,7 @@ def test_sigint_is_one_slow_question_late_not_sixteen():
 def test_peak_memory_is_bounded_by_the_data(case):
     """float16_weights: the weights of 1152 queries against 65536 keys (144 MiB) are
     computed in float rows, a task's query tiles' worth at a time (two tasks of two
-    tiles at once here: 96 MiB), at most twice the weights' size in all."""
+    tiles at once here: 96 MiB), under the same limit as the other cases."""
     out = _run_child(f"""
         import numpy as np
         import attnc

@@ -247,28 +247,39 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
     assert_close(w, ref_w, dtype)
 
 
-@pytest.mark.parametrize("kind", ["plain", "masked", "causal", "window"])
+# windows (left, right, alignment) over L = 131 queries and S = 419 keys (key tiles of 192)
+WEIGHT_WINDOWS = {
+    # query i sees keys i + 138 .. i + 308: the second query tile (queries 96..130) leaves key
+    # tile 0 out whole, the first one's keys end inside the last key tile
+    "window_left": (150, 20, "bottom_right"),
+    # query i sees keys i - 20 .. i + 150: both query tiles leave the last key tile out whole
+    # and end inside key tile 1; the second one starts inside key tile 0
+    "window_right": (20, 150, "top_left"),
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "masked", "causal", *WEIGHT_WINDOWS])
 def test_weights_over_many_key_tiles_against_float64(kind, dtype, simd_mode):
     """Weights of more keys than one key tile holds: each tile's exponentials turned into
     the weights' rows in registers, with the query and key counts past whole vectors,
-    then rescaled to the row's final max. A window (bottom-right: query i sees keys
-    i + 138 .. i + 308) leaves whole key tiles out on both sides of some query tiles and
-    ends others inside a key tile: those keys' weights must be exactly 0."""
+    then rescaled to the row's final max. The windows leave whole key tiles out of a query
+    tile and end others inside a key tile: those keys' weights must be exactly 0."""
     rng = np.random.default_rng(25)
     L, S = 131, 419
     q, k, v = (rng.standard_normal((2, 3, n, 16)).astype(dtype) for n in (L, S, S))
     keep = rng.random((2, 1, L, S)) < 0.7 if kind == "masked" else None
     options = {"is_causal": kind == "causal"}
-    if kind == "window":
-        options.update(window=(150, 20), causal_alignment="bottom_right")
-        centre = np.arange(L)[:, None] + S - L
-        keep = (np.arange(S) >= centre - 150) & (np.arange(S) <= centre + 20)
-    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=None if kind == "window" else keep,
+    if kind in WEIGHT_WINDOWS:
+        left, right, alignment = WEIGHT_WINDOWS[kind]
+        options.update(window=(left, right), causal_alignment=alignment)
+        centre = np.arange(L)[:, None] + (S - L if alignment == "bottom_right" else 0)
+        keep = (np.arange(S) >= centre - left) & (np.arange(S) <= centre + right)
+    out, w = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=None if kind in WEIGHT_WINDOWS else keep,
                                                            return_weights=True, **options)
     ref, ref_w = ref_attend(q, k, v, 1 / 4, keep, causal=kind == "causal")
     assert_close(w, ref_w, dtype)
     assert_close(out, ref, dtype)
-    if kind == "window":
+    if kind in WEIGHT_WINDOWS:
         np.testing.assert_array_equal(w[..., ~keep], 0)
 
 
