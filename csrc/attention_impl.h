@@ -30,6 +30,14 @@ static inline int attention_takes_rows(const attnc_attention_args *a)
 {
     return a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;
 }
+
+/* Rows of S weights between two questions for Ctrl-C: about
+ * WEIGHT_QUESTION_ELEMS weights, and at least a row. A question costs about
+ * 100 instructions (two thread-locals through __tls_get_addr): asked for
+ * each row of 64 keys, they were 28 K of the 102 K instructions the weights
+ * added to a (1, 4, 64, 64) call (callgrind). */
+#define WEIGHT_QUESTION_ELEMS 65536
+static inline idx_t weight_rows_per_question(idx_t S) { return S > 0 && S < WEIGHT_QUESTION_ELEMS ? WEIGHT_QUESTION_ELEMS / S : 1; }
 #endif
 
 typedef struct {
@@ -340,17 +348,17 @@ static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_
 }
 
 /* With the weights: a query tile's rows start as 0 and its maxes as -inf,
- * row by row with a question for Ctrl-C between rows. The flash pass
- * stores over them the key tiles it computes (keep_weight_tile); a key it
- * leaves out (a band, a mask or a bias: key_range, key_tile_left_out)
- * keeps the 0 its weight is. The rows' pages are touched here first: the
- * flash pass, storing a key tile into every row of the task, had zeroed up
- * to 400 MB of fresh (huge) pages between two questions (0.5 s after
- * SIGINT with 65536 keys). */
+ * weight_rows_per_question rows at a time with a question for Ctrl-C
+ * between them. The flash pass stores over them the key tiles it computes
+ * (keep_weight_tile); a key it leaves out (a band, a mask or a bias:
+ * key_range, key_tile_left_out) keeps the 0 its weight is. The rows' pages
+ * are touched here first: the flash pass, storing a key tile into every row
+ * of the task, had zeroed up to 400 MB of fresh (huge) pages between two
+ * questions (0.5 s after SIGINT with 65536 keys). */
 static void FN(start_weight_rows)(const FN(tile_buffers) *t, idx_t nq)
 {
-    idx_t S = t->weight_stride;
-    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++)
+    idx_t S = t->weight_stride, rows = weight_rows_per_question(S);
+    for (idx_t i = 0; i < nq && (i % rows || !attnc_interrupted()); i++)
         for (idx_t j = 0; j < S; j++) t->weight_rows[i * S + j] = 0;
     for (idx_t i = 0; i < attnc_ceil_div(S, BLOCK_K) * BLOCK_Q; i++) t->weight_maxes[i] = -(real)INFINITY;
 }
@@ -373,8 +381,8 @@ static void FN(keep_weight_tile)(const FN(tile_buffers) *t, idx_t nq, idx_t j0, 
 static void FN(weights_from_tiles)(const attnc_attention_args *a, const FN(tile_buffers) *t, idx_t b, idx_t q0,
                                    idx_t nq)
 {
-    idx_t S = a->S;
-    for (idx_t i = 0; i < nq && !attnc_interrupted(); i++) {
+    idx_t S = a->S, rows = weight_rows_per_question(S);
+    for (idx_t i = 0; i < nq && (i % rows || !attnc_interrupted()); i++) {
         const real *e = t->weight_rows + i * S;
         elem *w = FN(weights_at)(a, b, q0 + i, 0); /* the same row as e for float and double */
         real shift = FN(safe_shift)(t->run_max[i]), inverse = FN(row_inverse)(a, t->run_sum[i]);

@@ -399,7 +399,8 @@ def test_sigint_skips_the_weights_rows_left():
     Later, with each key tile's exponentials stored into the weights rows in
     that pass, the first key tile touched every row's fresh (huge) pages
     between two polls: 0.16-0.54 s after SIGINT; the rows are now zeroed
-    first, row by row, with a poll between rows."""
+    first, with a poll between rows (between runs of rows of 65536 weights
+    in all where rows are shorter)."""
     out = _run_child("""
         import numpy as np
         import attnc
