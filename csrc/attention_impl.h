@@ -148,9 +148,6 @@ static inline void FN(fill_hidden)(real *row, const attnc_attention_args *a, con
         for (idx_t i = 0; i < nq; i++) row[i] = FN(masked_fill)(row[i], m[i * a->mask_rs], fill);
 }
 
-/* A vector's lanes of mask bytes. */
-typedef uint8_t FN(vmask_bytes) __attribute__((vector_size(SIMD_LANES)));
-
 /* scores_t (nk keys from j0, a whole number of vectors; nq queries from
  * i0) <- fill where a mask of rows of keys (one per query, contiguous
  * along the keys: an (L, S) mask of torch's kind) hides the key: each
@@ -172,11 +169,7 @@ static void FN(fill_hidden_turned)(real *scores_t, const attnc_attention_args *a
         for (int l = 0; l < VLANES; l++) query_rows[l] = mask + (i0 + g + (l < lanes ? l : lanes - 1)) * a->mask_rs + j0;
         for (idx_t j = 0; j < nk; j += VLANES) {
             vreal block[VLANES];
-            for (int l = 0; l < VLANES; l++) {
-                FN(vmask_bytes) bytes;
-                memcpy(&bytes, query_rows[l] + j, sizeof bytes);
-                block[l] = (vreal)(__builtin_convertvector(bytes, vlanes_mask) != 0);
-            }
+            for (int l = 0; l < VLANES; l++) block[l] = (vreal)vnonzero_bytes(query_rows[l] + j);
             vtranspose(block);
             for (int l = 0; l < VLANES; l++) {
                 real *row = scores_t + (j + l) * BLOCK_Q + g;

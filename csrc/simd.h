@@ -10,6 +10,8 @@
  *   vstore_first(p, v, n)  lanes [0, n) of v to p (n <= VLANES), and
  *                      nothing past them: a masked store where the ISA
  *                      has one
+ *   vnonzero_bytes(p)  a lane mask: lane l all ones where byte p[l] is
+ *                      nonzero, else 0 (VLANES bytes read)
  *   vadd(a, b)         a + b
  *   vmax(a, b), vmin(a, b)  a > b ? a : b, a < b ? a : b in each lane (b
  *                      where either is NaN, as x86's max and min)
@@ -46,6 +48,7 @@
 #define vloadu FN(vloadu)
 #define vstoreu FN(vstoreu)
 #define vstore_first FN(vstore_first)
+#define vnonzero_bytes FN(vnonzero_bytes)
 #define vadd FN(vadd)
 #define vmax FN(vmax)
 #define vmin FN(vmin)
@@ -327,6 +330,43 @@ static inline void vstore_first(real *p, vreal v, int n)
 }
 #else
 static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t)n * sizeof(real)); }
+#endif
+
+/* One zero-extending load where the ISA has it: GCC 12 widened a vector of
+ * 8 bytes (__builtin_convertvector) one byte at a time, about 25 scalar
+ * instructions for 8 lanes. An (L, S) boolean mask on (2, 4, 128, 64) then
+ * added 0.71 M instructions to a call's 5.29 M; now 0.23 M, and 0.88-0.92x
+ * the time (benchmarks/NOTES.md). */
+#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
+static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
+{
+    return (vlanes_mask)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)) != 0;
+}
+#elif defined(ATTNC_ISA_AVX512)
+static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
+{
+    return (vlanes_mask)_mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)p)) != 0;
+}
+#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
+{
+    return (vlanes_mask)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)) != 0;
+}
+#elif defined(ATTNC_ISA_AVX2)
+static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
+{
+    int32_t four;
+    memcpy(&four, p, sizeof four);
+    return (vlanes_mask)_mm256_cvtepu8_epi64(_mm_cvtsi32_si128(four)) != 0;
+}
+#else
+static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
+{
+    typedef uint8_t lanes_bytes __attribute__((vector_size(SIMD_LANES)));
+    lanes_bytes bytes;
+    memcpy(&bytes, p, sizeof bytes);
+    return __builtin_convertvector(bytes, vlanes_mask) != 0;
+}
 #endif
 
 #if BF16_PAIRS
