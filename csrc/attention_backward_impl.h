@@ -413,8 +413,9 @@ typedef struct {
     idx_t n_key_blocks, n_query_tiles, workspace_elems;
     int pass; /* KEY_PASS, QUERY_PASS or FUSED_PASS */
     atomic_int failed;
-    /* with a band, a mask or a bias: per item, which hidden pairs are
-     * skipped, from a first pass */
+    /* with a mask, a bias, or a band that leaves a key block out of a
+     * query tile (band_leaves_a_block_out): per item, which hidden pairs
+     * are skipped, from a first pass (skips_task); else NULL */
     FN(pair_skips) *item_skips;
     /* (items, L, 2): each row's shift and 1/sum where it takes its own
      * (own_stats), from a first pass (stats_task); else NULL */

@@ -31,13 +31,17 @@ static inline int attention_takes_rows(const attnc_attention_args *a)
     return a->L <= ROWS_MAX_QUERIES || a->E > FLASH_MAX_HEAD || a->Ev > FLASH_MAX_HEAD - a->E;
 }
 
-/* Rows of S weights between two questions for Ctrl-C: about
+/* With the weights (start_weight_rows, weights_from_tiles): rows of S
+ * weights between two questions for Ctrl-C, about
  * WEIGHT_QUESTION_ELEMS weights, and at least a row. A question costs about
  * 100 instructions (two thread-locals through __tls_get_addr): asked for
  * each row of 64 keys, they were 28 K of the 102 K instructions the weights
  * added to a (1, 4, 64, 64) call (callgrind). */
 #define WEIGHT_QUESTION_ELEMS 65536
-static inline idx_t weight_rows_per_question(idx_t S) { return S > 0 && S < WEIGHT_QUESTION_ELEMS ? WEIGHT_QUESTION_ELEMS / S : 1; }
+static inline idx_t weight_rows_per_question(idx_t S)
+{
+    return S > 0 && S < WEIGHT_QUESTION_ELEMS ? WEIGHT_QUESTION_ELEMS / S : 1;
+}
 #endif
 
 typedef struct {
@@ -351,8 +355,9 @@ static void FN(store_scores_turned)(real *w, idx_t S, const real *scores_t, idx_
 static void FN(start_weight_rows)(const FN(tile_buffers) *t, idx_t nq)
 {
     idx_t S = t->weight_stride, rows = weight_rows_per_question(S);
-    for (idx_t i = 0; i < nq && (i % rows || !attnc_interrupted()); i++)
-        for (idx_t j = 0; j < S; j++) t->weight_rows[i * S + j] = 0;
+    for (idx_t run = 0; run < nq && !attnc_interrupted(); run += rows)
+        for (idx_t i = run; i < attnc_min(nq, run + rows); i++)
+            for (idx_t j = 0; j < S; j++) t->weight_rows[i * S + j] = 0;
     for (idx_t i = 0; i < attnc_ceil_div(S, BLOCK_K) * BLOCK_Q; i++) t->weight_maxes[i] = -(real)INFINITY;
 }
 
@@ -375,15 +380,16 @@ static void FN(weights_from_tiles)(const attnc_attention_args *a, const FN(tile_
                                    idx_t nq)
 {
     idx_t S = a->S, rows = weight_rows_per_question(S);
-    for (idx_t i = 0; i < nq && (i % rows || !attnc_interrupted()); i++) {
-        const real *e = t->weight_rows + i * S;
-        elem *w = FN(weights_at)(a, b, q0 + i, 0); /* the same row as e for float and double */
-        real shift = FN(safe_shift)(t->run_max[i]), inverse = FN(row_inverse)(a, t->run_sum[i]);
-        for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) {
-            real factor = FN(vexp)(t->weight_maxes[j0 / BLOCK_K * BLOCK_Q + i] - shift) * inverse;
-            FN(store_row_scaled)(w + j0, e + j0, attnc_min(S - j0, BLOCK_K), factor);
+    for (idx_t run = 0; run < nq && !attnc_interrupted(); run += rows)
+        for (idx_t i = run; i < attnc_min(nq, run + rows); i++) {
+            const real *e = t->weight_rows + i * S;
+            elem *w = FN(weights_at)(a, b, q0 + i, 0); /* the same row as e for float and double */
+            real shift = FN(safe_shift)(t->run_max[i]), inverse = FN(row_inverse)(a, t->run_sum[i]);
+            for (idx_t j0 = 0; j0 < S; j0 += BLOCK_K) {
+                real factor = FN(vexp)(t->weight_maxes[j0 / BLOCK_K * BLOCK_Q + i] - shift) * inverse;
+                FN(store_row_scaled)(w + j0, e + j0, attnc_min(S - j0, BLOCK_K), factor);
+            }
         }
-    }
 }
 
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
