@@ -335,9 +335,9 @@ static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t
 /* One zero-extending load where the ISA has it (at AVX2's double, 4 bytes
  * through memcpy and movd, which GCC folds into it): GCC 12 widened a
  * vector of 8 bytes (__builtin_convertvector) one byte at a time, about 25
- * scalar instructions for 8 lanes. An (L, S) boolean mask on (2, 4, 128, 64) then
- * added 0.71 M instructions to a call's 5.29 M; now 0.23 M, and 0.88-0.92x
- * the time (benchmarks/NOTES.md). */
+ * scalar instructions for 8 lanes. An (L, S) boolean mask on (2, 4, 128,
+ * 64) then added 0.71 M instructions to a call's 5.29 M; now 0.23 M, and
+ * 0.88-0.92x the time (benchmarks/NOTES.md). */
 #if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
 static inline vlanes_mask vnonzero_bytes(const uint8_t *p)
 {
