@@ -201,7 +201,8 @@ static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = FN(block_keys)(a, j0);
         FN(pack_key_tile)(t, a, item, j0, nk);
-        FN(score_tile)(t, a, item, i0, nq, j0, nk);
+        attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
+        FN(score_tile)(t, a, item, i0, nq, j0, nk, cover);
         FN(column_max)(block, t->scores_t, nq, nk); /* (NaN skipped, as the forward's) */
         FN(grow_running_max)(max, sum, block, correction, nq);
         FN(column_exp_sum)(t->scores_t, block, sum, nq, nk, 0);
@@ -258,7 +259,8 @@ static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_ar
 {
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
-    attnc_mask_cover cover = FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk);
+    attnc_mask_cover cover = item->fwd.mask ? mask_cover(a, item->fwd.mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
+    FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk, cover);
     FN(score_product)(t->ds_t, t->v_rows, NULL, 0, 0, t->do_rows, nk, nq, a->Ev, NULL, 0);
     for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
     if (a->dropout_p > 0) { /* one mask draw per weight serves dP and P m */

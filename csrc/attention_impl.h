@@ -241,16 +241,15 @@ static void FN(add_bias)(real *scores_t, const attnc_attention_args *a, const el
  * [i0, i0+nq): the product, plus the bias, then -1e20 where the mask is 0
  * (the documents' masked_fill) and, for keys outside a query's band, the
  * score plus -inf as in PyTorch's math path: -inf (an exactly-zero weight)
- * for a finite score, NaN for a NaN or +inf one. Returns the mask's cover
- * of the tile. */
-static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
-                                       idx_t i0, idx_t nq, idx_t j0, idx_t nk)
+ * for a finite score, NaN for a NaN or +inf one. cover: the mask's cover
+ * of the tile (mask_cover; MASK_KEEPS_ALL without a mask). */
+static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
+                           idx_t nq, idx_t j0, idx_t nk, attnc_mask_cover cover)
 {
     real scale = (real)a->scale; /* pairs' scores are scaled as they are stored */
     const real *k_rows = (const real *)(const void *)(item->k + j0 * a->k.row_stride); /* (read if ELEM_IS_REAL) */
     FN(score_product)(t->scores_t, t->k_pack, k_rows, a->k.row_stride, FN(keys_in_place)(t, a, j0), t->q_pack, nk, nq,
                       a->E, &scale, t->pairs);
-    attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     const attnc_band *band = &a->band;
     if (item->bias) FN(add_bias)(t->scores_t, a, item->bias, i0, nq, j0, nk);
     if (item->mask) FN(fill_hidden_tile)(t->scores_t, a, item->mask, i0, nq, j0, nk, cover, (real)-1e20);
@@ -262,7 +261,6 @@ static attnc_mask_cover FN(score_tile)(FN(tile_buffers) *t, const attnc_attentio
             for (idx_t i = 0; i < nq && i < first; i++) row[i] -= (real)INFINITY;
             for (idx_t i = last + 1 > 0 ? last + 1 : 0; i < nq; i++) row[i] -= (real)INFINITY;
         }
-    return cover;
 }
 
 /* scores_t (nk, BLOCK_Q) *= (kept ? 1/(1-p) : 0) for item b, keys from j0 */
@@ -393,9 +391,9 @@ static void FN(weights_from_tiles)(const attnc_attention_args *a, const FN(tile_
 }
 
 static void FN(flash_step)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item,
-                           idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
+                           idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk, attnc_mask_cover cover)
 {
-    FN(score_tile)(t, a, item, i0, nq, j0, nk);
+    FN(score_tile)(t, a, item, i0, nq, j0, nk, cover);
     FN(column_max)(t->tile_max, t->scores_t, nq, nk);
     FN(grow_running_max)(t->run_max, t->run_sum, t->tile_max, t->correction, nq);
     FN(column_exp_sum)(t->scores_t, t->tile_max, t->run_sum, nq, nk, t->pairs);
@@ -567,14 +565,14 @@ static int FN(tile_bias_least)(const attnc_attention_args *a, const FN(item_view
  * nk: a causal mask as a bias). values_finite: 1, 0, or -1 until the key
  * tile's values have been read (all key_tile_keys of them, as for key_bound:
  * the query tiles share them). */
-static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, int mask_skippable,
-                                 real q_bound, real bias_least, const real *run_max, idx_t q0, idx_t nq, idx_t j0,
-                                 idx_t nk, idx_t key_tile_keys, int *values_finite, real *key_bound, idx_t *kept)
+static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, attnc_mask_cover cover,
+                                 int mask_skippable, real q_bound, real bias_least, const real *run_max, idx_t q0,
+                                 idx_t nq, idx_t j0, idx_t nk, idx_t key_tile_keys, int *values_finite,
+                                 real *key_bound, idx_t *kept)
 {
     *kept = nk;
     int biased = item->bias && q_bound < (real)INFINITY;
     if (!mask_skippable && !biased) return KEY_TILE_COMPUTED;
-    attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, nk) : MASK_KEEPS_ALL;
     int masked = mask_skippable && cover == MASK_HIDES_ALL;
     real least = biased && cover == MASK_KEEPS_ALL ? FN(least_max)(run_max, nq) : -(real)INFINITY;
     if (bias_least > least) least = bias_least; /* the keys before a row's first kept one */
@@ -620,7 +618,9 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
         idx_t nk = attnc_min(end - j0, BLOCK_K); /* packed as the task's loop packs it */
         FN(pack_key_tile)(t, a, item, j0, nk);
         FN(pack_value_tile)(t, a, item, j0, nk);
-        FN(flash_step)(&view, a, item, b, q0, nq, j0, attnc_min(tile_end - j0, nk));
+        idx_t tile_nk = attnc_min(tile_end - j0, nk);
+        FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk,
+                       item->mask ? mask_cover(a, item->mask, q0, nq, j0, tile_nk) : MASK_KEEPS_ALL);
     }
 }
 
@@ -692,7 +692,8 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             if (!bias_least_decided[tile])
                 bias_least_decided[tile] = FN(tile_bias_least)(a, item, view.run_max, q0, nq, j0, tile_nk, q_bound[tile],
                                                                &keys_norm, &bias_least[tile]);
-            int left_out = FN(key_tile_left_out)(a, item, mask_skippable[tile], q_bound[tile], bias_least[tile],
+            attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, tile_nk) : MASK_KEEPS_ALL;
+            int left_out = FN(key_tile_left_out)(a, item, cover, mask_skippable[tile], q_bound[tile], bias_least[tile],
                                                  view.run_max, q0, nq, j0, tile_nk, nk, &values_finite, &key_bound,
                                                  &tile_nk);
             if (left_out != KEY_TILE_COMPUTED) {
@@ -704,7 +705,8 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
                 FN(pack_value_tile)(t, a, item, j0, nk);
                 packed = 1;
             }
-            FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk);
+            /* (a tile_nk cut short at a bias-hidden end was a block the mask keeps whole) */
+            FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk, cover);
         }
     }
     for (idx_t tile = 0; tile < tiles; tile++) {

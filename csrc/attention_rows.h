@@ -48,21 +48,47 @@ static inline __attribute__((always_inline)) void mask_row_cover(const uint8_t *
     }
 }
 
+typedef uint8_t mask_bytes __attribute__((vector_size(SIMD_BYTES)));
+
+/* 1 when some byte of v is nonzero */
+static inline int some_byte_set(mask_bytes v)
+{
+    uint64_t words[SIMD_BYTES / 8], set = 0;
+    memcpy(words, &v, sizeof v);
+    for (int w = 0; w < SIMD_BYTES / 8; w++) set |= words[w];
+    return set != 0;
+}
+
 /* How the item's mask covers queries [i0, i0 + nq) x keys [j0, j0 + nk):
  * one row when it is broadcast over the queries (mask_rs 0, a padding
- * mask), and no more rows once the block is mixed. A block of nothing
- * keeps all. */
+ * mask). Contiguous rows of at least a vector are read a vector at a time
+ * (a row's last vector overlapping the one before), their bytes gathered
+ * over the block and told apart after its first row (where most mixed
+ * blocks show it: a causal mask's diagonal, a random one) and at its end;
+ * other rows byte by byte, no more of them once the block is mixed. A
+ * block of nothing keeps all. */
 static attnc_mask_cover mask_cover(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
                                    idx_t nk)
 {
+    idx_t rows = a->mask_rs ? nq : 1;
     uint8_t any = 0, all = 1;
-    for (idx_t i = 0; i < (a->mask_rs ? nq : 1) && !(any && !all); i++) {
-        const uint8_t *m = mask + (i0 + i) * a->mask_rs + j0 * a->mask_cs;
-        if (a->mask_cs == 1)
-            mask_row_cover(m, 1, nk, &any, &all); /* a contiguous row: vectorised */
-        else
-            mask_row_cover(m, a->mask_cs, nk, &any, &all);
-    }
+    if (a->mask_cs == 1 && nk >= SIMD_BYTES) {
+        mask_bytes kept = {0}, hidden = {0};
+        for (idx_t i = 0; i < rows; i++) {
+            const uint8_t *m = mask + (i0 + i) * a->mask_rs + j0;
+            for (idx_t j = 0; j < nk; j += SIMD_BYTES) {
+                mask_bytes v;
+                memcpy(&v, m + attnc_min(j, nk - SIMD_BYTES), sizeof v);
+                kept |= v;
+                hidden |= (mask_bytes)(v == 0);
+            }
+            if (i == 0 && some_byte_set(kept) && some_byte_set(hidden)) break;
+        }
+        any = some_byte_set(kept);
+        all = !some_byte_set(hidden);
+    } else
+        for (idx_t i = 0; i < rows && !(any && !all); i++)
+            mask_row_cover(mask + (i0 + i) * a->mask_rs + j0 * a->mask_cs, a->mask_cs, nk, &any, &all);
     return all ? MASK_KEEPS_ALL : any ? MASK_MIXED : MASK_HIDES_ALL;
 }
 
