@@ -201,8 +201,7 @@ static void FN(tile_stats)(FN(tile_buffers) *t, const attnc_attention_args *a, c
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
         idx_t nk = FN(block_keys)(a, j0);
         FN(pack_key_tile)(t, a, item, j0, nk);
-        attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
-        FN(score_tile)(t, a, item, i0, nq, j0, nk, cover);
+        FN(score_tile)(t, a, item, i0, nq, j0, nk, mask_cover(a, item->mask, i0, nq, j0, nk));
         FN(column_max)(block, t->scores_t, nq, nk); /* (NaN skipped, as the forward's) */
         FN(grow_running_max)(max, sum, block, correction, nq);
         FN(column_exp_sum)(t->scores_t, block, sum, nq, nk, 0);
@@ -253,13 +252,13 @@ static void FN(prepare_keys)(FN(grad_buffers) *t, const attnc_attention_backward
 }
 
 /* The grad tile of queries [i0, i0+nq) and keys [j0, j0+nk) (both
- * prepared): scores_t <- (P m)^T, ds_t <- dS^T (scale folded in). */
+ * prepared; cover: the pair's mask_cover): scores_t <- (P m)^T, ds_t <-
+ * dS^T (scale folded in). */
 static void FN(grad_tile)(FN(grad_buffers) *t, const attnc_attention_backward_args *g, const FN(grad_view) *item,
-                          idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk)
+                          idx_t b, idx_t i0, idx_t nq, idx_t j0, idx_t nk, attnc_mask_cover cover)
 {
     const attnc_attention_args *a = &g->forward;
     real scale = (real)a->scale;
-    attnc_mask_cover cover = item->fwd.mask ? mask_cover(a, item->fwd.mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     FN(score_tile)(&t->fwd, a, &item->fwd, i0, nq, j0, nk, cover);
     FN(score_product)(t->ds_t, t->v_rows, NULL, 0, 0, t->do_rows, nk, nq, a->Ev, NULL, 0);
     for (idx_t j = 0; j < nk; j++) FN(exp_shift_row)(t->fwd.scores_t + j * BLOCK_Q, nq, t->shift, t->norm);
@@ -333,12 +332,12 @@ enum { SKIP_BAND_AND_MASK = 1, SKIP_BIAS = 2 };
  * gradient (its P is 0, its dS 0, and every number they multiply is
  * finite), so leaving it out changes no bit (but a -0 sum that becomes +0).
  * Both passes ask this of every (tile, block) pair, so they visit the same
- * pairs: the bits never depend on the plan. */
-static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0)
+ * pairs: the bits never depend on the plan. cover: the pair's mask_cover. */
+static inline int FN(pair_seen)(const attnc_attention_args *a, const FN(grad_view) *item, idx_t i0, idx_t j0,
+                                attnc_mask_cover cover)
 {
     if (!item->skips.flags) return 1;
     idx_t nq = FN(tile_queries)(i0, a->L), nk = FN(block_keys)(a, j0);
-    attnc_mask_cover cover = item->fwd.mask ? mask_cover(a, item->fwd.mask, i0, nq, j0, nk) : MASK_KEEPS_ALL;
     if (item->skips.flags & SKIP_BAND_AND_MASK) {
         if (attnc_band_begin(&a->band, i0, a->S) >= j0 + nk || attnc_band_end(&a->band, i0 + nq - 1, a->S) <= j0)
             return 0;
@@ -374,11 +373,12 @@ static void FN(key_block_grads)(FN(grad_buffers) *t, const attnc_attention_backw
     memset(t->dk, 0, (size_t)(t->kb * t->E_padded) * sizeof(real));
     memset(t->dv, 0, (size_t)(t->kb * t->Ev_padded) * sizeof(real));
     for (idx_t i0 = 0; i0 < a->L && !attnc_interrupted(); i0 += BLOCK_Q) {
-        if (!FN(pair_seen)(a, item, i0, j0)) continue;
         idx_t nq = FN(tile_queries)(i0, a->L);
+        attnc_mask_cover cover = mask_cover(a, item->fwd.mask, i0, nq, j0, nk);
+        if (!FN(pair_seen)(a, item, i0, j0, cover)) continue;
         FN(grad_buffers) slot = dq_item ? FN(query_slot)(t, i0 / BLOCK_Q) : *t;
         if (!dq_item) FN(prepare_queries)(&slot, g, item, i0, nq);
-        FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk);
+        FN(grad_tile)(&slot, g, item, b, i0, nq, j0, nk, cover);
         FN(key_product)(t->dv, slot.fwd.scores_t, slot.do_cols, nk, nq, t->Ev_padded, t->qb);
         FN(key_product)(t->dk, slot.ds_t, slot.q_cols, nk, nq, t->E_padded, t->qb);
         if (dq_item)
@@ -401,10 +401,11 @@ static void FN(query_tile_grads)(FN(grad_buffers) *t, const attnc_attention_back
     FN(prepare_queries)(t, g, item, i0, nq);
     memset(t->dq, 0, (size_t)(t->qb * t->E_padded) * sizeof(real));
     for (idx_t j0 = 0; j0 < a->S && !attnc_interrupted(); j0 += BLOCK_K) {
-        if (!FN(pair_seen)(a, item, i0, j0)) continue;
         idx_t nk = FN(block_keys)(a, j0);
+        attnc_mask_cover cover = mask_cover(a, item->fwd.mask, i0, nq, j0, nk);
+        if (!FN(pair_seen)(a, item, i0, j0, cover)) continue;
         FN(prepare_keys)(t, g, item, j0, nk, 1);
-        FN(grad_tile)(t, g, item, b, i0, nq, j0, nk);
+        FN(grad_tile)(t, g, item, b, i0, nq, j0, nk, cover);
         FN(value_product)(t->dq, t->ds_t, t->k_cols, NULL, 0, 0, nq, nk, t->E_padded, t->kb, 0);
     }
     FN(write_grad_rows)(item->grad_q + i0 * g->grad_q.row_stride, g->grad_q.row_stride, t->dq, t->E_padded, nq, a->E);

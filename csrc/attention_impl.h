@@ -242,7 +242,8 @@ static void FN(add_bias)(real *scores_t, const attnc_attention_args *a, const el
  * (the documents' masked_fill) and, for keys outside a query's band, the
  * score plus -inf as in PyTorch's math path: -inf (an exactly-zero weight)
  * for a finite score, NaN for a NaN or +inf one. cover: the mask's cover
- * of the tile (mask_cover; MASK_KEEPS_ALL without a mask). */
+ * (mask_cover) of the tile or of a block that holds it (a block's cover
+ * holds for each of its parts, MASK_MIXED for any). */
 static void FN(score_tile)(FN(tile_buffers) *t, const attnc_attention_args *a, const FN(item_view) *item, idx_t i0,
                            idx_t nq, idx_t j0, idx_t nk, attnc_mask_cover cover)
 {
@@ -564,7 +565,7 @@ static int FN(tile_bias_least)(const attnc_attention_args *a, const FN(item_view
  * bias hides from every query of the tile are not computed either (*kept <
  * nk: a causal mask as a bias). values_finite: 1, 0, or -1 until the key
  * tile's values have been read (all key_tile_keys of them, as for key_bound:
- * the query tiles share them). */
+ * the query tiles share them). cover: the block's mask_cover. */
 static int FN(key_tile_left_out)(const attnc_attention_args *a, const FN(item_view) *item, attnc_mask_cover cover,
                                  int mask_skippable, real q_bound, real bias_least, const real *run_max, idx_t q0,
                                  idx_t nq, idx_t j0, idx_t nk, idx_t key_tile_keys, int *values_finite,
@@ -620,7 +621,7 @@ static void FN(tile_again)(FN(tile_buffers) *t, const attnc_attention_args *a, c
         FN(pack_value_tile)(t, a, item, j0, nk);
         idx_t tile_nk = attnc_min(tile_end - j0, nk);
         FN(flash_step)(&view, a, item, b, q0, nq, j0, tile_nk,
-                       item->mask ? mask_cover(a, item->mask, q0, nq, j0, tile_nk) : MASK_KEEPS_ALL);
+                       mask_cover(a, item->mask, q0, nq, j0, tile_nk));
     }
 }
 
@@ -692,7 +693,7 @@ static void FN(flash_queries)(FN(tile_buffers) *t, const attnc_attention_args *a
             if (!bias_least_decided[tile])
                 bias_least_decided[tile] = FN(tile_bias_least)(a, item, view.run_max, q0, nq, j0, tile_nk, q_bound[tile],
                                                                &keys_norm, &bias_least[tile]);
-            attnc_mask_cover cover = item->mask ? mask_cover(a, item->mask, q0, nq, j0, tile_nk) : MASK_KEEPS_ALL;
+            attnc_mask_cover cover = mask_cover(a, item->mask, q0, nq, j0, tile_nk);
             int left_out = FN(key_tile_left_out)(a, item, cover, mask_skippable[tile], q_bound[tile], bias_least[tile],
                                                  view.run_max, q0, nq, j0, tile_nk, nk, &values_finite, &key_bound,
                                                  &tile_nk);

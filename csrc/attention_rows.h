@@ -26,7 +26,8 @@
 
 /* The mask's cover of a block of scores: whether the block's mask can be
  * passed over (keeps all), filled at once or left out (hides all); and why
- * a key tile is left out. Not dtype-dependent: once. */
+ * a key tile is left out. Not dtype-dependent: once (SIMD_BYTES is the
+ * translation unit's). */
 #ifndef ATTNC_MASK_COVER
 #define ATTNC_MASK_COVER
 /* Why a query tile leaves a key tile out of its sums: not at all; the mask
@@ -66,10 +67,11 @@ static inline int some_byte_set(mask_bytes v)
  * over the block and told apart after its first row (where most mixed
  * blocks show it: a causal mask's diagonal, a random one) and at its end;
  * other rows byte by byte, no more of them once the block is mixed. A
- * block of nothing keeps all. */
+ * block of nothing, or no mask, keeps all. */
 static attnc_mask_cover mask_cover(const attnc_attention_args *a, const uint8_t *mask, idx_t i0, idx_t nq, idx_t j0,
                                    idx_t nk)
 {
+    if (!mask) return MASK_KEEPS_ALL;
     idx_t rows = a->mask_rs ? nq : 1;
     uint8_t any = 0, all = 1;
     if (a->mask_cs == 1 && nk >= SIMD_BYTES) {

@@ -15,7 +15,7 @@ from attnc import functional as F
 from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads, padded_batch,
                      padding_bias, random_keep_mask, ref_attend, ref_forward, scores_shape)
 from toolkit import assert_grad_close as check
-from toolkit import real_thread_counts
+from toolkit import lone_key_masks, real_thread_counts
 
 DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
 
@@ -219,6 +219,26 @@ def test_sdpa_backward_padding_mask_matches_torch(causal, dtype):
     if not causal:   # (causal: item 1's first queries see only hidden keys, which then weigh)
         np.testing.assert_array_equal(grads[1][hidden], 0)
         np.testing.assert_array_equal(grads[2][hidden], 0)
+
+
+@pytest.mark.parametrize("lone", ["hidden", "kept"])
+def test_sdpa_backward_one_key_unlike_the_rest_of_its_tile_matches_torch(lone, dtype, simd_mode):
+    """The backward's mask covers (a pair of tile and key block kept whole, hidden whole or
+    mixed: mask_cover, shared by the pair's skip test and its gradients) with one key
+    unlike the rest of its tile, at vector edges and an overlapped row end, in both key
+    tiles: the gradients as torch's."""
+    rng = np.random.default_rng(47)
+    L, S = 100, 269
+    q, k, v = (normal(rng, (1, 2, n, 8), dtype) for n in (L, S, S))
+    g = normal(rng, (1, 2, L, 8), dtype)
+    for query, key, mask, keep in lone_key_masks("(L, S)", lone, L, S):
+        if key not in (0, 63, 76, 191, 192, 223, 268) or query not in (0, 96, 99):
+            continue
+        out, lse = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True)
+        grads = F.scaled_dot_product_attention_backward(g, q, k, v, out, lse, attn_mask=mask)
+        _, _, *want = torch_sdpa(q, k, v, g, keep)
+        for got, w, name in zip(grads, want, ("grad_query", "grad_key", "grad_value")):
+            check(got, w, dtype, f"{name}, query {query} key {key}")
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "rows apart", "keys apart"])

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import attnc
-from toolkit import (LOW_PRECISION_TOLERANCES, MASKED_MODELS, MASKED_IDS, assert_close, make_pair, padded_batch,
-                     padding_bias, ref_attend, ref_linear, ref_forward, ref_module, np_sd, ref_values, random_keep_mask,
-                     torch_forward)
+from toolkit import (LOW_PRECISION_TOLERANCES, MASKED_MODELS, MASKED_IDS, assert_close, lone_key_masks, make_pair,
+                     padded_batch, padding_bias, ref_attend, ref_linear, ref_forward, ref_module, np_sd, ref_values,
+                     random_keep_mask, torch_forward)
 
 B, S = 3, 5
 
@@ -247,32 +247,25 @@ def test_random_two_dimensional_mask_against_float64(dtype, simd_mode):
     assert_close(w, ref_w, dtype)
 
 
-# Keys where a vector of mask bytes starts or ends at 16, 32 or 64 bytes, the last key of a
-# 77-key row (its last vector overlaps the one before), and keys of the second key tile (192
-# on), whose 8 keys are fewer than a vector.
-LONE_KEYS = (0, 15, 16, 31, 32, 45, 63, 64, 76, 100, 127, 128, 150, 191, 192, 199)
+# (L, S): query tiles of 96 over key tiles of 192; and 2 queries (the row path)
+LONE_SIZES = ((100, 77), (100, 200), (100, 269), (2, 77), (2, 269))
 
 
 @pytest.mark.parametrize("lone", ["hidden", "kept"])
 @pytest.mark.parametrize("layout", ["(L, S)", "(S,)", "(S, L).T"])
 def test_one_key_unlike_the_rest_of_its_tile_against_float64(lone, layout, dtype, simd_mode):
     """A mask that keeps (or hides) every key of a query tile but one: the one is seen
-    wherever it sits in its row of mask bytes, for rows of 77 and 200 keys. A tile's
-    mask is told keeping all, hiding all or mixed from its bytes (mask_cover), a vector at
-    a time where its rows are contiguous; taking the tile for one it is not would fill or
-    skip the lone key with the rest."""
+    wherever it sits in its row of mask bytes. A tile's mask is told keeping all, hiding
+    all or mixed from its bytes (mask_cover), a vector at a time where its rows are
+    contiguous; taking the tile for one it is not would fill or skip the lone key with the
+    rest."""
     rng = np.random.default_rng(25)
-    L = 100
-    for S in (77, 200):
+    for L, S in LONE_SIZES:
         q, k, v = (rng.standard_normal((1, 2, n, 8)).astype(dtype) for n in (L, S, S))
-        for key in (j for j in LONE_KEYS if j < S):
-            for query in ((0, 95, 99) if layout != "(S,)" else (0,)):
-                keep = np.full((L, S) if layout != "(S,)" else (S,), lone == "hidden")
-                keep[(query, key) if layout != "(S,)" else key] = lone != "hidden"
-                mask = np.ascontiguousarray(keep.T).T if layout == "(S, L).T" else keep
-                out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                ref, _ = ref_attend(q, k, v, 1 / np.sqrt(8), keep)
-                assert_close(out, ref, dtype, f"S={S} query {query} key {key}")
+        for query, key, mask, keep in lone_key_masks(layout, lone, L, S):
+            out = attnc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            ref, _ = ref_attend(q, k, v, 1 / np.sqrt(8), keep)
+            assert_close(out, ref, dtype, f"L={L} S={S} query {query} key {key}")
 
 
 # windows (left, right, alignment) over L = 131 queries and S = 419 keys (key tiles of 192)

@@ -495,3 +495,21 @@ def torch_forward(model, tm, x, mask=None):
             m3 = mt.broadcast_to(full).reshape((b,) + ((h,) if h else ()) + (s, s))
         out = tm(x3, m3) if model.masked else tm(x3)
         return out.reshape(tuple(lead) + tuple(out.shape[-2:])).numpy()
+
+
+# Keys where a vector of mask bytes starts or ends at 16, 32 or 64 bytes, in the first key tile
+# and in the second (192 on); the last key of a 77-key row (its last vector overlaps the one
+# before) and of a 269-key one (a second tile of 77 keys); the second tile of a 200-key row
+# (8 keys, fewer than a vector).
+LONE_KEYS = (0, 15, 16, 31, 32, 45, 63, 64, 76, 100, 127, 128, 150, 191, 192, 199, 207, 208, 223, 237, 255, 256,
+             268)
+
+
+def lone_key_masks(layout, lone, L, S):
+    """(query, key, mask as passed, mask as the oracle reads it): every key kept (or hidden)
+    but one, for each query and key of LONE_KEYS where a tile's mask rows start and end."""
+    for key in (j for j in LONE_KEYS if j < S):
+        for query in ((q for q in (0, 95, 96, 99, 1) if q < L) if layout != "(S,)" else (0,)):
+            keep = np.full((L, S) if layout != "(S,)" else (S,), lone == "hidden")
+            keep[(query, key) if layout != "(S,)" else key] = lone != "hidden"
+            yield query, key, np.ascontiguousarray(keep.T).T if layout == "(S, L).T" else keep, keep
