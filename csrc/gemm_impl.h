@@ -593,11 +593,12 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
                             idx_t kc)
 {
     const elem *row[GEMM_MAX_WIDTH];
-    for (idx_t r = 0; r < rows; r++) row[r] = FN(operand_row)(x, r0 + r) + p0 * x->cs;
+    for (idx_t r = 0; r < width; r++) row[r] = r < rows ? FN(operand_row)(x, r0 + r) + p0 * x->cs : NULL;
     idx_t p = 0, cs = x->cs, steps = FN(product_steps)(kc, BF16_PAIRS), whole = FN(whole_steps)(kc, BF16_PAIRS);
-    if (rows == width && cs == 1 && whole >= VLANES) {
-        /* whole slivers of rows in place (the weights of a linear layer,
-         * the rows of x): VLANES steps of up to VLANES rows at a time,
+    if (cs == 1 && whole >= VLANES) {
+        /* slivers of rows in place (the weights of a linear layer, the
+         * rows of x), the padding rows past `rows` (NULL) turned into
+         * zeros with them: VLANES steps of up to VLANES rows at a time,
          * turned in registers (a fifth of the instructions of the loop
          * below), a group of VLANES rows after another. The steps up to
          * the first row's next vector boundary go first, as a whole turned
@@ -607,7 +608,11 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
          * over steps already stored. Aligned, a group at a time: the 1024-
          * float rows of NumPy's weights (16 bytes past a line, 4 KB apart,
          * all in one L1 set) packed 2.6x faster on a Zen 4 core, 768-float
-         * rows 1.2x (benchmarks/NOTES.md). */
+         * rows 1.2x. Slivers cut short (x's last rows in the transposed
+         * order, the weights' last in the streamed) had gone one element
+         * at a time through the loop below after zeroing the whole
+         * sliver: turned, `linear` (13, 512) -> 512 took 0.94x the time on
+         * a Zen 4 core (1 thread), (200, 512) -> 77 0.97x (benchmarks/NOTES.md). */
         const size_t step_bytes = sizeof(elem) * (BF16_PAIRS ? 2 : 1), vector_bytes = VLANES * step_bytes;
         idx_t lead = (idx_t)((vector_bytes - (uintptr_t)row[0] % vector_bytes) % vector_bytes / step_bytes);
         for (idx_t g = 0; g < width; g += VLANES) {
@@ -619,8 +624,8 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
         }
         p = whole;
     }
-    if (rows < width)
-        for (idx_t k = 0; k < steps * width; k++) dst[k] = 0;
+    if (rows < width) /* the padding rows of the steps left */
+        for (idx_t k = p * width; k < steps * width; k++) dst[k] = 0;
     if (!BF16_PAIRS && cs != 1 && FN(rows_are_adjacent)(row, rows)) {
         /* adjacent rows (an operand given by columns: a gradient's dY^T
          * as A, a (K, N) matrix as B): each step's elements are one run,
