@@ -228,24 +228,34 @@
  * about 96 rows: on a Zen 3 core (AVX2), (M, 256) x (768, 256)^T in the
  * packed order took 0.944x the time at M = 96 and 0.914x at 128 on 1
  * thread, 0.855x and 0.877x on 2, (112, 256) x (256, 256)^T 0.946x and
- * 0.916x, at M = 64 0.95-1.02x; on a Zen 4 core (AVX-512), 0.975x at M =
- * 96 and 0.981x at 128 on 1 thread (where K is small enough for the A
- * block below to take them; unchanged at K = 512 and 768), modules (1,
- * 128, 256) and (1, 96, 512) 0.97x on 2 (benchmarks/NOTES.md). At the
- * 16-byte level (not measured so) only GEMM_TRANSPOSED_X_BYTES bounds it. */
-#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
+ * 0.916x, at M = 64 0.95-1.02x. At AVX-512 on AMD, 96 rows: on a Zen 4
+ * core, once partial slivers were turned as they are packed (pack_sliver),
+ * against the streamed order (the same bits; median of 15 rounds),
+ * `linear` (77, 512) -> 1536 took 0.96x the time on 1 and 2 threads,
+ * (77, 768) -> 2304 0.96x and 0.975x, (96, 512) -> 1536 0.97x and 0.98x,
+ * (80, 512) -> 512 0.97x and 0.98x, modules (1, 77, 512) 0.98x, (1, 80,
+ * 768) 0.96x, (1, 96, 512) 0.99x on 2 threads; at 112 and 128 rows
+ * 0.96-1.05x (modules (1, 128, 256) 1.05x, (1, 128, 512) 1.02x on 2).
+ * (An earlier Zen 4 measure had put the packed order ahead at 96 rows,
+ * before those turned partial slivers: benchmarks/NOTES.md.) Intel's
+ * AVX-512, not measured past 64 rows, keeps 64 (GEMM_TRANSPOSED_MAX_ROWS_INTEL).
+ * At the 16-byte level (not measured so) only GEMM_TRANSPOSED_X_BYTES
+ * bounds it. */
+#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES == 64 ? 96 : SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
+#define GEMM_TRANSPOSED_MAX_ROWS_INTEL (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
 /* The transposed order's packed x block (padded rows, K block) at most,
- * 144 KB so that it stays in L2 while the weights pass: 48 rows of float
+ * so that it stays in L2 while the weights pass: 144 KB, 48 rows of float
  * at K = 768 (the order up to 80 rows with a 192 KB block measured the
- * same on a Zen 3 core: benchmarks/NOTES.md). */
-#define GEMM_TRANSPOSED_X_BYTES (144 * 1024)
+ * same on a Zen 3 core: benchmarks/NOTES.md); at AVX-512 (Zen 4's L2 is 1
+ * MB), 288 KB: the 96 rows of GEMM_TRANSPOSED_MAX_ROWS at K = 768. */
+#define GEMM_TRANSPOSED_X_BYTES (SIMD_BYTES == 64 ? 288 * 1024 : 144 * 1024)
 /* On Intel's server cores at AVX-512 (2 MB of L2, and their packing of the
  * weights dearer), 64 rows of a whole K block: on a Xeon family 6 model 167,
  * against the packed orders (the same bits; 2 threads, best / median),
  * `linear` (64, 768) -> 2304 0.90 / 0.90x the time, (64, 1024) -> 3072 0.86
  * / 0.84x, (64, 4096) -> 4096 0.81 / 0.84x, (60, 768) -> 768 0.99 / 0.98x,
- * module (1, 64, 768) 0.91 / 0.90x, (1, 60, 1024) 0.91 / 0.95x; Zen's
- * cores, not measured so, keep 144 KB (benchmarks/NOTES.md). */
+ * module (1, 64, 768) 0.91 / 0.90x, (1, 60, 1024) 0.91 / 0.95x
+ * (benchmarks/NOTES.md). */
 #define GEMM_TRANSPOSED_X_BYTES_INTEL (SIMD_BYTES == 64 ? 256 * 1024 : GEMM_TRANSPOSED_X_BYTES)
 /* The streamed order reads A's whole slivers in place, at AVX2 and
  * AVX-512: each thread's packed copy of A cost more than the broadcasts
@@ -1321,7 +1331,7 @@ static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, F
     idx_t transposed_rows = attnc_ceil_div(M, VLANES) * VLANES;
     int one_vector_last = M % GEMM_NR != 0 && M % GEMM_NR <= VLANES;
     int transposed = !g->packed_b && ELEM_IS_REAL && /* the micro-kernel broadcasts reals */
-                     M <= GEMM_TRANSPOSED_MAX_ROWS &&
+                     M <= (attnc_cpu_is_intel() ? GEMM_TRANSPOSED_MAX_ROWS_INTEL : GEMM_TRANSPOSED_MAX_ROWS) &&
                      transposed_rows * kc_max * (idx_t)sizeof(real) <=
                          (attnc_cpu_is_intel() ? GEMM_TRANSPOSED_X_BYTES_INTEL : GEMM_TRANSPOSED_X_BYTES) &&
                      (b.cs != 1 || (transposed_rows + one_vector_last * GEMM_ONE_VECTOR_TILE_ROWS <=

@@ -115,7 +115,7 @@ def _linear_on_threads_and_alone(x, w, b, rows, label, order=None):
     return outs[0]
 
 
-EACH_ORDER_ROWS = [12, 32, 64, 96, 400, 1000, 1500, 3000]
+EACH_ORDER_ROWS = [12, 32, 64, 96, 97, 400, 1000, 1500, 3000]
 
 
 @pytest.mark.parametrize("m", EACH_ORDER_ROWS)
@@ -127,8 +127,10 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     last tile one vector of 4 lanes) and streamed where padding would cost
     more than packing the weights (16 columns of AVX-512's float, one
     vector; of AVX2's float, two), 64 and 96 float rows on either
-    side of the cap on the transposed order at AVX2 and AVX-512 (64
-    transposed, 96 streamed; both transposed at the 16-byte level), 400
+    side of the cap on the transposed order at AVX2 and on Intel at AVX-512
+    (64 transposed, 96 streamed; both transposed at the 16-byte level), 96
+    and 97 on either side of it at AVX-512 elsewhere (96 transposed, 97
+    streamed), 400
     streamed (the weights a sliver at a time, x read in place but for a last
     partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
     130 outputs are at least two slivers a thread at every level), 3000 the
