@@ -308,44 +308,39 @@ static inline __attribute__((always_inline)) void FN(columns_max)(real *tile_max
  * (vmax keeps its second operand) and reaches the result through the sum,
  * as in PyTorch. A whole tile's columns at once (independent maxima: a
  * column at a time waited on each max, and a stored tile_max on each
- * store); a short tile's a vector at a time, its last columns one by one. */
+ * store); a short tile's a vector at a time, its last vector short: it
+ * reads the tile's columns past nq (scores_t's rows and tile_max hold
+ * BLOCK_Q reals, a multiple of VLANES) and stores their maxima too, which
+ * nothing reads. */
 static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t nk)
 {
-    idx_t i = 0;
     if (nq == BLOCK_Q) {
         FN(columns_max)(tile_max, scores_t, 0, nk, BLOCK_Q / VLANES);
         return;
     }
-    for (; i + VLANES <= nq; i += VLANES) FN(columns_max)(tile_max, scores_t, i, nk, 1);
-    for (; i < nq; i++) {
-        real m = -(real)INFINITY;
-        for (idx_t j = 0; j < nk; j++) m = scores_t[j * BLOCK_Q + i] > m ? scores_t[j * BLOCK_Q + i] : m;
-        tile_max[i] = m;
-    }
+    for (idx_t i = 0; i < nq; i += VLANES) FN(columns_max)(tile_max, scores_t, i, nk, 1);
 }
 
 /* scores_t[j, i] <- exp(scores_t[j, i] - shift[i]); sums (nq) += column
  * sums, added key by key in order (the same for any thread count). A
  * vector of columns at a time, down the keys, its shift and sums held in
- * registers; the last columns one at a time. With pairs, the exp for
- * probabilities rounded to bfloat16 next (vexp.h). */
+ * registers; the last vector short: its lanes past nq read the tile's
+ * columns past nq (scores_t's rows, shift and sums hold BLOCK_Q reals, a
+ * multiple of VLANES) and are never stored. Each lane's exp is the one
+ * vexp gives its column alone (the last 13 columns of a 77-query tile had
+ * taken a vector exp each, one column at a time: benchmarks/NOTES.md).
+ * With pairs, the exp for probabilities rounded to bfloat16 next (vexp.h). */
 static void FN(column_exp_sum)(real *scores_t, const real *shift, real *sums, idx_t nq, idx_t nk, int pairs)
 {
-    idx_t i = 0;
-    for (; i + VLANES <= nq; i += VLANES) {
+    for (idx_t i = 0; i < nq; i += VLANES) {
+        int lanes = (int)attnc_min(VLANES, nq - i);
         vreal column_shift = vloadu(shift + i), sum = vloadu(sums + i);
         for (idx_t j = 0; j < nk; j++) {
             real *x = scores_t + j * BLOCK_Q + i;
             vreal e = FN(vexp_lanes)(vloadu(x) - column_shift, pairs);
-            vstoreu(x, e);
+            vstore_first(x, e, lanes);
             sum = sum + e;
         }
-        vstoreu(sums + i, sum);
+        vstore_first(sums + i, sum, lanes);
     }
-    for (; i < nq; i++)
-        for (idx_t j = 0; j < nk; j++) {
-            real *x = scores_t + j * BLOCK_Q + i;
-            *x = FN(vexp_lanes)(vset1(*x - shift[i]), pairs)[0];
-            sums[i] += *x;
-        }
 }
