@@ -199,13 +199,13 @@ static const real FN(zero_row)[64];
  * the op cache's 64-byte windows instead of 3, and float SDPA (1, 12, 512,
  * 64) took 1.09x the time on a Zen 3 core (benchmarks/NOTES.md). */
 #define TILE_LOOPS_ALIGNED __attribute__((noinline, optimize("align-loops=64")))
-static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
+static TILE_LOOPS_ALIGNED void FN(tile_store)(idx_t m, idx_t n, idx_t kc, const real *a, idx_t a_rs, idx_t a_step,
                                               const real *b, real *c, idx_t c_rs, const real *scale, int pairs)
 {
     if (BF16_PAIRS && pairs)
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, scale, 0, 1);
+        FN(gemm_tile_rows)(m, n, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, scale, 0, 1);
     else
-        FN(gemm_tile_rows)(m, GEMM_NR, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
+        FN(gemm_tile_rows)(m, n, kc, a, a_rs, a_step, b, 0, c, c_rs, FN(zero_row), 0, NULL, 0, 0);
 }
 
 static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, idx_t a_step, const real *b,
@@ -230,26 +230,29 @@ static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, id
  * zeros, are never used). Read in place, SDPA over 50 to 128 keys (packed
  * keys shared by no other query tile) took 0.95-0.97x the time on a Xeon
  * core (AVX-512, 1 thread), over 256 and 1024 keys the same
- * (benchmarks/NOTES.md). The products run over whole NR slivers up to nq;
- * the value product (and pair_probabilities) read whole runs of GEMM_MR_STEP
- * queries, and the columns of those past the last sliver are set to the
- * zeros a product with the zero-padded queries would give, rather than
- * computed as one more sliver (at nq = 32 that sliver was a third of the
- * product: 48 columns for 32 queries at MR 6, NR 16). */
+ * (benchmarks/NOTES.md). The products run over the NR slivers up to nq,
+ * the last on one vector of columns when that holds the queries left
+ * (gemm_tile_rows: the sliver's columns past it neither computed nor
+ * written). What reads the tile reads its queries up to nq (the backward's
+ * rows and key products), up to a whole vector (column_max,
+ * column_exp_sum) or whole runs of GEMM_MR_STEP (the value products,
+ * pair_probabilities): all within the columns computed. One vector for
+ * the last 13 of 77 queries: SDPA (1, 8, 77, 64) took 0.93x the time on a
+ * Zen 4 core, 1 and 2 threads; (2, 4, 100, 64) 0.95x and 0.97x
+ * (benchmarks/NOTES.md). */
+_Static_assert(VLANES % GEMM_MR_STEP == 0, "a vector holds whole runs of GEMM_MR_STEP queries");
+
 static void FN(score_product)(real *scores_t, const real *k_pack, const real *k_rows, idx_t k_rs, idx_t k_in_place,
                               const real *q_pack, idx_t nk, idx_t nq, idx_t E, const real *scale, int pairs)
 {
-    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), runs = ROUND_UP(nq, GEMM_MR_STEP);
-    idx_t steps = FN(product_steps)(E, pairs);
+    idx_t rows = ROUND_UP(nk, GEMM_MR), cols = FN(score_columns)(nq), steps = FN(product_steps)(E, pairs);
     for (idx_t j0 = 0; j0 < rows; j0 += GEMM_MR) {
         int in_place = j0 < k_in_place;
         const real *k = in_place ? k_rows + j0 * k_rs : k_pack + (j0 - k_in_place) * steps;
         for (idx_t i0 = 0; i0 < cols; i0 += GEMM_NR)
-            FN(tile_store)(nk - j0, steps, k, in_place ? k_rs : 1, in_place ? 1 : GEMM_MR, q_pack + i0 * steps,
-                           scores_t + j0 * BLOCK_Q + i0, BLOCK_Q, scale, pairs);
+            FN(tile_store)(nk - j0, nq - i0, steps, k, in_place ? k_rs : 1, in_place ? 1 : GEMM_MR,
+                           q_pack + i0 * steps, scores_t + j0 * BLOCK_Q + i0, BLOCK_Q, scale, pairs);
     }
-    for (idx_t j = 0; j < nk; j++)
-        for (idx_t i = cols; i < runs; i++) scores_t[j * BLOCK_Q + i] = 0;
 }
 
 /* acc (nq, Ev_padded) += probabilities^T . values (nk keys): the first
