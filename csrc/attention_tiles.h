@@ -109,14 +109,15 @@ static FN(tile_buffers) FN(tile_view)(const FN(tile_buffers) *t, idx_t tile, idx
 
 /* The queries a tile's buffers are sized for, nq queries rounded to whole
  * MR runs of the value product (which reads probabilities straight from
- * the score tile) and to whole NR slivers. The columns past nq are zeros
- * (times the scale, with pairs: -0 for a negative one), never
- * exponentiated (score_product); only accumulator rows past nq, never
- * written out, read them. */
+ * the score tile) and to whole NR slivers. The score columns past nq that
+ * score_product computes (from the zero-padded queries) are read only by
+ * vector loads whose lanes past nq are dropped (column_max,
+ * column_exp_sum) and by accumulator rows past nq, never written out. */
 static inline idx_t FN(padded_queries)(idx_t nq) { return ROUND_UP(ROUND_UP(nq, GEMM_MR), GEMM_NR); }
 
-/* The query columns the score product computes for nq queries, and so the
- * rows of packed queries (and dO) it reads: whole NR slivers. */
+/* The query columns packed for the score product (the rows of packed
+ * queries and dO): whole NR slivers. It computes them all but in a last
+ * sliver of at most VLANES queries, where it computes one vector. */
 static inline idx_t FN(score_columns)(idx_t nq) { return ROUND_UP(nq, GEMM_NR); }
 
 /* dst <- scale * rows (n, E) of src (rows src_rs apart), transposed into
@@ -188,8 +189,8 @@ static const real FN(zero_row)[64];
 
 /* The micro-kernel (gemm_impl.h) in its two forms, one out-of-line copy
  * each, called once per register tile by the two products below (E or nk
- * steps of up to 2 * GEMM_MR FMAs each, so the call costs nothing; m: the
- * rows left from the tile's first, gemm_tile_rows), as before the
+ * steps of up to 2 * GEMM_MR FMAs each, so the call costs nothing; m and
+ * n: the rows and columns left from the tile's first, gemm_tile_rows), as before the
  * SIMD vocabulary. Inlined, the value product's tile sat inside
  * attention_task with everything flash_step inlines, and its setup reloaded
  * the tile's row pointers from the stack; out of line, the float SDPA cases
@@ -219,7 +220,7 @@ static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, id
         FN(gemm_tile_rows)(m, GEMM_NR, kc, a, 1, a_step, b, 0, c, c_rs, NULL, 0, NULL, 0, 0);
 }
 
-/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, GEMM_MR_STEP)] <- keys . q_pack^T
+/* scores_t (nk, BLOCK_Q)[:, :ROUND_UP(nq, VLANES)] <- keys . q_pack^T
  * (stored, not added: the tile is never cleared first), over E elements
  * packed as product_steps(E, pairs) steps; with pairs, times *scale as they
  * are stored (pairs are packed unscaled). Keys in MR-row slivers: the first
@@ -235,8 +236,9 @@ static TILE_LOOPS_ALIGNED void FN(tile_add)(idx_t m, idx_t kc, const real *a, id
  * (gemm_tile_rows: the sliver's columns past it neither computed nor
  * written). What reads the tile reads its queries up to nq (the backward's
  * rows and key products), up to a whole vector (column_max,
- * column_exp_sum) or whole runs of GEMM_MR_STEP (the value products,
- * pair_probabilities): all within the columns computed. One vector for
+ * column_exp_sum, add_bias, fill_hidden_turned, store_scores_turned) or
+ * whole runs of GEMM_MR_STEP (the value products, pair_probabilities):
+ * all within the columns computed. One vector for
  * the last 13 of 77 queries: SDPA (1, 8, 77, 64) took 0.93x the time on a
  * Zen 4 core, 1 and 2 threads; (2, 4, 100, 64) 0.95x and 0.97x
  * (benchmarks/NOTES.md). */
@@ -314,7 +316,7 @@ static inline __attribute__((always_inline)) void FN(columns_max)(real *tile_max
  * store); a short tile's a vector at a time, its last vector short: it
  * reads the tile's columns past nq (scores_t's rows and tile_max hold
  * BLOCK_Q reals, a multiple of VLANES) and stores their maxima too, which
- * nothing reads. */
+ * column_exp_sum reads only into lanes it never stores. */
 static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t nk)
 {
     if (nq == BLOCK_Q) {
@@ -329,7 +331,8 @@ static void FN(column_max)(real *tile_max, const real *scores_t, idx_t nq, idx_t
  * vector of columns at a time, down the keys, its shift and sums held in
  * registers; the last vector short: its lanes past nq read the tile's
  * columns past nq (scores_t's rows, shift and sums hold BLOCK_Q reals, a
- * multiple of VLANES) and are never stored. Each lane's exp is the one
+ * multiple of VLANES; past nq, whatever they held, even unset) and are
+ * never stored. Each lane's exp is the one
  * vexp gives its column alone (the last 13 columns of a 77-query tile had
  * taken a vector exp each, one column at a time: benchmarks/NOTES.md).
  * With pairs, the exp for probabilities rounded to bfloat16 next (vexp.h). */

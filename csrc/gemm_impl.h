@@ -237,11 +237,12 @@
  * 768) 0.96x, (1, 96, 512) 0.99x on 2 threads; at 112 and 128 rows
  * 0.96-1.05x (modules (1, 128, 256) 1.05x, (1, 128, 512) 1.02x on 2).
  * (An earlier Zen 4 measure had put the packed order ahead at 96 rows,
- * before those turned partial slivers: benchmarks/NOTES.md.) Intel's
- * AVX-512, not measured past 64 rows, keeps 64 (GEMM_TRANSPOSED_MAX_ROWS_INTEL).
+ * before those turned partial slivers: benchmarks/NOTES.md.) Float only:
+ * AVX-512's doubles (not measured so) and Intel's AVX-512 (not measured
+ * past 64 rows) keep 64 (GEMM_TRANSPOSED_MAX_ROWS_INTEL).
  * At the 16-byte level (not measured so) only GEMM_TRANSPOSED_X_BYTES
  * bounds it. */
-#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES == 64 ? 96 : SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
+#define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES == 64 && sizeof(real) == 4 ? 96 : SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
 #define GEMM_TRANSPOSED_MAX_ROWS_INTEL (SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
 /* The transposed order's packed x block (padded rows, K block) at most,
  * so that it stays in L2 while the weights pass: 144 KB, 48 rows of float
@@ -346,7 +347,8 @@ static inline idx_t gemm_block_start(idx_t count, idx_t width, idx_t n_blocks, i
 /* Rows of C^T a transposed job's thread computes into its panel before
  * turning them into C: whole tiles (a multiple of every GEMM_MR: 12, 6,
  * 4) and whole blocks of vtranspose (of every VLANES: 16, 8, 4, 2), few
- * enough that the panel stays in L1 (12 KB at 64 float columns). */
+ * enough that the panel stays in L1 (12 KB at 64 float columns, 18 KB at
+ * AVX-512's 96). */
 #define GEMM_PANEL_ROWS 48
 
 /* The micro-kernel's K loop two steps a pass at AVX2 and AVX-512: the same

@@ -156,6 +156,9 @@ CASES = {
                               {"window": (20, 4), "is_causal": True, "causal_alignment": "bottom_right"}),
     "tiny-1x1": ((1,), (1,), 1, 1, False, lambda r, d, L, S: normal(r, (L, S), d), None,
                  {"window": (0, 0)}),
+    # a second query tile of 35 queries: its last score sliver one vector wide at AVX2 and AVX-512
+    "mask-second-tile-35": ((2,), (2,), 131, 200, False, None,
+                            lambda r, L, S: keep_mask(r, (1, L, S), dead_rows=(0, 130)), {}),
 }
 
 
@@ -337,10 +340,11 @@ def dropout_factors(q_shape, k_shape, p, seed, gqa):
     return np.where(keep, 1 / (1 - p), 0.0)
 
 
+@pytest.mark.parametrize("L", [97, 131])  # 131: a second query tile of 35 (a one-vector last score sliver)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-def test_dropout_with_seed(dtype, simd_mode):
+def test_dropout_with_seed(dtype, L, simd_mode):
     rng = np.random.default_rng(31)
-    p, seed, L, S = 0.3, 2 ** 63 + 12345, 97, 193
+    p, seed, S = 0.3, 2 ** 63 + 12345, 193
     q, k, v = normal(rng, (2, 4, L, 8), dtype), normal(rng, (2, 2, S, 8), dtype), normal(rng, (2, 2, S, 5), dtype)
     bias = normal(rng, (4, L, S), dtype)
     opts = {"window": (20, None), "is_causal": True, "enable_gqa": True}

@@ -115,7 +115,7 @@ def _linear_on_threads_and_alone(x, w, b, rows, label, order=None):
     return outs[0]
 
 
-EACH_ORDER_ROWS = [12, 32, 64, 96, 97, 400, 1000, 1500, 3000]
+EACH_ORDER_ROWS = [12, 32, 64, 77, 90, 96, 97, 400, 1000, 1500, 3000]
 
 
 @pytest.mark.parametrize("m", EACH_ORDER_ROWS)
@@ -129,8 +129,9 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     vector; of AVX2's float, two), 64 and 96 float rows on either
     side of the cap on the transposed order at AVX2 and on Intel at AVX-512
     (64 transposed, 96 streamed; both transposed at the 16-byte level), 96
-    and 97 on either side of it at AVX-512 elsewhere (96 transposed, 97
-    streamed), 400
+    and 97 on either side of it at AVX-512's float elsewhere (96
+    transposed, 97 streamed; 77 and 90 rows, whose last slivers are cut
+    short, transposed there too), 400
     streamed (the weights a sliver at a time, x read in place but for a last
     partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
     130 outputs are at least two slivers a thread at every level), 3000 the
@@ -143,6 +144,23 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, 300), dtype), _r(rng, (130, 300), dtype), _r(rng, (130,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, 11, m // 2, m - 1), f"{simd_mode} M={m}")
+
+
+@pytest.mark.parametrize("m", [64, 77, 96, 97])
+def test_transposed_order_cap_every_level(m, simd_mode, restore_threads):
+    """The rows up to which float products take the transposed order (K =
+    300, 130 outputs; a cut-short sliver of x at 77): 96 at AVX-512's width
+    on AMD and other non-Intel CPUs, 64 at AVX2's and on Intel's cores at
+    AVX-512 (GEMM_TRANSPOSED_MAX_ROWS); each product against float64 and its
+    rows' bits as when alone. (The 16-byte level has no cap: its order
+    follows the padding rule alone, and is not asserted here.)"""
+    wide, intel = attnc._C.simd_vector_bytes(), attnc._C.cpu_is_intel()
+    cap = {32: 64, 64: 64 if intel else 96}.get(wide)
+    rng = np.random.default_rng(m)
+    x, w, b = (_r(rng, (m, 300), np.float32), _r(rng, (130, 300), np.float32),
+               _r(rng, (130,), np.float32))
+    _linear_on_threads_and_alone(x, w, b, (0, m - 1), f"{simd_mode} M={m}",
+                                 None if cap is None else "transposed" if m <= cap else "streamed")
 
 
 @pytest.mark.parametrize("m", [12, 97, 400, 1000])
@@ -215,8 +233,8 @@ def test_linear_rows_of_a_whole_k_block_every_level(m, dtype, simd_mode, restore
     """60 and 64 rows of x over K = K_BLOCK + 1: their packed block of a
     whole K block (256 KB of float) is over the transposed order's 144 KB
     but within the 256 KB it takes on Intel's cores at AVX-512
-    (GEMM_TRANSPOSED_X_BYTES_INTEL), so there they run transposed, and
-    streamed on other CPUs and levels. Against float64, on 1 and 2
+    (GEMM_TRANSPOSED_X_BYTES_INTEL) and the 288 KB elsewhere at AVX-512, so
+    there float runs transposed, and streamed at other levels. Against float64, on 1 and 2
     threads, and each row's bits as when alone."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, K_BLOCK + 1), dtype), _r(rng, (200, K_BLOCK + 1), dtype), _r(rng, (200,), dtype)
