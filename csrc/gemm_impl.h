@@ -238,8 +238,8 @@
  * 0.96-1.05x (modules (1, 128, 256) 1.05x, (1, 128, 512) 1.02x on 2).
  * (An earlier Zen 4 measure had put the packed order ahead at 96 rows,
  * before those turned partial slivers: benchmarks/NOTES.md.) Float only:
- * AVX-512's doubles (not measured so) and Intel's AVX-512 (not measured
- * past 64 rows) keep 64 (GEMM_TRANSPOSED_MAX_ROWS_INTEL).
+ * AVX-512's doubles (not measured so) keep 64, and so does Intel's AVX-512
+ * (not measured past 64 rows: GEMM_TRANSPOSED_MAX_ROWS_INTEL).
  * At the 16-byte level (not measured so) only GEMM_TRANSPOSED_X_BYTES
  * bounds it. */
 #define GEMM_TRANSPOSED_MAX_ROWS (SIMD_BYTES == 64 && sizeof(real) == 4 ? 96 : SIMD_BYTES >= 32 ? 64 : PTRDIFF_MAX)
@@ -247,9 +247,10 @@
 /* The transposed order's packed x block (padded rows, K block) at most,
  * so that it stays in L2 while the weights pass: 144 KB, 48 rows of float
  * at K = 768 (the order up to 80 rows with a 192 KB block measured the
- * same on a Zen 3 core: benchmarks/NOTES.md); at AVX-512 (Zen 4's L2 is 1
- * MB), 288 KB: the 96 rows of GEMM_TRANSPOSED_MAX_ROWS at K = 768. */
-#define GEMM_TRANSPOSED_X_BYTES (SIMD_BYTES == 64 ? 288 * 1024 : 144 * 1024)
+ * same on a Zen 3 core: benchmarks/NOTES.md); for AVX-512's floats (Zen 4's
+ * L2 is 1 MB), 288 KB: the 96 rows of GEMM_TRANSPOSED_MAX_ROWS at K = 768
+ * (module (1, 64, 768), 192 KB, took 0.96x the time on 2 threads). */
+#define GEMM_TRANSPOSED_X_BYTES ((SIMD_BYTES == 64 && sizeof(real) == 4 ? 288 : 144) * 1024)
 /* On Intel's server cores at AVX-512 (2 MB of L2, and their packing of the
  * weights dearer), 64 rows of a whole K block: on a Xeon family 6 model 167,
  * against the packed orders (the same bits; 2 threads, best / median),

@@ -234,8 +234,8 @@ def test_linear_rows_of_a_whole_k_block_every_level(m, dtype, simd_mode, restore
     whole K block (256 KB of float) is over the transposed order's 144 KB
     but within the 256 KB it takes on Intel's cores at AVX-512
     (GEMM_TRANSPOSED_X_BYTES_INTEL) and the 288 KB elsewhere at AVX-512, so
-    there float runs transposed, and streamed at other levels. Against float64, on 1 and 2
-    threads, and each row's bits as when alone."""
+    there float runs transposed, and streamed at other levels. Against
+    float64, on 1 and 2 threads, and each row's bits as when alone."""
     rng = np.random.default_rng(m)
     x, w, b = _r(rng, (m, K_BLOCK + 1), dtype), _r(rng, (200, K_BLOCK + 1), dtype), _r(rng, (200,), dtype)
     _linear_on_threads_and_alone(x, w, b, (0, m // 2, m - 1), f"{simd_mode} M={m}")
