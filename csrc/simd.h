@@ -10,6 +10,9 @@
  *   vstore_first(p, v, n)  lanes [0, n) of v to p (n <= VLANES), and
  *                      nothing past them: a masked store where the ISA
  *                      has one
+ *   vload_first(p, n)  lanes [0, n) from p (n <= VLANES), the rest 0,
+ *                      and nothing read past them: a masked load where
+ *                      the ISA has one
  *   vnonzero_bytes(p)  a lane mask: lane l all ones where byte p[l] is
  *                      nonzero, else 0 (VLANES bytes read)
  *   vadd(a, b)         a + b
@@ -48,6 +51,7 @@
 #define vloadu FN(vloadu)
 #define vstoreu FN(vstoreu)
 #define vstore_first FN(vstore_first)
+#define vload_first FN(vload_first)
 #define vnonzero_bytes FN(vnonzero_bytes)
 #define vadd FN(vadd)
 #define vmax FN(vmax)
@@ -330,6 +334,30 @@ static inline void vstore_first(real *p, vreal v, int n)
 }
 #else
 static inline void vstore_first(real *p, vreal v, int n) { memcpy(p, &v, (size_t)n * sizeof(real)); }
+#endif
+
+#if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
+static inline vreal vload_first(const real *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+#elif defined(ATTNC_ISA_AVX512)
+static inline vreal vload_first(const real *p, int n) { return _mm512_maskz_loadu_pd((__mmask8)((1u << n) - 1), p); }
+#elif defined(ATTNC_ISA_AVX2) && defined(ATTNC_COMPUTE_F32)
+/* (AVX2's masked load, unlike its store, is not microcoded on AMD) */
+static inline vreal vload_first(const real *p, int n)
+{
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+#elif defined(ATTNC_ISA_AVX2)
+static inline vreal vload_first(const real *p, int n)
+{
+    return _mm256_maskload_pd(p, _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3)));
+}
+#else
+static inline vreal vload_first(const real *p, int n)
+{
+    vreal v = vzero();
+    memcpy(&v, p, (size_t)n * sizeof(real));
+    return v;
+}
 #endif
 
 /* One zero-extending load where the ISA has it (at AVX2's double, 4 bytes

@@ -119,7 +119,8 @@ static inline real FN(vexp)(real x) { return FN(vexp_lanes)(vset1(x), 0)[0]; }
 
 /* x (n) <- exp(x - shift), element by element, times factor when it is
  * not NULL (the backward's weights from the forward's shift and
- * normaliser); whole vectors at once, the rest one by one */
+ * normaliser); whole vectors at once, the last one short (its lanes past n
+ * neither read nor stored), each element's bits as alone (vexp) */
 static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const real *factor)
 {
     idx_t i = 0;
@@ -127,7 +128,11 @@ static inline void FN(exp_shift_row)(real *x, idx_t n, const real *shift, const 
         vreal e = FN(vexp_lanes)(vloadu(x + i) - vloadu(shift + i), 0);
         vstoreu(x + i, factor ? e * vloadu(factor + i) : e);
     }
-    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift[i]) * (factor ? factor[i] : 1);
+    if (i < n) {
+        int lanes = (int)(n - i);
+        vreal e = FN(vexp_lanes)(vload_first(x + i, lanes) - vload_first(shift + i, lanes), 0);
+        vstore_first(x + i, factor ? e * vload_first(factor + i, lanes) : e, lanes);
+    }
 }
 
 /* A row's running max and sum are kept in ROW_LANES fixed lanes that the
@@ -176,13 +181,16 @@ static inline real FN(lanes_sum)(const real *lanes)
     return sum;
 }
 
-/* x (n) <- exp(x - shift), whole vectors at once, the rest one by one. A
- * key excluded with -inf gives exactly 0. */
+/* x (n) <- exp(x - shift), whole vectors at once, the last one short (as
+ * exp_shift_row). A key excluded with -inf gives exactly 0. */
 static inline void FN(exp_shift)(real *x, idx_t n, real shift)
 {
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) vstoreu(x + i, FN(vexp_lanes)(vloadu(x + i) - vset1(shift), 0));
-    for (; i < n; i++) x[i] = FN(vexp)(x[i] - shift);
+    if (i < n) {
+        int lanes = (int)(n - i);
+        vstore_first(x + i, FN(vexp_lanes)(vload_first(x + i, lanes) - vset1(shift), 0), lanes);
+    }
 }
 
 /* Largest element of x (n): -inf for an empty or all -inf row. */

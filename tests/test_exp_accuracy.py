@@ -38,3 +38,21 @@ def test_exp_edges(dtype, simd_mode):
     # a huge positive score takes all the weight (exp of the others' gap is 0)
     huge = F.softmax(np.array([[big, 0.0], [1e4, -1e4]], dtype=dtype), axis=-1)
     np.testing.assert_array_equal(huge, [[1, 0], [1, 0]])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_exp_same_bits_in_whole_vectors_and_the_last_short_one(dtype, simd_mode):
+    """Rows [0, x, ..., x] of every length up to three AVX-512 vectors of
+    float and a few: each x's weight is one value, whether x falls in a
+    whole vector or in the row's last, short one (csrc/vexp.h), and it is
+    e^x / (1 + (n - 1) e^x) (float64 NumPy) within a relative n + 4
+    epsilons: a rounding of the sum per addition, a few of exp's, the
+    reciprocal's and the product's."""
+    for n in range(2, 3 * 16 + 4):
+        for x in (-1.25, -30.0):
+            row = np.full((1, n), x, dtype)
+            row[0, 0] = 0
+            weights = F.softmax(row, axis=-1)[0]
+            assert np.all(weights[1:] == weights[1]), (n, x, np.unique(weights[1:]))
+            expected = np.exp(x) / (1 + (n - 1) * np.exp(x))
+            assert abs(weights[1] - expected) <= (n + 4) * np.finfo(dtype).eps * expected, (n, x)
