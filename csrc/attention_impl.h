@@ -304,14 +304,24 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
  * exp(old max - new max) (correction, 1 where the max stayed or was -inf),
  * tile_max overwritten with each row's shift for this tile. (The backward's
  * tile_stats keeps its rows' max and sum the same way.) */
+/* A vector of rows at a time (the last one short), each lane's exp with
+ * the bits of vexp: a row at a time (a branch and a vector exp for each),
+ * it had 1.5 % of the samples of SDPA (4, 12, 1024, 64) on a Xeon (AVX-512,
+ * 2 threads), now 0.14 % (benchmarks/NOTES.md). */
 static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, real *correction, idx_t nq)
 {
-    for (idx_t i = 0; i < nq; i++) {
-        real new_max = tile_max[i] > run_max[i] ? tile_max[i] : run_max[i];
-        correction[i] = new_max == run_max[i] || run_max[i] == -(real)INFINITY ? 1 : FN(vexp)(run_max[i] - new_max);
-        run_sum[i] *= correction[i];
-        run_max[i] = new_max;
-        tile_max[i] = FN(safe_shift)(new_max); /* now the shift of this step */
+    const vreal minus_inf = vset1(-(real)INFINITY);
+    for (idx_t i = 0; i < nq; i += VLANES) {
+        int lanes = (int)attnc_min(VLANES, nq - i);
+        vreal old_max = vload_first(run_max + i, lanes), tile = vload_first(tile_max + i, lanes);
+        vreal new_max = vselect(tile > old_max, tile, old_max);
+        vreal factor = vselect((new_max == old_max) | (old_max == minus_inf), vset1(1),
+                               FN(vexp_lanes)(old_max - new_max, 0));
+        vstore_first(correction + i, factor, lanes);
+        vstore_first(run_sum + i, vload_first(run_sum + i, lanes) * factor, lanes);
+        vstore_first(run_max + i, new_max, lanes);
+        /* now the shift of this step (safe_shift) */
+        vstore_first(tile_max + i, vselect(new_max == minus_inf, vzero(), new_max), lanes);
     }
 }
 

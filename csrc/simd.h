@@ -16,6 +16,8 @@
  *   vnonzero_bytes(p)  a lane mask: lane l all ones where byte p[l] is
  *                      nonzero, else 0 (VLANES bytes read)
  *   vadd(a, b)         a + b
+ *   vselect(mask, a, b)  a in the lanes where mask (a compare's lanes of
+ *                      all ones) is set, else b
  *   vmax(a, b), vmin(a, b)  a > b ? a : b, a < b ? a : b in each lane (b
  *                      where either is NaN, as x86's max and min)
  *   vfma(a, b, c)      a * b + c, fused where the ISA has FMA
@@ -54,6 +56,7 @@
 #define vload_first FN(vload_first)
 #define vnonzero_bytes FN(vnonzero_bytes)
 #define vadd FN(vadd)
+#define vselect FN(vselect)
 #define vmax FN(vmax)
 #define vmin FN(vmin)
 #define vfma FN(vfma)
@@ -284,8 +287,14 @@ static inline vreal vfma(vreal a, vreal b, vreal c) { return a * b + c; }
 static inline real sfma(real a, real b, real c) { return a * b + c; }
 #endif
 
+/* take_a's lanes of a, the others of b (a compare gives a lane of all ones) */
+static inline vreal vselect(vlanes_mask take_a, vreal a, vreal b)
+{
+    return (vreal)(((vlanes_mask)a & take_a) | ((vlanes_mask)b & ~take_a));
+}
+
 /* x86's max and min at the AVX2 and AVX-512 levels; the same selects in
- * vector code at the portable level (a compare gives a lane of all ones) */
+ * vector code at the portable level */
 #if defined(LANE_MAX) && defined(ATTNC_COMPUTE_F32)
 static inline vreal vmax(vreal a, vreal b) { return LANE_MAX(ps)(a, b); }
 static inline vreal vmin(vreal a, vreal b) { return LANE_MIN(ps)(a, b); }
@@ -293,12 +302,8 @@ static inline vreal vmin(vreal a, vreal b) { return LANE_MIN(ps)(a, b); }
 static inline vreal vmax(vreal a, vreal b) { return LANE_MAX(pd)(a, b); }
 static inline vreal vmin(vreal a, vreal b) { return LANE_MIN(pd)(a, b); }
 #else
-static inline vreal FN(vselect)(vlanes_mask take_a, vreal a, vreal b)
-{
-    return (vreal)(((vlanes_mask)a & take_a) | ((vlanes_mask)b & ~take_a));
-}
-static inline vreal vmax(vreal a, vreal b) { return FN(vselect)(a > b, a, b); }
-static inline vreal vmin(vreal a, vreal b) { return FN(vselect)(a < b, a, b); }
+static inline vreal vmax(vreal a, vreal b) { return vselect(a > b, a, b); }
+static inline vreal vmin(vreal a, vreal b) { return vselect(a < b, a, b); }
 #endif
 
 #if defined(ATTNC_ISA_AVX512) && defined(ATTNC_COMPUTE_F32)
