@@ -8,11 +8,11 @@
  *   vload(p)           from p aligned to the vector's size
  *   vloadu(p)          from any p;  vstoreu(p, v) to any p
  *   vstore_first(p, v, n)  lanes [0, n) of v to p (n <= VLANES), and
- *                      nothing past them: a masked store where the ISA
- *                      has one
+ *                      nothing past them: a masked store at AVX-512,
+ *                      plain stores of the bytes at AVX2 (see there)
  *   vload_first(p, n)  lanes [0, n) from p (n <= VLANES), the rest 0,
- *                      and nothing read past them: a masked load where
- *                      the ISA has one
+ *                      and nothing read past them: a masked load at AVX2
+ *                      and AVX-512
  *   vnonzero_bytes(p)  a lane mask: lane l all ones where byte p[l] is
  *                      nonzero, else 0 (VLANES bytes read)
  *   vadd(a, b)         a + b
@@ -37,7 +37,8 @@
  *                      registers hold
  * Vectors are GCC/Clang vector extensions of the ISA's width (16 bytes at
  * the portable level: SSE2 on x86-64, NEON elsewhere), so every operation
- * but the fused multiply-add, max and min is written once. The row
+ * but the fused multiply-add, max and min, the lane masks and the loads and
+ * stores of a vector's first lanes is written once. The row
  * reductions are scalar code the compiler vectorises; the exp is written in
  * this vocabulary (vexp.h). */
 #include <math.h>
