@@ -303,11 +303,11 @@ static void FN(write_rows)(const attnc_attention_args *a, const FN(tile_buffers)
  * are tile_max: each max grown to the tile's, its sum scaled by
  * exp(old max - new max) (correction, 1 where the max stayed or was -inf),
  * tile_max overwritten with each row's shift for this tile. (The backward's
- * tile_stats keeps its rows' max and sum the same way.) */
-/* A vector of rows at a time (the last one short), each lane's exp with
- * the bits of vexp: a row at a time (a branch and a vector exp for each),
- * it had 1.5 % of the samples of SDPA (4, 12, 1024, 64) on a Xeon (AVX-512,
- * 2 threads), now 0.14 % (benchmarks/NOTES.md). */
+ * tile_stats keeps its rows' max and sum the same way.) A vector of rows at
+ * a time (the last one short), each lane's exp with the bits of vexp: a row
+ * at a time (a branch and a vector exp for each), it had 1.5 % of the
+ * samples of SDPA (4, 12, 1024, 64) on a Xeon (AVX-512, 2 threads), now
+ * 0.14 % (benchmarks/NOTES.md). */
 static void FN(grow_running_max)(real *run_max, real *run_sum, real *tile_max, real *correction, idx_t nq)
 {
     const vreal minus_inf = vset1(-(real)INFINITY);
