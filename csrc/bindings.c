@@ -2086,31 +2086,43 @@ static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs
     return PyFloat_FromDouble(p);
 }
 
-/* commit(targets, sources, assignments) -> None: each target array <- its
- * source (same shape and dtype, checked for all first), then each
- * (owner, attr, value) of assignments set (object.__setattr__), all in one
- * call: no Python signal handler runs in between (the eval loop runs them
- * between bytecodes), so a KeyboardInterrupt comes before every copy or
- * after the last assignment. A backward adding its gradients a buffer at a
- * time in Python, a Ctrl-C between two left some added and the forward's
- * state kept (the retried backward added those twice); load_state_dict
- * left some parameters loaded. */
+/* commit(targets, sources, assignments, adds=None) -> None: each target
+ * array <- its source (same shape and dtype, checked for all first), or,
+ * where adds[i] is true, <- target + source (NumPy's in-place add: a
+ * gradient added into its buffer, `buffer += grad`, the sum written
+ * nowhere else first), then each (owner, attr, value) of assignments set
+ * (object.__setattr__), all in one call: no Python signal handler runs in
+ * between (the eval loop runs them between bytecodes), so a
+ * KeyboardInterrupt comes before every copy or after the last assignment.
+ * A backward adding its gradients a buffer at a time in Python, a Ctrl-C
+ * between two left some added and the forward's state kept (the retried
+ * backward added those twice); load_state_dict left some parameters
+ * loaded. An add takes exact ndarrays of a dtype without object
+ * references, so that no Python code (an __array_ufunc__, an object's
+ * __add__) runs in it. */
 static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"targets", "sources", "assignments", NULL};
-    PyObject *target_list, *source_list, *assignment_list;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!:commit", kwlist, &PyList_Type, &target_list,
-                                     &PyList_Type, &source_list, &PyList_Type, &assignment_list))
+    static char *kwlist[] = {"targets", "sources", "assignments", "adds", NULL};
+    PyObject *target_list, *source_list, *assignment_list, *add_list = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!|O:commit", kwlist, &PyList_Type, &target_list,
+                                     &PyList_Type, &source_list, &PyList_Type, &assignment_list, &add_list))
         return NULL;
+    if (add_list != Py_None && !PyList_Check(add_list)) {
+        PyErr_SetString(PyExc_TypeError, "commit: adds must be a list of bools or None");
+        return NULL;
+    }
     /* tuples of their own: a copy runs other code (an object array's
      * __del__; another thread, while NumPy's copy lets the GIL go) that
      * could change the lists and free their items */
     PyObject *targets = PyList_AsTuple(target_list), *sources = targets ? PyList_AsTuple(source_list) : NULL,
-             *assignments = sources ? PyList_AsTuple(assignment_list) : NULL, *result = NULL;
-    if (!assignments) goto done;
+             *assignments = sources ? PyList_AsTuple(assignment_list) : NULL,
+             *adds = !assignments ? NULL : add_list == Py_None ? PyTuple_New(0) : PyList_AsTuple(add_list),
+             *result = NULL;
+    if (!adds) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(targets);
-    if (PyTuple_GET_SIZE(sources) != n) {
-        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd sources", n, PyTuple_GET_SIZE(sources));
+    if (PyTuple_GET_SIZE(sources) != n || (add_list != Py_None && PyTuple_GET_SIZE(adds) != n)) {
+        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd sources, %zd adds", n, PyTuple_GET_SIZE(sources),
+                     PyTuple_GET_SIZE(adds));
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -2121,6 +2133,18 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
             PyErr_Format(PyExc_ValueError, "commit: item %zd is not a writable array and a source of its shape "
                          "and dtype", i);
             goto done;
+        }
+        if (PyTuple_GET_SIZE(adds) && PyTuple_GET_ITEM(adds, i) != Py_False) {
+            if (PyTuple_GET_ITEM(adds, i) != Py_True) {
+                PyErr_Format(PyExc_TypeError, "commit: adds[%zd] is not a bool", i);
+                goto done;
+            }
+            if (!PyArray_CheckExact(t) || !PyArray_CheckExact(s) ||
+                PyDataType_REFCHK(PyArray_DESCR((PyArrayObject *)t))) {
+                PyErr_Format(PyExc_ValueError, "commit: item %zd, an add, is not two ndarrays of a dtype without "
+                             "object references", i);
+                goto done;
+            }
         }
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(assignments); i++) {
@@ -2136,10 +2160,16 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (PyArray_CopyInto((PyArrayObject *)PyTuple_GET_ITEM(targets, i),
-                             (PyArrayObject *)PyTuple_GET_ITEM(sources, i)) < 0)
-            goto done; /* (arrays of one shape and dtype: not expected) */
+    for (Py_ssize_t i = 0; i < n; i++) { /* (arrays of one shape and dtype: failures not expected) */
+        PyObject *t = PyTuple_GET_ITEM(targets, i), *s = PyTuple_GET_ITEM(sources, i);
+        if (PyTuple_GET_SIZE(adds) && PyTuple_GET_ITEM(adds, i) == Py_True) {
+            PyObject *sum = PyNumber_InPlaceAdd(t, s);
+            if (!sum) goto done;
+            Py_DECREF(sum);
+        } else if (PyArray_CopyInto((PyArrayObject *)t, (PyArrayObject *)s) < 0) {
+            goto done;
+        }
+    }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(assignments); i++) {
         PyObject *a = PyTuple_GET_ITEM(assignments, i);
         if (PyObject_GenericSetAttr(PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(a, 2)) < 0)
@@ -2151,6 +2181,7 @@ done:
     Py_XDECREF(targets);
     Py_XDECREF(sources);
     Py_XDECREF(assignments);
+    Py_XDECREF(adds);
     return result;
 }
 
@@ -2489,9 +2520,10 @@ static PyMethodDef methods[] = {
      "weight_decay=0, decay=1, lerp_weight=0, beta2=0, step_size=0, bias2_sqrt=1, eps=0)\n--\n\n"
      "One optimizer step of one parameter, in place, then state.update(entries), in one call."},
     {"commit", FN(py_commit), KW,
-     "commit($module, /, targets, sources, assignments)\n--\n\n"
-     "Each target array <- its source (same shape and dtype), then each (owner, attr, value) of assignments "
-     "set as object.__setattr__ sets it, with no Python signal handler run in between."},
+     "commit($module, /, targets, sources, assignments, adds=None)\n--\n\n"
+     "Each target array <- its source (same shape and dtype), or target + source where adds[i] is True "
+     "(NumPy's in-place add), then each (owner, attr, value) of assignments set as object.__setattr__ sets "
+     "it, with no Python signal handler run in between."},
     {"check_rng", FN(py_check_rng), KW,
      "check_rng($module, /, rng)\n--\n\nrng if it is a numpy.random.Generator or None, else TypeError."},
     {"as_parameter", FN(py_as_parameter), KW,

@@ -704,6 +704,66 @@ def test_gradients_accumulate_like_torch_and_zero_grad(dtype):
         np.testing.assert_array_equal(buf, once[name], err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gradients_add_into_the_buffers_they_had_in_place(dtype):
+    """A backward adds each gradient into its buffer (commit's in-place add): the buffer
+    object stays, and holds what NumPy's buffer + gradient gives, from any prior values; a
+    shared Linear's two gradients add one after the other, the query's first. The gradients
+    themselves come from the same module from zeroed buffers (0 + g is g)."""
+    rng = np.random.default_rng(21)
+    x, g = (a.astype(dtype) for a in xg())
+    alone = mha(dtype)
+    one_pass = dict(zip([n for n, _ in alone.named_grads()], run_pair(alone, x, g)[1:]))
+    am = mha(dtype)
+    buffers = dict(am.named_grads())
+    before = {}
+    for name, buffer in buffers.items():
+        buffer[...] = normal(rng, buffer.shape, dtype)
+        before[name] = buffer.copy()
+    am(x)
+    am.backward(g)
+    for name, buffer in am.named_grads():
+        assert buffer is buffers[name], name
+        np.testing.assert_array_equal(buffer, np.add(before[name], one_pass[name]), err_msg=name)
+
+    tied = mha(dtype)
+    tied.key_linear = tied.query_linear   # one Linear for both: one buffer a parameter, two gradients
+    untied = mha(dtype)   # the same values, the two Linears apart: those two gradients
+    untied.key_linear.weight = untied.query_linear.weight.copy()
+    untied.key_linear.bias = untied.query_linear.bias.copy()
+    grads = dict(zip([n for n, _ in untied.named_grads()], run_pair(untied, x, g)[1:]))
+    buffers = dict(tied.named_grads())
+    start = {}
+    for name in ("weight", "bias"):
+        buffers[f"query_linear.{name}"][...] = normal(rng, buffers[f"query_linear.{name}"].shape, dtype)
+        start[name] = buffers[f"query_linear.{name}"].copy()
+    tied(x)
+    tied.backward(g)
+    for name in ("weight", "bias"):
+        buffer = dict(tied.named_grads())[f"query_linear.{name}"]
+        assert buffer is buffers[f"query_linear.{name}"], name
+        expected = np.add(np.add(start[name], grads[f"query_linear.{name}"]), grads[f"key_linear.{name}"])
+        np.testing.assert_array_equal(buffer, expected, err_msg=name)
+
+
+def test_commit_checks_every_add_before_writing_any():
+    """commit's adds take exact ndarrays of a dtype without object references (so no Python code
+    runs inside it) and strict bools: refused before any item is written."""
+    first, objects = np.zeros(3), np.zeros(2, object)
+    one = np.ones(3)
+    with pytest.raises(ValueError, match="item 1, an add"):
+        attnc._C.commit([first, objects], [one, np.ones(2, object)], [], [True, True])
+    with pytest.raises(TypeError, match=r"adds\[1\] is not a bool"):
+        attnc._C.commit([first, first], [one, one], [], [True, 1])
+    with pytest.raises(ValueError, match="2 targets, 2 sources, 1 adds"):
+        attnc._C.commit([first, first], [one, one], [], [True])
+    assert not first.any()
+    attnc._C.commit([first, first], [one, one], [], [True, False])   # an add, then a copy
+    np.testing.assert_array_equal(first, one)
+    attnc._C.commit([first], [one], [], [True])
+    np.testing.assert_array_equal(first, 2 * one)
+
+
 def test_in_place_edit_of_x_after_forward_changes_nothing():
     (x, g), am = xg(), mha()
     x2 = x.copy()

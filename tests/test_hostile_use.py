@@ -1930,7 +1930,7 @@ def other_backward():
         b.backward(grad_y)
     except RuntimeError as error:
         refused.append(str(error))
-once_inside(getattr, "_sums_of_grads", other_backward)
+once_inside(getattr, "_additions_of_grads", other_backward)
 a(x); a.backward(grad_y)
 assert grads_are(a, 1) and len(refused) == 1 and "called by a signal handler" in refused[0], refused
 assert all(not g.any() for _, g in b.named_grads())
