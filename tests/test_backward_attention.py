@@ -758,10 +758,10 @@ def test_commit_checks_every_add_before_writing_any():
     with pytest.raises(ValueError, match="2 targets, 2 sources, 1 adds"):
         attnc._C.commit([first, first], [one, one], [], [True])
     assert not first.any()
-    attnc._C.commit([first, first], [one, one], [], [True, False])   # an add, then a copy
+    attnc._C.commit([first, first], [2 * one, one], [], [False, True])   # a copy, then an add, in order
+    np.testing.assert_array_equal(first, 3 * one)
+    attnc._C.commit([first], [one], [])   # adds left out: a copy
     np.testing.assert_array_equal(first, one)
-    attnc._C.commit([first], [one], [], [True])
-    np.testing.assert_array_equal(first, 2 * one)
 
 
 def test_in_place_edit_of_x_after_forward_changes_nothing():
