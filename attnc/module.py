@@ -108,6 +108,19 @@ def _grad_dtype(x, module_dtype):
     return module_dtype
 
 
+_ADDED_IN_PLACE = (np.dtype(np.float32), np.dtype(np.float64))  # native byte order
+
+
+def _adds_in_place(buffer, grad):
+    """Whether _C.commit adds grad into buffer in place (its adds): float32
+    or float64 arrays of one dtype, native, aligned, C-contiguous and
+    apart. An overflow there gives inf with no NumPy warning, as torch's
+    accumulation does."""
+    return (buffer.dtype in _ADDED_IN_PLACE and grad.dtype == buffer.dtype and buffer.flags.c_contiguous
+            and buffer.flags.aligned and grad.flags.c_contiguous and grad.flags.aligned
+            and not np.may_share_memory(buffer, grad))
+
+
 def _sum_into(total, grad, dtype):
     """total (of dtype: a gradient buffer, or a sum made here) + grad
     rounded to dtype, as ``buffer += grad`` rounds it: in grad's memory
@@ -841,17 +854,19 @@ class Module:
 
     def _additions_of_grads(self, grads):
         """(buffers, sources, adds), what _C.commit writes, for {dotted
-        parameter name: gradient} (None: skipped): each gradient of its
-        buffer's dtype added into the buffer in place (adds[i] True; a tied
+        parameter name: gradient} (None: skipped): each float32 or float64
+        gradient added into its buffer in place (adds[i] True; a shared
         parameter's gradients one after another into its one buffer), and
-        a buffer with a gradient of another dtype given its sum, made here
-        (adds[i] False). Every buffer made and checked first, and those sums
-        made (nothing written), so that a failure (MemoryError,
-        KeyboardInterrupt, a parameter whose dtype or shape was changed in
-        place since the forward) adds nothing. Added in place, a sum is not
-        written into the gradient's memory first and then copied: a
-        MultiHeadAttention (4, 128, 768)'s 2.4 M gradients took 2.1 ms that
-        way, 1.15 ms added (benchmarks/NOTES.md)."""
+        a buffer with gradients commit cannot add (float16, bfloat16, of
+        another dtype: _adds_in_place) given its sum, made here (adds[i]
+        False). Every buffer made and checked first, and those sums made
+        (nothing written), so that a failure (MemoryError,
+        KeyboardInterrupt, a NumPy floating-point error raised, a parameter
+        whose dtype or shape was changed in place since the forward) adds
+        nothing. Added in place, a sum is not written into the gradient's
+        memory first and then copied: a MultiHeadAttention (4, 128, 768)'s
+        2.4 M float32 gradients took 2.5 ms a backward that way, 1.5 ms
+        added (benchmarks/NOTES.md)."""
         gradients = {}  # id(buffer) -> (buffer, its gradients in order): a tied parameter's add into one
         for key, value in grads.items():
             if value is None:
@@ -866,8 +881,7 @@ class Module:
             gradients.setdefault(id(buffer), (buffer, []))[1].append(value)
         buffers, sources, adds = [], [], []
         for buffer, values in gradients.values():
-            if type(buffer) is np.ndarray and all(type(value) is np.ndarray and value.dtype == buffer.dtype
-                                                  for value in values):
+            if all(_adds_in_place(buffer, value) for value in values):
                 buffers += [buffer] * len(values)
                 sources += values
                 adds += [True] * len(values)

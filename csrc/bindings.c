@@ -2086,20 +2086,48 @@ static PyObject *py_probability(PyObject *self, PyObject *args, PyObject *kwargs
     return PyFloat_FromDouble(p);
 }
 
+/* Whether commit can add `source` into `target` in place (add_into):
+ * float32 or float64 arrays of one dtype (checked by the caller), in
+ * native byte order, aligned, C-contiguous, and apart. */
+static int addable(PyArrayObject *target, PyArrayObject *source)
+{
+    int type = PyArray_TYPE(target);
+    if ((type != NPY_FLOAT && type != NPY_DOUBLE) || !PyArray_ISCARRAY_RO(target) || !PyArray_ISCARRAY_RO(source) ||
+        !PyArray_ISNOTSWAPPED(target) || !PyArray_ISNOTSWAPPED(source))
+        return 0;
+    const char *t = PyArray_BYTES(target), *s = PyArray_BYTES(source);
+    npy_intp bytes = PyArray_NBYTES(target);
+    return t + bytes <= s || s + bytes <= t;
+}
+
+/* target (n elements) <- target + source, two addable arrays of
+ * type_num: IEEE additions, as NumPy's add rounds them, in a loop that
+ * neither calls NumPy nor reads the floating-point flags (an overflow is
+ * inf, with no warning or error to raise once some targets are written). */
+static void add_into(char *target, const char *source, npy_intp n, int type_num)
+{
+    if (type_num == NPY_FLOAT) {
+        float *t = (float *)target;
+        const float *s = (const float *)source;
+        for (npy_intp i = 0; i < n; i++) t[i] = t[i] + s[i];
+    } else {
+        double *t = (double *)target;
+        const double *s = (const double *)source;
+        for (npy_intp i = 0; i < n; i++) t[i] = t[i] + s[i];
+    }
+}
+
 /* commit(targets, sources, assignments, adds=None) -> None: each target
  * array <- its source (same shape and dtype, checked for all first), or,
- * where adds[i] is true, <- target + source (NumPy's in-place add: a
- * gradient added into its buffer, `buffer += grad`, the sum written
- * nowhere else first), then each (owner, attr, value) of assignments set
- * (object.__setattr__), all in one call: no Python signal handler runs in
- * between (the eval loop runs them between bytecodes), so a
- * KeyboardInterrupt comes before every copy or after the last assignment.
- * A backward adding its gradients a buffer at a time in Python, a Ctrl-C
- * between two left some added and the forward's state kept (the retried
- * backward added those twice); load_state_dict left some parameters
- * loaded. An add takes exact ndarrays of a dtype without object
- * references, so that no Python code (an __array_ufunc__, an object's
- * __add__) runs in it. */
+ * where adds[i] is true, <- target + source (add_into: a gradient added
+ * into its buffer, `buffer += grad`, the sum written nowhere else first),
+ * then each (owner, attr, value) of assignments set (object.__setattr__),
+ * all in one call: no Python signal handler runs in between (the eval
+ * loop runs them between bytecodes), so a KeyboardInterrupt comes before
+ * every copy or after the last assignment. A backward adding its
+ * gradients a buffer at a time in Python, a Ctrl-C between two left some
+ * added and the forward's state kept (the retried backward added those
+ * twice); load_state_dict left some parameters loaded. */
 static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"targets", "sources", "assignments", "adds", NULL};
@@ -2120,9 +2148,12 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
              *result = NULL;
     if (!adds) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(targets);
-    if (PyTuple_GET_SIZE(sources) != n || (add_list != Py_None && PyTuple_GET_SIZE(adds) != n)) {
-        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd sources, %zd adds", n, PyTuple_GET_SIZE(sources),
-                     PyTuple_GET_SIZE(adds));
+    if (PyTuple_GET_SIZE(sources) != n) {
+        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd sources", n, PyTuple_GET_SIZE(sources));
+        goto done;
+    }
+    if (add_list != Py_None && PyTuple_GET_SIZE(adds) != n) {
+        PyErr_Format(PyExc_ValueError, "commit: %zd targets, %zd adds", n, PyTuple_GET_SIZE(adds));
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -2139,10 +2170,9 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
                 PyErr_Format(PyExc_TypeError, "commit: adds[%zd] is not a bool", i);
                 goto done;
             }
-            if (!PyArray_CheckExact(t) || !PyArray_CheckExact(s) ||
-                PyDataType_REFCHK(PyArray_DESCR((PyArrayObject *)t))) {
-                PyErr_Format(PyExc_ValueError, "commit: item %zd, an add, is not two ndarrays of a dtype without "
-                             "object references", i);
+            if (!addable((PyArrayObject *)t, (PyArrayObject *)s)) {
+                PyErr_Format(PyExc_ValueError, "commit: item %zd, an add, is not two float32 or float64 arrays, "
+                             "native, aligned, C-contiguous and apart", i);
                 goto done;
             }
         }
@@ -2163,9 +2193,13 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
     for (Py_ssize_t i = 0; i < n; i++) { /* (arrays of one shape and dtype: failures not expected) */
         PyObject *t = PyTuple_GET_ITEM(targets, i), *s = PyTuple_GET_ITEM(sources, i);
         if (PyTuple_GET_SIZE(adds) && PyTuple_GET_ITEM(adds, i) == Py_True) {
-            PyObject *sum = PyNumber_InPlaceAdd(t, s);
-            if (!sum) goto done;
-            Py_DECREF(sum);
+            char *target = PyArray_BYTES((PyArrayObject *)t);
+            const char *source = PyArray_BYTES((PyArrayObject *)s);
+            npy_intp size = PyArray_SIZE((PyArrayObject *)t);
+            int type = PyArray_TYPE((PyArrayObject *)t);
+            Py_BEGIN_ALLOW_THREADS
+            add_into(target, source, size, type);
+            Py_END_ALLOW_THREADS
         } else if (PyArray_CopyInto((PyArrayObject *)t, (PyArrayObject *)s) < 0) {
             goto done;
         }
@@ -2522,7 +2556,7 @@ static PyMethodDef methods[] = {
     {"commit", FN(py_commit), KW,
      "commit($module, /, targets, sources, assignments, adds=None)\n--\n\n"
      "Each target array <- its source (same shape and dtype), or target + source where adds[i] is True "
-     "(NumPy's in-place add), then each (owner, attr, value) of assignments set as object.__setattr__ sets "
+     "(float32 or float64 arrays, native, aligned, C-contiguous and apart), then each (owner, attr, value) of assignments set as object.__setattr__ sets "
      "it, with no Python signal handler run in between."},
     {"check_rng", FN(py_check_rng), KW,
      "check_rng($module, /, rng)\n--\n\nrng if it is a numpy.random.Generator or None, else TypeError."},

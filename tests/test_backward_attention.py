@@ -747,21 +747,63 @@ def test_gradients_add_into_the_buffers_they_had_in_place(dtype):
 
 
 def test_commit_checks_every_add_before_writing_any():
-    """commit's adds take exact ndarrays of a dtype without object references (so no Python code
-    runs inside it) and strict bools: refused before any item is written."""
-    first, objects = np.zeros(3), np.zeros(2, object)
-    one = np.ones(3)
-    with pytest.raises(ValueError, match="item 1, an add"):
-        attnc._C.commit([first, objects], [one, np.ones(2, object)], [], [True, True])
+    """commit adds (its own loop: no NumPy call, no floating-point flags read, so nothing can
+    fail once it writes) float32 or float64 arrays, native, aligned, C-contiguous and apart,
+    and takes strict bools: anything else is refused before any item is written."""
+    first, one = np.zeros(3), np.ones(3)
+    storage = np.zeros(8)
+    unaligned = np.frombuffer(np.zeros(25, np.uint8).data, np.float64, 3, offset=1)
+    refused = {
+        "float16": (np.zeros(3, np.float16), np.ones(3, np.float16)),
+        "object": (np.zeros(3, object), np.ones(3, object)),
+        "byte-swapped": (np.zeros(3, ">f8"), np.ones(3, ">f8")),
+        "strided source": (np.zeros(3), np.ones(6)[::2]),
+        "unaligned source": (np.zeros(3), unaligned),
+        "overlapping": (storage[:3], storage[2:5]),
+    }
+    for case, (target, source) in refused.items():
+        with pytest.raises(ValueError, match="item 1, an add"):
+            attnc._C.commit([first, target], [one, source], [], [True, True])
+        assert not first.any(), case
     with pytest.raises(TypeError, match=r"adds\[1\] is not a bool"):
         attnc._C.commit([first, first], [one, one], [], [True, 1])
-    with pytest.raises(ValueError, match="2 targets, 2 sources, 1 adds"):
+    with pytest.raises(ValueError, match="2 targets, 1 adds"):
         attnc._C.commit([first, first], [one, one], [], [True])
     assert not first.any()
     attnc._C.commit([first, first], [2 * one, one], [], [False, True])   # a copy, then an add, in order
     np.testing.assert_array_equal(first, 3 * one)
     attnc._C.commit([first], [one], [])   # adds left out: a copy
     np.testing.assert_array_equal(first, one)
+
+
+def test_gradients_that_overflow_their_buffers_add_in_full(recwarn):
+    """Regression (review of the in-place add): NumPy's add checks the floating-point flags after
+    writing, so under np.errstate(over="raise") (or warnings as errors) an overflowing buffer
+    would have raised inside commit, after earlier buffers were written and with the forward's
+    state kept (a retry adds those twice). commit's own loop gives inf, as torch's
+    accumulation does, in every buffer, and releases the state."""
+    x, g = xg()
+    x, g = x.astype(np.float32), (g * 1e34).astype(np.float32)   # gradients past half an ulp of the largest float
+    alone = mha(np.float32)
+    one_pass = dict(zip([n for n, _ in alone.named_grads()], run_pair(alone, x, g)[1:]))
+    am = mha(np.float32)
+    before = {}
+    for name, buffer in am.named_grads():
+        buffer[...] = np.where(one_pass[name] > 0, np.finfo(np.float32).max, 1.0)
+        before[name] = buffer.copy()
+    am(x)
+    with np.errstate(all="raise"):
+        am.backward(g)
+    assert not recwarn.list
+    overflowed = []
+    for name, buffer in am.named_grads():
+        with np.errstate(over="ignore"):
+            expected = before[name] + one_pass[name]
+        overflowed += [name] * bool(np.isinf(expected).any())
+        np.testing.assert_array_equal(buffer, expected, err_msg=name)
+    assert {"query_linear.weight", "output_linear.bias"} <= set(overflowed), overflowed   # the first and last added
+    with pytest.raises(RuntimeError, match="no training-mode forward"):
+        am.backward(g)
 
 
 def test_in_place_edit_of_x_after_forward_changes_nothing():
