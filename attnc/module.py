@@ -116,7 +116,8 @@ def _adds_in_place(buffer, grad):
     or float64 arrays of one dtype, native, aligned, C-contiguous and
     apart. An overflow there gives inf with no NumPy warning, as torch's
     accumulation does."""
-    return (buffer.dtype in _ADDED_IN_PLACE and grad.dtype == buffer.dtype and buffer.flags.c_contiguous
+    return (isinstance(grad, np.ndarray) and buffer.dtype in _ADDED_IN_PLACE and grad.dtype == buffer.dtype
+            and buffer.flags.c_contiguous
             and buffer.flags.aligned and grad.flags.c_contiguous and grad.flags.aligned
             and not np.may_share_memory(buffer, grad))
 
@@ -124,9 +125,10 @@ def _adds_in_place(buffer, grad):
 def _sum_into(total, grad, dtype):
     """total (of dtype: a gradient buffer, or a sum made here) + grad
     rounded to dtype, as ``buffer += grad`` rounds it: in grad's memory
-    (grad being a backward's own new array) when grad has that dtype and
-    is writeable, else a new array. The same bits either way."""
-    if grad.dtype == dtype and grad.flags.writeable:
+    (grad being a backward's own new array) when grad has that dtype, is
+    writeable and shares no memory with total (so that no buffer is
+    written before commit), else a new array. The same bits either way."""
+    if grad.dtype == dtype and grad.flags.writeable and not np.may_share_memory(total, grad):
         return np.add(total, grad, out=grad)
     return np.add(total, grad).astype(dtype, copy=False)
 

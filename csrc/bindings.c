@@ -2103,7 +2103,8 @@ static int addable(PyArrayObject *target, PyArrayObject *source)
 /* target (n elements) <- target + source, two addable arrays of
  * type_num: IEEE additions, as NumPy's add rounds them, in a loop that
  * neither calls NumPy nor reads the floating-point flags (an overflow is
- * inf, with no warning or error to raise once some targets are written). */
+ * inf, with no warning or error to raise once some targets are written);
+ * the GIL let go for a long one, as NumPy's loops do. */
 static void add_into(char *target, const char *source, npy_intp n, int type_num)
 {
     if (type_num == NPY_FLOAT) {
@@ -2197,9 +2198,10 @@ static PyObject *py_commit(PyObject *self, PyObject *args, PyObject *kwargs)
             const char *source = PyArray_BYTES((PyArrayObject *)s);
             npy_intp size = PyArray_SIZE((PyArrayObject *)t);
             int type = PyArray_TYPE((PyArrayObject *)t);
-            Py_BEGIN_ALLOW_THREADS
+            NPY_BEGIN_THREADS_DEF;
+            NPY_BEGIN_THREADS_THRESHOLDED(size); /* (NumPy's rule: not for a bias's few hundred) */
             add_into(target, source, size, type);
-            Py_END_ALLOW_THREADS
+            NPY_END_THREADS;
         } else if (PyArray_CopyInto((PyArrayObject *)t, (PyArrayObject *)s) < 0) {
             goto done;
         }

@@ -756,7 +756,7 @@ def test_commit_checks_every_add_before_writing_any():
     refused = {
         "float16": (np.zeros(3, np.float16), np.ones(3, np.float16)),
         "object": (np.zeros(3, object), np.ones(3, object)),
-        "byte-swapped": (np.zeros(3, ">f8"), np.ones(3, ">f8")),
+        "byte-swapped": (np.zeros(3, np.dtype("f8").newbyteorder()), np.ones(3, np.dtype("f8").newbyteorder())),
         "strided source": (np.zeros(3), np.ones(6)[::2]),
         "unaligned source": (np.zeros(3), unaligned),
         "overlapping": (storage[:3], storage[2:5]),
@@ -804,6 +804,20 @@ def test_gradients_that_overflow_their_buffers_add_in_full(recwarn):
     assert {"query_linear.weight", "output_linear.bias"} <= set(overflowed), overflowed   # the first and last added
     with pytest.raises(RuntimeError, match="no training-mode forward"):
         am.backward(g)
+
+
+def test_gradients_commit_cannot_add_are_summed_without_writing_a_buffer():
+    """Regression (review of the in-place add): a NumPy scalar gradient (which has .dtype and
+    .flags, but commit refuses as not an array) is summed, not sent as an add; and a gradient
+    sharing memory with its buffer is summed into a new array, not into its own memory (the
+    buffer's), so that no buffer is written before commit."""
+    from attnc.module import _adds_in_place, _sum_into
+    buffer = np.ones(4)
+    assert _adds_in_place(buffer, np.ones(4)) and not _adds_in_place(buffer, buffer)
+    assert not _adds_in_place(np.ones(()), np.float64(2.0))
+    total = _sum_into(buffer, buffer[::-1], buffer.dtype)
+    np.testing.assert_array_equal(buffer, np.ones(4))
+    np.testing.assert_array_equal(total, np.full(4, 2.0))
 
 
 def test_in_place_edit_of_x_after_forward_changes_nothing():
