@@ -117,9 +117,8 @@ def _adds_in_place(buffer, grad):
     apart. An overflow there gives inf with no NumPy warning, as torch's
     accumulation does."""
     return (isinstance(grad, np.ndarray) and buffer.dtype in _ADDED_IN_PLACE and grad.dtype == buffer.dtype
-            and buffer.flags.c_contiguous
-            and buffer.flags.aligned and grad.flags.c_contiguous and grad.flags.aligned
-            and not np.may_share_memory(buffer, grad))
+            and buffer.flags.c_contiguous and buffer.flags.aligned and grad.flags.c_contiguous
+            and grad.flags.aligned and not np.may_share_memory(buffer, grad))
 
 
 def _sum_into(total, grad, dtype):
