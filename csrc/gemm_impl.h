@@ -307,6 +307,16 @@
  * stay in L2 from call to call ((256, 256) -> 768) measured even
  * (benchmarks/NOTES.md). */
 #define GEMM_NEXT_SLIVER_ROWS 8
+/* Packing an operand given by columns (its rows adjacent: a gradient's
+ * dY^T, a weight's transpose) copies each step's run of a sliver's rows
+ * from cs elements past the last step's: kilobytes apart, a stride the
+ * hardware prefetchers did not follow, so each step waited on its line from
+ * L3. The packing asks for the run this many steps ahead. On a Xeon family
+ * 6 model 207 (2 threads), the weight gradient of (512, 768) -> 2304
+ * (`linear` of dY^T by x^T) spent 0.29 of its micro-kernel's samples
+ * packing with none asked for, 0.22 at 4 and 8 steps, 0.16 at 16, 0.18 at
+ * 32 (benchmarks/NOTES.md). */
+#define GEMM_BY_COLUMNS_AHEAD 16
 /* Packing an element takes about as long as this many of the micro-kernel's
  * flops (one Zen 4 core packed a (256, 256) A, 67.6K elements, in 10 us,
  * where the micro-kernel runs 100 GFLOP/s: 15): the packing pass's work in
@@ -590,6 +600,14 @@ static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const
     }
 }
 
+/* Asks for every line of x[0 .. n) (n >= 1) to come into L1. */
+static inline void FN(prefetch_run)(const elem *x, idx_t n)
+{
+    const char *last = (const char *)(x + n) - 1;
+    for (const char *line = (const char *)x; line < last; line += 64) __builtin_prefetch(line);
+    __builtin_prefetch(last);
+}
+
 /* Whether rows[0 .. n) are consecutive elements (an operand whose row
  * stride is 1, all n in one part). */
 static inline int FN(rows_are_adjacent)(const elem *const *rows, idx_t n)
@@ -646,7 +664,10 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
          * its row's pointer. `linear` by a (768, 768) weight's transpose,
          * x (512, 768): 0.94x the time (1 thread); x (128, 256), 768
          * outputs: 0.86x (benchmarks/NOTES.md) */
-        for (; p < steps; p++) FN(load_row)(dst + p * width, row[0] + p * cs, rows);
+        for (; p < steps; p++) {
+            if (p + GEMM_BY_COLUMNS_AHEAD < steps) FN(prefetch_run)(row[0] + (p + GEMM_BY_COLUMNS_AHEAD) * cs, rows);
+            FN(load_row)(dst + p * width, row[0] + p * cs, rows);
+        }
         return;
     }
     /* the rest one step p at a time: contiguous writes, and `width` rows

@@ -271,7 +271,11 @@ static inline void FN(load_row)(real *dst, const elem *src, idx_t n)
 {
     idx_t i = 0;
     for (; i + VLANES <= n; i += VLANES) vstoreu(dst + i, vload_elems(src + i));
+#if ELEM_IS_REAL
+    if (i < n) vstore_first(dst + i, vload_first(src + i, (int)(n - i)), (int)(n - i));
+#else
     for (; i < n; i++) dst[i] = to_real(src[i]);
+#endif
 }
 
 static inline void FN(store_row)(elem *dst, const real *src, idx_t n)
