@@ -341,6 +341,14 @@ typedef struct {
     double decay, lerp_weight, beta2, step_size, bias2_sqrt, eps;
 } attnc_update_args;
 
+/* sums (n) <- the column sums of g (rows, n; rows g_rs elements apart,
+ * columns adjacent): a bias's gradient (column_sums_impl.h). */
+typedef struct {
+    const void *g;
+    idx_t rows, n, g_rs;
+    void *sums;
+} attnc_column_sums_args;
+
 /* One dtype's kernels at one ISA level: a row of the kernel table. */
 typedef struct {
     attnc_status (*gemm)(const attnc_gemm_args *args);
@@ -357,6 +365,7 @@ typedef struct {
      * gives in * 0 (zeros; NaN stays NaN as in PyTorch). */
     attnc_status (*dropout)(void *out, const void *in, idx_t n, double p, uint64_t seed);
     attnc_status (*update)(const attnc_update_args *args);
+    attnc_status (*column_sums)(const attnc_column_sums_args *args);
     int vector_bytes; /* the level's SIMD width (the GEMM's orders depend on it; tests ask) */
 } attnc_kernels;
 

@@ -12,4 +12,5 @@
 #include "attention_backward_impl.h"
 #include "softmax_impl.h"
 #include "optimizer_impl.h"
+#include "column_sums_impl.h"
 #include "dtype_end.h"

@@ -35,7 +35,7 @@
         .attention = attention_##sfx##_##isa,                                                       \
         .attention_backward = attention_backward_##sfx##_##isa,                                     \
         .softmax = softmax_##sfx##_##isa, .dropout = dropout_##sfx##_##isa,                         \
-        .update = update_##sfx##_##isa,                                                             \
+        .update = update_##sfx##_##isa, .column_sums = column_sums_##sfx##_##isa,                   \
         .vector_bytes = SIMD_BYTES,                                                                 \
     }
 #define ATTNC_KERNELS_ROW(isa)                                                                      \

@@ -362,23 +362,6 @@ void attnc_packed_module_free(attnc_packed_module *p)
     p->qkv = p->out = NULL;
 }
 
-/* sums (n) <- the column sums of g (rows, n), as the product ones (1, rows)
- * . g: one GEMM (A's single element read with zero strides), summed in
- * the GEMM's fixed order. */
-static attnc_status column_sums(const module_sizes *m, attnc_dtype dt, void *sums, const void *g, idx_t rows, idx_t n)
-{
-    static const float one_f32 = 1.0f;
-    static const double one_f64 = 1.0;
-    static const attnc_f16 one_f16 = {0x3c00};
-    static const attnc_bf16 one_bf16 = {0x3f80};
-    static const void *const one[ATTNC_N_DTYPES] = {&one_f32, &one_f64, &one_f16, &one_bf16};
-    attnc_gemm_args args = {
-        .M = 1, .K = rows, .a = one[dt],
-        .a_rs = 0, .a_cs = 0, .n_parts = 1, .parts = {{g, NULL, n}}, .b_rs = 1, .b_cs = n, .c = sums, .c_rs = n,
-    };
-    return m->kernels->gemm(&args);
-}
-
 attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_args *g)
 {
     const attnc_self_attention_args *s = &g->forward;
@@ -416,8 +399,9 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
         };
         if ((status = m.kernels->gemm(&d_merged_args)) != ATTNC_OK ||
             (status = m.kernels->gemm(&d_w_out_args)) != ATTNC_OK ||
-            (g->grad_bias_out &&
-             (status = column_sums(&m, s->dtype, g->grad_bias_out, g->grad_out, m.rows, s->n_out)) != ATTNC_OK))
+            (g->grad_bias_out && (status = m.kernels->column_sums(&(attnc_column_sums_args){
+                                      .g = g->grad_out, .rows = m.rows, .n = s->n_out, .g_rs = s->n_out,
+                                      .sums = g->grad_bias_out})) != ATTNC_OK))
             goto done;
     }
 
@@ -441,7 +425,9 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
     };
     if ((status = m.kernels->gemm(&d_x_args)) != ATTNC_OK || (status = m.kernels->gemm(&d_w_args)) != ATTNC_OK)
         goto done;
-    if (g->grad_bias) status = column_sums(&m, s->dtype, g->grad_bias, dqkv, m.rows, m.width);
+    if (g->grad_bias)
+        status = m.kernels->column_sums(&(attnc_column_sums_args){
+            .g = dqkv, .rows = m.rows, .n = m.width, .g_rs = m.width, .sums = g->grad_bias});
 done:
     attnc_free(dqkv);
     if (s->w_out) attnc_free(d_merged);

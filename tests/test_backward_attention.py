@@ -153,6 +153,42 @@ def sdpa_inputs(rng, qb, kb, vb, L, S, E, Ev, dtype):
     return (normal(rng, qb + (L, E), dtype), normal(rng, kb + (S, E), dtype), normal(rng, vb + (S, Ev), dtype))
 
 
+def column_sums_in_k_blocks(g, real):
+    """Column sums of g (rows, n) in the order derived by hand from the GEMM of ones (1, rows)
+    . g that the module's bias gradients first took: each block of 1024 rows (its K block)
+    added row by row from zero in `real`, the blocks' sums added in order."""
+    total = np.zeros(g.shape[1], real)
+    for first in range(0, len(g), 1024):
+        block = np.zeros(g.shape[1], real)
+        for row in g[first:first + 1024].astype(real):
+            block += row
+        total += block
+    return total
+
+
+@pytest.mark.parametrize("rows, n", [(1, 5), (7, 16), (1000, 17), (1025, 100), (2100, 40), (3, 1100)])
+@pytest.mark.parametrize("elem", ["float32", "float64", "float16", "bfloat16"])
+def test_module_bias_gradient_is_the_column_sums_in_k_blocks(rows, n, elem, simd_mode_all, restore_threads):
+    """The output projection's bias gradient is grad_out's column sums: blocks of 1024 rows
+    each summed from zero in the compute type (float for the 16-bit dtypes), the blocks'
+    sums in order, rounded once. The same bits on 1, 2 and 3 threads (the columns split
+    among tasks of up to 512), one to three blocks, column counts off the vector widths."""
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if elem == "bfloat16" else np.dtype(elem)
+    real = np.float64 if elem == "float64" else np.float32
+    rng = np.random.default_rng(rows + n)
+    x, grad = normal(rng, (1, rows, n), dt), normal(rng, (1, rows, n), dt)
+    expected = column_sums_in_k_blocks(grad[0], real).astype(dt)
+    for threads in (1, 2, 3):
+        attnc.set_num_threads(threads)
+        module = attnc.MultiHeadAttention(n, 1, 0.0, dtype=dt, rng=np.random.default_rng(1))
+        module(x)
+        module.backward(grad)
+        got = dict(module.named_grads())["output_linear.bias"]
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8),
+                                      f"{elem} ({rows}, {n}), {threads} threads")
+
+
 # id: (query, key, value batch dims, L, S, E, Ev, mask shape, mask dtype, is_causal, scale)
 SDPA_CASES = {
     "plain": ((2, 3), (2, 3), (2, 3), 5, 7, 4, 4, None, None, False, None),
