@@ -324,10 +324,7 @@ static inline __attribute__((always_inline)) void FN(score_block)(int n_rows, in
  * and values in memory, (4, 32, 1, 128) over 2048 keys, took 0.72-0.86x
  * the time of asking for L1 on Zen 4 (2 threads; 0.79x on 1), one whose
  * 6 MB stay in L3 1.01-1.02x (benchmarks/NOTES.md). */
-static inline void FN(prefetch_row)(const elem *x, idx_t cols)
-{
-    for (idx_t c = 0; c < cols; c += 64 / (idx_t)sizeof(elem)) __builtin_prefetch(x + c, 0, 2);
-}
+static inline void FN(prefetch_row)(const elem *x, idx_t cols) { PREFETCH_ELEMENTS(x, cols, 2); }
 
 /* How far ahead of the row it reads a stream of keys or values asks for
  * rows (prefetch_row): the rows within PREFETCH_AHEAD_BYTES, at least one.

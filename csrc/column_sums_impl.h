@@ -5,7 +5,9 @@
  * Each column adds its rows in blocks of ATTNC_GEMM_KC, each block in row
  * order from zero, and the blocks' sums in order: the GEMM's order for ones
  * (1, rows) . g, through which the module's backward had summed them (the
- * same bits). In real, rounded to elem once. Tasks are blocks of columns,
+ * same bits, but for bfloat16 at the AVX512_BF16 level, whose products
+ * went through pairs: now summed as at every other level). In real,
+ * rounded to elem once. Tasks are blocks of columns,
  * each reading its part of a row as one run, a row after another (the GEMM
  * had read a column block's 12 elements a row: 0.358 ms for (512, 2304)
  * where NumPy's sum(0) took 0.177; benchmarks/NOTES.md): any thread count

@@ -600,14 +600,6 @@ static inline __attribute__((always_inline)) void FN(turn_rows)(real *dst, const
     }
 }
 
-/* Asks for every line of x[0 .. n) (n >= 1) to come into L1. */
-static inline void FN(prefetch_run)(const elem *x, idx_t n)
-{
-    const char *last = (const char *)(x + n) - 1;
-    for (const char *line = (const char *)x; line < last; line += 64) __builtin_prefetch(line);
-    __builtin_prefetch(last);
-}
-
 /* Whether rows[0 .. n) are consecutive elements (an operand whose row
  * stride is 1, all n in one part). */
 static inline int FN(rows_are_adjacent)(const elem *const *rows, idx_t n)
@@ -665,7 +657,8 @@ static void FN(pack_sliver)(real *dst, const FN(gemm_operand) *x, idx_t r0, idx_
          * x (512, 768): 0.94x the time (1 thread); x (128, 256), 768
          * outputs: 0.86x (benchmarks/NOTES.md) */
         for (; p < steps; p++) {
-            if (p + GEMM_BY_COLUMNS_AHEAD < steps) FN(prefetch_run)(row[0] + (p + GEMM_BY_COLUMNS_AHEAD) * cs, rows);
+            if (p + GEMM_BY_COLUMNS_AHEAD < steps)
+                PREFETCH_ELEMENTS(row[0] + (p + GEMM_BY_COLUMNS_AHEAD) * cs, rows, 3);
             FN(load_row)(dst + p * width, row[0] + p * cs, rows);
         }
         return;

@@ -15,7 +15,7 @@ from attnc import functional as F
 from toolkit import (DROPOUT_IDS, DROPOUT_MODELS, MODEL, MODEL_IDS, MODELS, make_pair, module_heads, padded_batch,
                      padding_bias, random_keep_mask, ref_attend, ref_forward, scores_shape)
 from toolkit import assert_grad_close as check
-from toolkit import lone_key_masks, real_thread_counts
+from toolkit import K_BLOCK, lone_key_masks, real_thread_counts
 
 DROP_ATTR = ("attention_dropout", "dropout")   # the dropout submodule's name (both sides)
 
@@ -155,24 +155,27 @@ def sdpa_inputs(rng, qb, kb, vb, L, S, E, Ev, dtype):
 
 def column_sums_in_k_blocks(g, real):
     """Column sums of g (rows, n) in the order derived by hand from the GEMM of ones (1, rows)
-    . g that the module's bias gradients first took: each block of 1024 rows (its K block)
-    added row by row from zero in `real`, the blocks' sums added in order."""
+    . g through which the module's bias gradients were first summed (at every level but
+    AVX512_BF16's bfloat16 pairs): each block of K_BLOCK rows added row by row from zero in
+    `real`, the blocks' sums added in order."""
     total = np.zeros(g.shape[1], real)
-    for first in range(0, len(g), 1024):
+    for first in range(0, len(g), K_BLOCK):
         block = np.zeros(g.shape[1], real)
-        for row in g[first:first + 1024].astype(real):
+        for row in g[first:first + K_BLOCK].astype(real):
             block += row
         total += block
     return total
 
 
-@pytest.mark.parametrize("rows, n", [(1, 5), (7, 16), (1000, 17), (1025, 100), (2100, 40), (3, 1100)])
+@pytest.mark.parametrize("rows, n", [(1, 5), (7, 16), (K_BLOCK - 24, 17), (K_BLOCK + 1, 100), (K_BLOCK + 300, 100),
+                                     (2 * K_BLOCK + 52, 40), (3, 1100)])
 @pytest.mark.parametrize("elem", ["float32", "float64", "float16", "bfloat16"])
 def test_module_bias_gradient_is_the_column_sums_in_k_blocks(rows, n, elem, simd_mode_all, restore_threads):
-    """The output projection's bias gradient is grad_out's column sums: blocks of 1024 rows
-    each summed from zero in the compute type (float for the 16-bit dtypes), the blocks'
-    sums in order, rounded once. The same bits on 1, 2 and 3 threads (the columns split
-    among tasks of up to 512), one to three blocks, column counts off the vector widths."""
+    """The output projection's bias gradient is grad_out's column sums: blocks of K_BLOCK
+    rows each summed from zero in the compute type (float for the 16-bit dtypes), the
+    blocks' sums in order, rounded once. The same bits on 1, 2 and 3 threads (the columns
+    split among tasks of up to 512), one to three blocks, column counts off the vector
+    widths."""
     import ml_dtypes
     dt = ml_dtypes.bfloat16 if elem == "bfloat16" else np.dtype(elem)
     real = np.float64 if elem == "float64" else np.float32
@@ -187,6 +190,24 @@ def test_module_bias_gradient_is_the_column_sums_in_k_blocks(rows, n, elem, simd
         got = dict(module.named_grads())["output_linear.bias"]
         np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8),
                                       f"{elem} ({rows}, {n}), {threads} threads")
+
+
+@pytest.mark.parametrize("n", [5, 40, 100])
+def test_module_qkv_bias_gradients_are_the_column_sums_of_their_projections(n, dtype, simd_mode, restore_threads):
+    """The Q, K and V biases' gradients are the column sums (in K blocks, as above) of the
+    projections' gradients: with x the identity (n rows of n), each weight gradient
+    dP^T . x is dP^T exactly (one product by 1 and zeros a sum), so dP is read back from it."""
+    rng = np.random.default_rng(n)
+    x, grad = np.eye(n, dtype=dtype)[None], normal(rng, (1, n, n), dtype)
+    for threads in (1, 2, 3):
+        attnc.set_num_threads(threads)
+        module = attnc.MultiHeadAttention(n, 1, 0.0, dtype=dtype, rng=np.random.default_rng(1))
+        module(x)
+        module.backward(grad)
+        grads = dict(module.named_grads())
+        for name in ("query_linear", "key_linear", "value_linear"):
+            expected = column_sums_in_k_blocks(grads[name + ".weight"].T, dtype)
+            np.testing.assert_array_equal(grads[name + ".bias"], expected, f"{name}, {threads} threads")
 
 
 # id: (query, key, value batch dims, L, S, E, Ev, mask shape, mask dtype, is_causal, scale)
