@@ -241,6 +241,8 @@ def main():
     if args.memory_child:
         memory_child(tuple(int(n) for n in args.memory_child.split(",")))
         return
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)  # before the runs: a missing one had raised after them
     sizes = SIZES["quick" if args.quick else "full"]
     results = {"machine": os.uname().machine, "threads": THREADS}
     for causal in (False, True):
