@@ -1,6 +1,7 @@
 """attnc.optim against torch.optim: SGD and AdamW step by step on torch leaf
 tensors twinning each parameter (same values, same gradients), zero_grad,
 in-place updates, argument validation and replaced parameters."""
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -92,18 +93,36 @@ def test_sgd_zero_gradients_without_decay_leave_parameters_as_torch_does(momentu
         np.testing.assert_array_equal(p, before[name], err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64],
+                         ids=["f16", "bf16", "f32", "f64"])
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
-def test_zero_grad_zeroes_every_buffer(name):
-    module = MODULES["MHA"](np.float32)
+def test_zero_grad_zeroes_every_buffer(name, dtype):
+    """Every buffer, in place, holds np.zeros's bytes afterwards: +0.0 where it held -0.0,
+    nan or inf too (zero_grad fills the bytes)."""
+    module = MODULES["MHA"](dtype)
     opt = getattr(attnc.optim, name)(module, lr=0.1)
     buffers = [buf for _, buf in module.named_grads()]
     rng = np.random.default_rng(0)
     for buf in buffers:
         buf[...] = rng.standard_normal(buf.shape)
+        buf.reshape(-1)[:3] = [-0.0, np.nan, -np.inf]
     assert opt.zero_grad() is None
     for (gname, buf), before in zip(module.named_grads(), buffers):
         assert buf is before, gname
-        np.testing.assert_array_equal(buf, np.zeros_like(buf), err_msg=gname)
+        assert buf.dtype == np.dtype(dtype) and buf.tobytes() == np.zeros_like(buf).tobytes(), gname
+
+
+def test_zero_grad_of_an_object_parameter_leaves_zero_objects():
+    """A parameter of object dtype placed past assignment (its buffer holds pointers):
+    zero_grad leaves int zeros in it, as np.zeros makes them, not null pointers."""
+    m = attnc.Linear(2, 2, rng=np.random.default_rng(0))
+    m.__dict__["weight"] = np.full((2, 2), 1.5, object)
+    m.zero_grad()
+    buffer = dict(m.named_grads())["weight"]
+    buffer[...] = 2.5
+    m.zero_grad()
+    assert buffer.dtype == object and buffer.tolist() == np.zeros((2, 2), object).tolist()
+    assert all(type(item) is int for item in buffer.ravel())
 
 
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
