@@ -112,17 +112,22 @@ def test_zero_grad_zeroes_every_buffer(name, dtype):
         assert buf.dtype == np.dtype(dtype) and buf.tobytes() == np.zeros_like(buf).tobytes(), gname
 
 
-def test_zero_grad_of_an_object_parameter_leaves_zero_objects():
-    """A parameter of object dtype placed past assignment (its buffer holds pointers):
-    zero_grad leaves int zeros in it, as np.zeros makes them, not null pointers."""
+@pytest.mark.parametrize("value", [np.full((2, 2), 1.5, object), np.full((), 1.5, np.float32)],
+                         ids=["object", "0-d"])
+def test_zero_grad_of_a_parameter_placed_past_assignment(value):
+    """A parameter placed past assignment, of object dtype (its buffer holds pointers) or
+    0-d: zero_grad leaves in its buffer, in place, what np.zeros makes (int zeros for
+    objects, not null pointers)."""
     m = attnc.Linear(2, 2, rng=np.random.default_rng(0))
-    m.__dict__["weight"] = np.full((2, 2), 1.5, object)
+    m.__dict__["weight"] = value
     m.zero_grad()
     buffer = dict(m.named_grads())["weight"]
     buffer[...] = 2.5
     m.zero_grad()
-    assert buffer.dtype == object and buffer.tolist() == np.zeros((2, 2), object).tolist()
-    assert all(type(item) is int for item in buffer.ravel())
+    assert dict(m.named_grads())["weight"] is buffer
+    expected = np.zeros(value.shape, value.dtype)
+    assert buffer.dtype == value.dtype and buffer.shape == value.shape
+    assert buffer.tolist() == expected.tolist() and type(buffer.ravel()[0]) is type(expected.ravel()[0])
 
 
 @pytest.mark.parametrize("case", ["SGD-momentum-decay", "AdamW"])
