@@ -112,6 +112,34 @@ def test_zero_grad_zeroes_every_buffer(name, dtype):
         assert buf.dtype == np.dtype(dtype) and buf.tobytes() == np.zeros_like(buf).tobytes(), gname
 
 
+def test_zero_grad_zeroes_empty_and_tied_parameters_buffers():
+    """An empty parameter's buffer, and both buffers of a parameter tied into two modules
+    (named_grads gives their sum), after each module's backward filled them: zeros after
+    zero_grad."""
+    class Pair(attnc.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = attnc.Linear(3, 3, rng=np.random.default_rng(0))
+            self.second = attnc.Linear(3, 3, rng=np.random.default_rng(1))
+            self.empty = attnc.Linear(0, 2, rng=np.random.default_rng(2))
+
+    pair = Pair()
+    pair.second.weight = pair.first.weight
+    x = np.random.default_rng(3).standard_normal((4, 3))
+    for layer in (pair.first, pair.second):
+        layer(x)
+        layer.backward(np.ones((4, 3)))
+    pair.empty(np.zeros((4, 0)))
+    pair.empty.backward(np.ones((4, 2)))
+    grads = dict(pair.named_grads())
+    assert grads["first.weight"].any() and grads["empty.bias"].any() and grads["empty.weight"].shape == (2, 0)
+    pair.zero_grad()
+    for name, grad in pair.named_grads():
+        assert grad.tobytes() == np.zeros_like(grad).tobytes(), name
+    for layer in (pair.first, pair.second):  # each module's own buffer, in place
+        assert not dict(layer.named_grads())["weight"].any()
+
+
 @pytest.mark.parametrize("value", [np.full((2, 2), 1.5, object), np.full((), 1.5, np.float32)],
                          ids=["object", "0-d"])
 def test_zero_grad_of_a_parameter_placed_past_assignment(value):
