@@ -362,6 +362,32 @@ void attnc_packed_module_free(attnc_packed_module *p)
     p->qkv = p->out = NULL;
 }
 
+/* The backward's stacked copy of separate Q, K, V weights, by tasks of
+ * STACK_TASK_BYTES on the pool's threads: one thread copying the 7 MB of a
+ * MultiHeadAttention(768)'s weights was 1.0 % of a training step's samples,
+ * the other core waiting (benchmarks/NOTES.md). */
+#define STACK_TASK_BYTES ((size_t)256 * 1024)
+
+typedef struct {
+    const char *parts[3];
+    size_t part_bytes[3];
+    char *stack;
+} stack_job;
+
+/* Task = bytes [t STACK_TASK_BYTES, (t + 1) STACK_TASK_BYTES) of the stack,
+ * from the parts they fall in. */
+static void stack_task(void *ctx, idx_t t)
+{
+    const stack_job *job = ctx;
+    size_t start = (size_t)t * STACK_TASK_BYTES, end = start + STACK_TASK_BYTES, part_start = 0;
+    for (int p = 0; p < 3; p++) {
+        size_t part_end = part_start + job->part_bytes[p];
+        size_t from = start > part_start ? start : part_start, to = end < part_end ? end : part_end;
+        if (from < to) memcpy(job->stack + from, job->parts[p] + (from - part_start), to - from);
+        part_start = part_end;
+    }
+}
+
 attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_args *g)
 {
     const attnc_self_attention_args *s = &g->forward;
@@ -381,10 +407,14 @@ attnc_status attnc_self_attention_backward(const attnc_self_attention_backward_a
     char *w_stack = stacked ? (char *)w0 : attnc_malloc((size_t)weights_size * m.elem);
     if (!dqkv || !d_merged || !w_stack) goto done;
     if (!stacked) {
-        size_t v_bytes = (size_t)(s->dim[ATTNC_V] * s->C) * m.elem;
-        memcpy(w_stack, s->w[ATTNC_Q], q_bytes);
-        memcpy(w_stack + q_bytes, s->w[ATTNC_K], k_bytes);
-        memcpy(w_stack + q_bytes + k_bytes, s->w[ATTNC_V], v_bytes);
+        size_t v_bytes = (size_t)(s->dim[ATTNC_V] * s->C) * m.elem, total = q_bytes + k_bytes + v_bytes;
+        stack_job job = {{s->w[ATTNC_Q], s->w[ATTNC_K], s->w[ATTNC_V]}, {q_bytes, k_bytes, v_bytes}, w_stack};
+        attnc_parallel_for((idx_t)((total + STACK_TASK_BYTES - 1) / STACK_TASK_BYTES), (double)total, stack_task,
+                           &job);
+        if (attnc_interrupted()) {
+            status = ATTNC_EINTR;
+            goto done;
+        }
     }
 
     if (s->w_out) { /* the output projection's gradients */

@@ -210,6 +210,32 @@ def test_module_qkv_bias_gradients_are_the_column_sums_of_their_projections(n, d
             np.testing.assert_array_equal(grads[name + ".bias"], expected, f"{name}, {threads} threads")
 
 
+@pytest.mark.parametrize("embed", [8, 200, 300])
+def test_module_gradients_of_separate_weights_equal_those_of_one_stacked_array(embed, dtype, restore_threads):
+    """The backward multiplies dQKV by the Q, K and V weights as one (3 embed, embed)
+    matrix: read in place when they are row blocks of one array, else a stacked copy made by
+    tasks of 256 KB on the pool's threads (at 200 and 300 wide the parts end inside tasks).
+    Both give the same bits, on 1, 2 and 3 threads."""
+    rng = np.random.default_rng(embed)
+    x, grad = normal(rng, (2, 5, embed), dtype), normal(rng, (2, 5, embed), dtype)
+    stack = normal(rng, (3 * embed, embed), dtype)
+    names = ("query_linear", "key_linear", "value_linear")
+    for threads in (1, 2, 3):
+        attnc.set_num_threads(threads)
+        results = []
+        for in_one_array in (True, False):
+            module = attnc.MultiHeadAttention(embed, 4, 0.0, dtype=dtype, rng=np.random.default_rng(1))
+            for i, name in enumerate(names):
+                part = stack[i * embed:(i + 1) * embed]
+                getattr(module, name).weight = part if in_one_array else part.copy()
+            assert np.shares_memory(module.key_linear.weight, stack) == in_one_array
+            module(x)
+            results.append([module.backward(grad)] + [g for _, g in module.named_grads()])
+        for stacked, separate in zip(*results):
+            np.testing.assert_array_equal(separate.view(np.uint8), stacked.view(np.uint8),
+                                          f"{embed} wide, {threads} threads")
+
+
 # id: (query, key, value batch dims, L, S, E, Ev, mask shape, mask dtype, is_causal, scale)
 SDPA_CASES = {
     "plain": ((2, 3), (2, 3), (2, 3), 5, 7, 4, 4, None, None, False, None),
