@@ -98,7 +98,7 @@ def test_sgd_zero_gradients_without_decay_leave_parameters_as_torch_does(momentu
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
 def test_zero_grad_zeroes_every_buffer(name, dtype):
     """Every buffer, in place, holds np.zeros's bytes afterwards: +0.0 where it held -0.0,
-    nan or inf too (zero_grad fills the bytes)."""
+    nan or inf too, at every float dtype."""
     module = MODULES["MHA"](dtype)
     opt = getattr(attnc.optim, name)(module, lr=0.1)
     buffers = [buf for _, buf in module.named_grads()]
