@@ -231,9 +231,9 @@ def test_parameter_placed_past_assignment_state_dict_and_training_name_it(form):
     others are."""
     m = attnc.SelfAttentionV1(2, rng=np.random.default_rng(3))
     values = m.Q_proj.weight.astype(np.float64) + 0.5
-    placed = {"torch": torch.from_numpy(values.copy()), "tuple": tuple(map(tuple, values.tolist())),
-              "list": values.tolist(), "masked-array": np.ma.masked_array(values.copy()),
-              "matrix": np.asmatrix(values.copy())}[form]
+    placed = {"torch": lambda: torch.from_numpy(values.copy()), "tuple": lambda: tuple(map(tuple, values.tolist())),
+              "list": values.tolist, "masked-array": lambda: np.ma.masked_array(values.copy()),
+              "matrix": lambda: _matrix(values.copy())}[form]()
     m.Q_proj.__dict__["weight"] = placed
     state = m.state_dict()
     entry = state["Q_proj.weight"]
