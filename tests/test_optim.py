@@ -140,17 +140,17 @@ def test_zero_grad_zeroes_empty_and_tied_parameters_buffers():
         assert not dict(layer.named_grads())["weight"].any()
 
 
-@pytest.mark.parametrize("value", [np.full((2, 2), 1.5, object), np.full((), 1.5, np.float32)],
-                         ids=["object", "0-d"])
+@pytest.mark.parametrize("value", [np.full((2, 2), 1.5, object), np.full((), 1.5, np.float32),
+                                   np.full((2, 2), "ab", "<U2")], ids=["object", "0-d", "str"])
 def test_zero_grad_of_a_parameter_placed_past_assignment(value):
-    """A parameter placed past assignment, of object dtype (its buffer holds pointers) or
-    0-d: zero_grad leaves in its buffer, in place, what np.zeros makes (int zeros for
-    objects, not null pointers)."""
+    """A parameter placed past assignment, of object dtype (its buffer holds pointers), 0-d,
+    or of a string dtype: zero_grad leaves in its buffer, in place, what np.zeros makes (int
+    zeros for objects, not null pointers; empty strings, where fill(0) wrote '0')."""
     m = attnc.Linear(2, 2, rng=np.random.default_rng(0))
     m.__dict__["weight"] = value
     m.zero_grad()
     buffer = dict(m.named_grads())["weight"]
-    buffer[...] = 2.5
+    buffer[...] = "xy" if value.dtype.kind == "U" else 2.5
     m.zero_grad()
     assert dict(m.named_grads())["weight"] is buffer
     expected = np.zeros(value.shape, value.dtype)
