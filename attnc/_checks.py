@@ -113,11 +113,23 @@ def is_a_bool(value):
     return dtype.kind == "b" if isinstance(dtype, np.dtype) else str(dtype) == "torch.bool"
 
 
+def has_an_axis(value):
+    """Whether `value` is an array or tensor with an axis (a shape of one
+    element or more), which converts to a number when it holds one element
+    (torch's __index__ and float() take it; NumPy refuses it)."""
+    try:
+        return len(value.shape) > 0
+    except (AttributeError, TypeError):  # no shape, or not a sequence of sizes: not an array
+        return False
+
+
 def integer(value, name):
     """`value` as an int, through __index__; a bool is refused (True where a
-    count, an axis or a seed belongs is a slip, as NumPy's axis holds)."""
+    count, an axis or a seed belongs is a slip, as NumPy's axis holds), and
+    so is an array or tensor with an axis, even of one element, as the C
+    layer's integers refuse it."""
     try:
-        if is_a_bool(value):
+        if is_a_bool(value) or has_an_axis(value):
             raise TypeError
         return operator.index(value)
     except TypeError as error:

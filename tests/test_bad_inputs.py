@@ -253,15 +253,27 @@ def test_complex_numbers_are_refused_by_name(make, arg, number):
      "window"),
     (lambda v: F.softmax(np.ones((2, 2)), axis=v), "axis"),
     (lambda v: attnc.Dropout(v), "p"),
-], ids=["sdpa_scale", "sdpa_dropout_p", "sdpa_seed", "sdpa_window", "softmax_axis", "Dropout"])
+    (lambda v: attnc.Linear(v, 2), "in_features"),
+    (lambda v: attnc.Linear(2, v), "out_features"),
+    (lambda v: attnc.SelfAttentionV1(v), "hidden_dim"),
+    (lambda v: attnc.MultiHeadAttention(4, v), "head_num"),
+    (lambda v: attnc.nn.MultiheadAttention(v, 2), "embed_dim"),
+    (lambda v: attnc.nn.MultiheadAttention(4, v), "num_heads"),
+    (lambda v: attnc.nn.MultiheadAttention(4, 2, kdim=v), "kdim"),
+], ids=["sdpa_scale", "sdpa_dropout_p", "sdpa_seed", "sdpa_window", "softmax_axis", "Dropout", "Linear_in",
+        "Linear_out", "SelfAttentionV1", "MultiHeadAttention_heads", "nn_embed_dim", "nn_num_heads", "nn_kdim"])
 def test_a_number_given_as_an_array_of_one_element_is_refused_by_name(make, arg, number):
     """Regression (a functional audit, 2026-12-02): NumPy refuses an array with an axis as a
     number, even of one element (scale=np.array([0.5]) raised TypeError naming scale), but
     torch's float() and __index__ take a tensor of one element, so scale=torch.tensor([0.5])
     ran as 0.5 and seed=torch.tensor([3]) as 3. Both kinds are refused alike, naming the
-    argument; a 0-d array or tensor is still the number it holds."""
+    argument; a 0-d array or tensor is still the number it holds. The modules' sizes (a
+    docs audit, 2026-12-06) had still taken a torch tensor of one element through __index__:
+    Linear(torch.tensor([2]), 2) made a (2, 2) weight."""
     torch = pytest.importorskip("torch")
-    value = 1 if arg in ("seed", "window", "axis") else 0.5
+    sizes = {"in_features": 2, "out_features": 2, "hidden_dim": 4, "head_num": 2, "embed_dim": 4, "num_heads": 2,
+             "kdim": 4}
+    value = 1 if arg in ("seed", "window", "axis") else sizes.get(arg, 0.5)
     one_element = np.array([value]) if number == "numpy" else torch.tensor([value])
     raises_naming(TypeError, arg, lambda: make(one_element))
     make(np.array(value) if number == "numpy" else torch.tensor(value))  # a 0-d one computes
