@@ -2,6 +2,8 @@
 counter-based RNG with (the C layer calls draw_seed when dropout applies)."""
 import numpy as np
 
+from ._checks import is_a_bool
+
 _global = np.random.default_rng()
 
 
@@ -25,7 +27,8 @@ def manual_seed(n):
         For a negative seed, naming `n` (with NumPy's message).
     TypeError
         For a seed that is not an integer, naming `n` (with NumPy's
-        message).
+        message), and for a bool, alone or in a sequence (NumPy would take
+        True as 1).
 
     Examples
     --------
@@ -39,8 +42,8 @@ def manual_seed(n):
     """
     global _global
     try:
-        if isinstance(n, (bool, np.bool_)):
-            raise TypeError("a bool is not a seed")
+        if is_a_bool(n) or (isinstance(n, (list, tuple)) and any(is_a_bool(entropy) for entropy in n)):
+            raise TypeError("a bool is not a seed")  # (NumPy takes True as 1, and in a sequence too)
         _global = np.random.default_rng(n)
     except (TypeError, ValueError) as error:
         raise type(error)(f"manual_seed: n={n!r} is not a seed numpy.random.default_rng takes: {error}") from None

@@ -611,6 +611,8 @@ def test_a_bool_is_not_an_integer_argument(kind, restore_threads):
         (lambda: attnc.set_num_threads(true), "n"),
         (lambda: attnc.manual_seed(true), "manual_seed: n="),
         (lambda: attnc.manual_seed(false), "manual_seed: n="),
+        (lambda: attnc.manual_seed([7, true]), "manual_seed: n="),  # NumPy took [7, True] as [7, 1] (2026-12-06)
+        (lambda: attnc.manual_seed((false,)), "manual_seed: n="),
         (lambda: F.softmax(q, axis=true), "axis"),
         (lambda: F.softmax_backward(q, q, axis=true), "axis"),
         (lambda: F.scaled_dot_product_attention(q, q, q, window=(true, 1)), "window"),
