@@ -287,9 +287,14 @@ class FrozenMultiheadAttention:
         ----------
         query, key, value : array_like
             As `attnc.nn.MultiheadAttention.forward` takes them.
-        key_padding_mask, attn_mask : array_like, optional
-            The masks, in torch's convention, as the forward takes them.
-        need_weights, average_attn_weights, is_causal : bool, optional
+        key_padding_mask : array_like, optional
+            The padding mask, in torch's convention, as the forward takes it.
+        need_weights : bool, default True
+            As the forward takes it.
+        attn_mask : array_like, optional
+            The attention mask, in torch's convention, as the forward takes
+            it (after `need_weights`, in the forward's positional order).
+        average_attn_weights, is_causal : bool, optional
             As the forward takes them.
 
         Returns
