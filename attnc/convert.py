@@ -6,6 +6,7 @@ name and its state_dict keys; its weights are read with
 attributes (head counts, dropout modules' p, torch.nn.MultiheadAttention's
 options).
 """
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,8 +14,9 @@ import numpy as np
 
 from .attention import (MultiHeadAttention, MultiHeadSelfAttention, SelfAttention, SelfAttentionV1, SelfAttentionV2,
                         SelfAttentionV3, SelfAttentionV4)
-from .module import Dropout, Linear
-from ._checks import integer, module_dtype
+from .module import Dropout, Linear, Module
+from . import _C
+from ._checks import flag, has_an_axis, integer, is_a_bool, module_dtype, positive_int
 from .multihead import MultiheadAttention
 
 
@@ -24,26 +26,39 @@ class _Twin:
 
     layers: the torch module's Linear layers (state_dict prefixes) -> the
     attnc module's; args: (torch module, its weights under attnc's keys)
-    -> the attnc constructor's positional arguments; dropout: the name of
-    the torch module's Dropout, whose p is the constructor's last argument
-    and whose own mode the twin's Dropout takes (None: it has none)."""
+    -> the attnc constructor's positional arguments; sizes: (torch module,
+    weights) -> the attributes the document's forward reads besides those
+    args read (a dimension it splits, views or scales by) and the values
+    its constructor gave them for these weights; dropout: the name of the
+    torch module's Dropout, whose p is the constructor's last argument and
+    whose own mode the twin's Dropout takes (None: it has none); softmax:
+    the dims meaning the scores' last axis of the document's
+    torch.nn.Softmax submodule `softmax` (None: it has none)."""
     cls: type
     layers: dict
     args: Callable
+    sizes: Callable
     dropout: str = None
+    softmax: tuple = None
 
     def make(self, module, weights, dtype, rng):
         """The attnc module, constructed with the torch module's sizes and Dropout p;
-        TypeError naming an attribute the document's class has and `module` lacks."""
+        TypeError naming an attribute the document's class has and `module` lacks,
+        or a submodule the twin would not compute as the document's forward calls
+        it; ValueError naming a size attribute that disagrees with the weights."""
         name = type(module).__name__
         for layer in self.layers:  # the twin reads their weights as torch.nn.Linear's forward would
             _check_torch_class(getattr(module, layer, None), "Linear", f"{name}'s {layer}")
         try:
             args = self.args(module, weights)
+            for attribute, expected in self.sizes(module, weights).items():
+                _check_size_attribute(getattr(module, attribute), expected, f"{name}'s {attribute}")
+            if self.softmax:
+                _check_softmax(module.softmax, self.softmax, f"{name}'s softmax")
             if self.dropout:
                 dropout = getattr(module, self.dropout)
                 _check_torch_class(dropout, "Dropout", f"{name}'s {self.dropout}")
-                args += (float(dropout.p),)
+                args += (_C.probability(dropout.p, name=f"from_torch: {name}'s {self.dropout}.p"),)
         except AttributeError as error:
             raise TypeError(f"from_torch: this {name} lacks an attribute the document's {name} has ({error})") \
                 from error
@@ -55,6 +70,31 @@ class _Twin:
     def rename(self, key):
         layer, _, name = key.rpartition(".")
         return f"{self.layers[layer]}.{name}"
+
+
+def _check_size_attribute(value, expected, what):
+    """ValueError unless `value`, an attribute a document's forward reads, is
+    `expected`, the value its constructor gives it for the module's weights
+    (an int, or a float such as 004's _norm_fact): the twin computes from
+    the weights, the torch module from the attribute."""
+    if isinstance(expected, int):
+        same = integer(value, f"from_torch: {what}") == expected
+    else:
+        same = not (is_a_bool(value) or has_an_axis(value)) and callable(getattr(type(value), "__float__", None)) \
+            and float(value) == expected  # (a str has no __float__)
+    if not same:
+        raise ValueError(f"from_torch: {what} is {value!r} where its weights make it {expected!r}: the document's "
+                         "forward reads it, the twin would compute from the weights")
+
+
+def _check_softmax(softmax, dims, what):
+    """TypeError unless `softmax` is a torch.nn.Softmax (keeping torch's forward)
+    over one of `dims`, the scores' last axis, as the document's class makes it."""
+    _check_torch_class(softmax, "Softmax", what)
+    dim = softmax.dim
+    if is_a_bool(dim) or not isinstance(dim, (int, np.integer)) or dim not in dims:
+        raise TypeError(f"from_torch: {what} is over dim={dim!r}, not the scores' last axis "
+                        f"(dim={dims[0]}) as the document's: the twin would compute over that axis")
 
 
 def _in_dim(layer):
@@ -76,47 +116,83 @@ def _multi_head_self_attention(heads):
     return args
 
 
+def _dims(**dims):
+    """sizes: each attribute a dimension of a layer's weight (out, in), given as (layer, axis)."""
+    return lambda module, weights: {attribute: weights[f"{layer}.weight"].shape[axis]
+                                    for attribute, (layer, axis) in dims.items()}
+
+
+def _norm_fact(dim):
+    """004's _norm_fact for a head of `dim` features, as its constructor computes it."""
+    return 1 / math.sqrt(dim) if dim else math.inf
+
+
+def _004_sizes(heads):
+    """004's attributes its forward reads: dim_in, _norm_fact (from dim_k per head)
+    and, with heads (the head count's attribute; None: one head, no views),
+    dim_k and dim_v."""
+    def sizes(module, weights):
+        dims = _dims(dim_in=("linear_q", 1), dim_k=("linear_q", 0), dim_v=("linear_v", 0))(module, weights)
+        if heads is None:
+            return {"dim_in": dims["dim_in"], "_norm_fact": _norm_fact(dims["dim_k"])}
+        return {**dims, "_norm_fact": _norm_fact(dims["dim_k"] // positive_int(getattr(module, heads), heads))}
+    return sizes
+
+
 _V1 = {"Q_proj": "Q_proj", "K_proj": "K_proj", "V_proj": "V_proj"}
 _FUSED = {"proj": "proj"}
 _V3 = {"proj": "proj", "output_proj": "output_proj"}
 _LINEAR_QKV = {"linear_q": "linear_q", "linear_k": "linear_k", "linear_v": "linear_v"}
 _QKV = {"q": "linear_q", "k": "linear_k", "v": "linear_v"}
+_HIDDEN_DIM = _dims(hidden_dim=("Q_proj", 1))  # 000's and 002's forwards scale by it
+_DIM = _dims(dim=("proj", 1))  # split by it and scale by it
 
 # the documents' classes under their own names: each name's versions (003 and 004 share two names)
 _TWINS = {
     # 000
-    "SelfAttentionv1": [_Twin(SelfAttentionV1, _V1, _in_dim("Q_proj"))],
-    "SelfAttentionv2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "SelfAttentionv3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "attention_dropout")],
+    "SelfAttentionv1": [_Twin(SelfAttentionV1, _V1, _in_dim("Q_proj"), sizes=_HIDDEN_DIM)],
+    "SelfAttentionv2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"), sizes=_DIM)],
+    "SelfAttentionv3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), dropout="attention_dropout", sizes=_DIM)],
     "SelfAttentionInterview": [_Twin(SelfAttentionV4, {"query": "query", "key": "key", "value": "value"},
-                                     _in_dim("query"), "attention_dropout")],
+                                     _in_dim("query"), dropout="attention_dropout", sizes=_dims(dim=("query", 1)))],
     # 001
     "EasyAttentionModule": [_Twin(SelfAttentionV1, {"query_linear": "Q_proj", "key_linear": "K_proj",
-                                                    "value_linear": "V_proj"}, _in_dim("Q_proj"))],
-    "AttentionModule": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "Attention": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "dropout")],
+                                                    "value_linear": "V_proj"}, _in_dim("Q_proj"), sizes=_HIDDEN_DIM)],
+    "AttentionModule": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"), sizes=_DIM)],
+    "Attention": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), dropout="dropout", sizes=_DIM)],
     "MuitiHeadAttention": [_Twin(
         MultiHeadAttention,
         {name: name for name in ("query_linear", "key_linear", "value_linear", "output_linear")},
         lambda module, weights: (weights["query_linear.weight"].shape[1], integer(module.head_num, "head_num")),
-        "dropout")],
+        dropout="dropout",
+        sizes=lambda module, weights: {  # its views and its scale
+            "head_dim": weights["query_linear.weight"].shape[1] // positive_int(module.head_num, "head_num")})],
     # 002
     "SelfattentionV1": [_Twin(SelfAttentionV1, {"querry_proj": "Q_proj", "key_proj": "K_proj",
-                                                "value_proj": "V_proj"}, _in_dim("Q_proj"))],
-    "SelfattentionV2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"))],
-    "slefattentionV3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), "attention_dropout")],
-    # 003 (layers q, k, v with biases) and 004 (linear_q, linear_k, linear_v)
-    "SelfAttention": [_Twin(SelfAttention, _QKV, _self_attention),
-                      _Twin(SelfAttention, _LINEAR_QKV, _self_attention)],
-    "MultiHeadSelfAttention": [_Twin(MultiHeadSelfAttention, _QKV, _multi_head_self_attention("nums_head")),
-                               _Twin(MultiHeadSelfAttention, _LINEAR_QKV, _multi_head_self_attention("num_heads"))],
+                                                "value_proj": "V_proj"}, _in_dim("Q_proj"), sizes=_HIDDEN_DIM)],
+    "SelfattentionV2": [_Twin(SelfAttentionV2, _FUSED, _in_dim("proj"), sizes=_dims(hidden_dim=("proj", 1)))],
+    "slefattentionV3": [_Twin(SelfAttentionV3, _V3, _in_dim("proj"), dropout="attention_dropout", sizes=_DIM)],
+    # 003 (layers q, k, v with biases, an nn.Softmax over the scores' last axis) and 004 (linear_q, linear_k,
+    # linear_v)
+    "SelfAttention": [_Twin(SelfAttention, _QKV, _self_attention, sizes=_dims(dim_k=("linear_q", 0)),
+                            softmax=(-1, 2)),
+                      _Twin(SelfAttention, _LINEAR_QKV, _self_attention, sizes=_004_sizes(None))],
+    "MultiHeadSelfAttention": [_Twin(MultiHeadSelfAttention, _QKV, _multi_head_self_attention("nums_head"),
+                                     sizes=_dims(dim_k=("linear_q", 0), dim_v=("linear_v", 0)), softmax=(-1, 3)),
+                               _Twin(MultiHeadSelfAttention, _LINEAR_QKV, _multi_head_self_attention("num_heads"),
+                                     sizes=_004_sizes("num_heads"))],
 }
 
 
-def _numpy(tensor):
+def _numpy(tensor, what):
     """A tensor's values as a NumPy array; float16 and bfloat16 widened to
-    float32 (exactly), as NumPy has no bfloat16."""
-    tensor = tensor.detach().cpu()
+    float32 (exactly), as NumPy has no bfloat16; a view with torch's
+    negative or conjugate bit set resolved (its values, not its storage's).
+    TypeError naming `what` for a layout other than strided (sparse)."""
+    if str(getattr(tensor, "layout", "torch.strided")) != "torch.strided":
+        raise TypeError(f"from_torch: {what} is a {tensor.layout} tensor; attnc's twins take dense (strided) "
+                        "parameters (to_dense() makes one)")
+    tensor = tensor.detach().cpu().resolve_neg().resolve_conj()
     if str(tensor.dtype) not in ("torch.float32", "torch.float64"):
         tensor = tensor.float()
     return tensor.numpy()
@@ -178,7 +254,10 @@ def _check_torch_calls(module, name):
 
 
 def _linear_shape(weight):
-    """(out_features, in_features) of a torch.nn.Linear's weight; ValueError unless it is 2-D."""
+    """(out_features, in_features) of a torch.nn.Linear's weight; TypeError for no
+    weight (None), ValueError unless it is 2-D."""
+    if weight is None:
+        raise TypeError("from_torch: weight: expected a tensor, got None (torch's forward needs one)")
     shape = tuple(weight.shape)
     if len(shape) != 2:
         raise ValueError(f"from_torch: weight: expected 2 dims (out_features, in_features), got shape {shape}")
@@ -251,11 +330,17 @@ def from_torch(module, *, dtype=None, rng=None):
         forward, a dropout that is not torch.nn.Dropout (AlphaDropout,
         Dropout1d), a module or submodule the twin would compute
         differently (a forward set on the instance; forward or backward
-        hooks), and a document's class lacking an attribute its twin
-        reads.
+        hooks), a document's class lacking an attribute its twin
+        reads, 003's softmax that is not torch.nn.Softmax over the
+        scores' last axis, a sparse parameter, an attnc module, and a
+        Dropout's p that is a bool or has an axis.
     ValueError
         From the twin's constructor or `load_state_dict`, for sizes that
-        do not fit (a head count that does not divide the dimension).
+        do not fit (a head count that does not divide the dimension);
+        naming a document class's attribute its forward splits, views
+        or scales by (hidden_dim, dim, head_dim, dim_k, dim_v, dim_in,
+        004's _norm_fact) that disagrees with the weights, a Dropout's p
+        outside [0, 1], and a mode (``training``) with no truth value.
 
     Notes
     -----
@@ -305,6 +390,9 @@ def from_torch(module, *, dtype=None, rng=None):
     TypeError: from_torch: no attnc twin for Conv2d (known classes: ...)
     """
     name = type(module).__name__
+    if isinstance(module, Module):
+        raise TypeError(f"from_torch: this {name} is an attnc module already; from_torch takes a torch module "
+                        "(copy.deepcopy copies an attnc module)")
     if name not in _TWINS and name not in _TORCH_CLASSES:
         known = ", ".join(sorted(set(_TWINS) | {"Linear", "MultiheadAttention"}))
         raise TypeError(f"from_torch: no attnc twin for {name} (known classes: {known})")
@@ -319,7 +407,7 @@ def from_torch(module, *, dtype=None, rng=None):
             raise TypeError(f"from_torch: {name}'s {key} is on the meta device: it has no values to copy")
     if dtype is None:
         dtype = _twin_dtype({str(t.dtype) for t in tensors.values()})
-    weights = {key: _numpy(t) for key, t in tensors.items()}
+    weights = {key: _numpy(t, f"{name}'s {key}") for key, t in tensors.items()}
     twin, version = _torch_twin(module, name, dtype, rng), None
     if twin is None:
         versions = _TWINS[name]
@@ -341,8 +429,9 @@ def from_torch(module, *, dtype=None, rng=None):
         shared = getattr(owner, attribute)
         for name in names[1:]:
             setattr(*twin._owner_of(name), shared)
-    twin.train(module.training)
+    twin.train(flag(module.training, f"from_torch: {name}'s training"))
     if version is not None and version.dropout:  # the Dropout's own mode: torch's way to train without it
         (dropout,) = (sub for sub in twin._modules.values() if isinstance(sub, Dropout))
-        dropout.train(bool(getattr(module, version.dropout).training))
+        mode = getattr(module, version.dropout).training
+        dropout.train(flag(mode, f"from_torch: {name}'s {version.dropout}.training"))
     return twin

@@ -616,3 +616,139 @@ def test_ties_are_kept_and_train_as_torch(tie):
         torch_optimizer.zero_grad()
         assert_close(out, expected.detach().numpy(), np.float64, f"step {step} output")
     assert_close(twin(x), module(torch.from_numpy(x)).detach().numpy(), np.float64, "after 3 steps")
+
+
+def _003(name, *args):
+    """003's class of that name (tests/doc_models.py holds it under another)."""
+    base = dm.SelfAttention003 if name == "SelfAttention" else dm.MultiHeadSelfAttention003
+    return type(name, (base,), {})(*args)
+
+
+@pytest.mark.parametrize("name, args, last_axis", [("SelfAttention", (D, 4, 7), 2),
+                                                   ("MultiHeadSelfAttention", (D, 6, 6, 2), 3)])
+def test_003s_softmax_replaced_is_refused(name, args, last_axis):
+    """Regression (a from_torch audit, 2026-12-06): 003's classes call their
+    nn.Softmax submodule, which from_torch never looked at: one over dim=1, or an
+    Identity, in its place gave a twin off by 0.2-2.3 from the module's outputs.
+    Either is refused now, naming it; a Softmax over the scores' last axis by its
+    positive index is converted, and its twin matches torch's outputs."""
+    x = np.random.default_rng(3).standard_normal((B, T, D))
+    for softmax, error, message in ((nn.Softmax(dim=1), TypeError, "is over dim=1, not the scores' last axis"),
+                                    (nn.Softmax(dim=None), TypeError, "is over dim=None"),
+                                    (nn.Identity(), TypeError, r"is not torch.nn.Softmax \(a ")):
+        tm = _003(name, *args).double().eval()
+        tm.softmax = softmax
+        with pytest.raises(error, match=f"^from_torch: {name}'s softmax {message}"):
+            attnc.from_torch(tm)
+    tm = _003(name, *args).double().eval()
+    expected = attnc.from_torch(tm)(x)
+    tm.softmax = nn.Softmax(dim=last_axis)
+    np.testing.assert_array_equal(attnc.from_torch(tm)(x), expected)
+    if name == "SelfAttention":  # (003's MultiHeadSelfAttention attends over channels: its twin does not)
+        with torch.no_grad():
+            assert_close(expected, tm(torch.from_numpy(x)).numpy(), np.float64)
+
+
+# each document class's attributes its forward reads (beyond its head count), with a wrong value for each
+SIZE_ATTRIBUTES = {
+    "000-SelfAttentionv1": ["hidden_dim"], "000-SelfAttentionv2": ["dim"], "000-SelfAttentionv3": ["dim"],
+    "000-SelfAttentionInterview": ["dim"], "001-EasyAttentionModule": ["hidden_dim"],
+    "001-AttentionModule": ["dim"], "001-Attention": ["dim"], "001-MuitiHeadAttention": ["head_dim"],
+    "002-SelfattentionV1": ["hidden_dim"], "002-SelfattentionV2": ["hidden_dim"], "002-slefattentionV3": ["dim"],
+    "003-SelfAttention": ["dim_k"], "004-SelfAttention": ["dim_in", "_norm_fact"],
+    "004-SelfAttention-bias": ["dim_in", "_norm_fact"],
+    "004-MultiHeadSelfAttention": ["dim_in", "dim_k", "dim_v", "_norm_fact"],
+    "004-MultiHeadSelfAttention-bias": ["dim_in", "dim_k", "dim_v", "_norm_fact"],
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_a_size_attribute_that_disagrees_with_the_weights_is_refused(case):
+    """Regression (a from_torch audit, 2026-12-06): a document module's forward
+    splits, views or scales by attributes its constructor set (hidden_dim, dim,
+    head_dim, dim_k, 004's _norm_fact); the twin computes from the weights, so a
+    module whose attribute was edited got a twin whose outputs were not the
+    module's (torch's forward scales by the edited value). Refused now, naming it;
+    an attribute given as a NumPy integer of the same value is taken."""
+    attributes = SIZE_ATTRIBUTES[case[0]]
+    for attribute in attributes:
+        tm = case[1]()
+        value = getattr(tm, attribute)
+        wrong = value * 0.5 if attribute == "_norm_fact" else value + 2
+        setattr(tm, attribute, wrong)
+        with pytest.raises(ValueError, match=rf"^from_torch: {type(tm).__name__}'s {attribute} is {wrong!r} where "
+                                             rf"its weights make it {value!r}"):
+            attnc.from_torch(tm)
+        setattr(tm, attribute, np.int64(value) if isinstance(value, int) else np.float64(value))
+        attnc.from_torch(tm)
+    tm = case[1]()
+    setattr(tm, attributes[0], True)
+    with pytest.raises(TypeError, match=rf"^from_torch: {type(tm).__name__}'s {attributes[0]}: expected an"):
+        attnc.from_torch(tm)
+
+
+def test_003s_multihead_size_attributes_are_checked():
+    """003's MultiHeadSelfAttention views by dim_k and dim_v: the same check as
+    above (that class is not among CASES: its twin attends over positions)."""
+    for attribute in ("dim_k", "dim_v"):
+        tm = _003("MultiHeadSelfAttention", D, 6, 6, 2)
+        setattr(tm, attribute, 4)
+        with pytest.raises(ValueError, match=f"^from_torch: MultiHeadSelfAttention's {attribute} is 4 where its "
+                                             "weights make it 6"):
+            attnc.from_torch(tm)
+
+
+def test_a_dropout_rate_or_mode_that_is_not_a_number_or_a_flag_is_refused_naming_it():
+    """Regression (a from_torch audit, 2026-12-06): a document's Dropout p was read
+    with float(), so p=True made a twin that drops every weight in training and a
+    one-element tensor was taken, where the constructors refuse both; a mode that
+    has no truth value (an array of two flags) raised NumPy's error without the
+    attribute's name."""
+    for p in (True, torch.tensor([0.2]), np.array([0.2])):
+        tm = dm.Attention(D, 0.1)
+        tm.dropout.p = p
+        with pytest.raises(TypeError, match=r"^from_torch: Attention's dropout.p: expected a number in \[0, 1\]"):
+            attnc.from_torch(tm)
+    tm = dm.Attention(D, 0.1)
+    tm.dropout.p = 1.5
+    with pytest.raises(ValueError, match=r"^from_torch: Attention's dropout.p: expected a probability in \[0, 1\]"):
+        attnc.from_torch(tm)
+    tm = dm.MuitiHeadAttention(D, 3, 0.2)
+    tm.dropout.training = np.array([True, False])
+    with pytest.raises(ValueError, match="^from_torch: MuitiHeadAttention's dropout.training: The truth value"):
+        attnc.from_torch(tm)
+    tm = dm.MuitiHeadAttention(D, 3, 0.2)
+    tm.training = np.array([True, False])
+    with pytest.raises(ValueError, match="^from_torch: MuitiHeadAttention's training: The truth value"):
+        attnc.from_torch(tm)
+
+
+def test_an_attnc_module_or_a_linear_without_a_weight_is_refused_by_what_it_is():
+    """Regression (a from_torch audit, 2026-12-06): an attnc module raised torch-free
+    code's TypeError about state_dict's keep_vars, and a torch Linear whose weight
+    was set to None was called "not torch.nn.Linear"."""
+    for module in (attnc.Linear(3, 3), attnc.SelfAttention(4, 4, 4), attnc.nn.MultiheadAttention(4, 2)):
+        with pytest.raises(TypeError, match=f"^from_torch: this {type(module).__name__} is an attnc module already"):
+            attnc.from_torch(module)
+    linear = nn.Linear(4, 3)
+    linear.weight = None
+    with pytest.raises(TypeError, match="^from_torch: weight: expected a tensor, got None"):
+        attnc.from_torch(linear)
+
+
+def test_a_sparse_parameter_is_refused_and_a_negative_view_is_read_by_its_values():
+    """Regression (a from_torch audit, 2026-12-06): a sparse weight raised torch's
+    own TypeError and a weight with torch's negative bit set (a lazy -x view) its
+    RuntimeError, neither naming the parameter. The sparse one is refused naming
+    it; the negative view's values are read (the oracle: torch's forward)."""
+    sparse = nn.Linear(4, 3)
+    sparse.weight = nn.Parameter(sparse.weight.detach().to_sparse())
+    with pytest.raises(TypeError, match=r"^from_torch: Linear's weight is a torch.sparse_coo tensor"):
+        attnc.from_torch(sparse)
+    torch.manual_seed(4)
+    negative = nn.Linear(4, 3).double()
+    negative.weight = nn.Parameter(torch.randn(3, 4, dtype=torch.float64)._neg_view(), requires_grad=False)
+    x = np.random.default_rng(4).standard_normal((2, 4))
+    with torch.no_grad():
+        expected = negative(torch.from_numpy(x)).numpy()
+    assert_close(attnc.from_torch(negative)(x), expected, np.float64)
