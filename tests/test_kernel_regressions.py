@@ -690,6 +690,37 @@ def test_backward_of_few_long_items_holds_tiles_not_their_queries(threads):
     assert extra <= packed // 4, f"{extra / 2**20:.0f} MiB beyond the gradients (q and grad_out: {packed / 2**20:.0f} MiB)"
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+def test_a_forward_by_uneven_chunks_holds_one_chunks_buffers():
+    """A forward past 32 MiB of buffers goes through chunks of x's first dim, as
+    even as whole items go; the uneven ones came smallest first (385 items: 96, 96,
+    96, 97), so the last chunk's buffers were too big for the blocks the others had
+    freed and kept, and two sets were live: a (385, 64, 256) SelfAttentionV1 peaked
+    at 37 MiB past its output against 21 for 388 items in four chunks of 97 (a chunking
+    audit, 2026-12-06). The largest chunk now comes first. The oracle: the even
+    split's peak, each run in a fresh process; and each item alone gives the bits
+    it has in the batch."""
+    def extra(items, cls):
+        out = _run_child(f"""
+            import numpy as np
+            import attnc
+            module = attnc.{cls}(256, *([4] if "Multi" in "{cls}" else []), rng=np.random.default_rng(0)).eval()
+            x = np.random.default_rng(1).standard_normal(({items}, 64, 256)).astype(np.float32)
+            module(x[:1, :4])
+            base = peak_reset()
+            out = module(x)
+            peak = peak_rss()
+            for item in (0, 96, 97, {items} - 1):
+                assert np.array_equal(module(x[item:item + 1])[0], out[item]), item
+            print("extra", peak - base - out.nbytes)
+        """)
+        return int(out.split("extra")[1].split()[0])
+    for cls in ("SelfAttentionV1", "MultiHeadAttention"):
+        even, uneven = extra(388, cls), extra(385, cls)
+        assert uneven <= even + (2 << 20), f"{cls}: {uneven / 2**20:.0f} MiB by 97, 96, 96, 96 items, " \
+            f"{even / 2**20:.0f} by 4 x 97"
+
+
 # ============================================================================
 # finding 7: thread counts above the CPU count
 
