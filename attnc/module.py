@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from . import _C
-from ._checks import as_array, flag, is_floating, module_dtype, positive_int
+from ._checks import as_array, bfloat16, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
@@ -99,10 +99,14 @@ def _grad_dtype(x, module_dtype):
     keep 2 or 3 mantissa bits)."""
     dtype = getattr(x, "dtype", None)
     if dtype is not None and not isinstance(dtype, np.dtype):  # a torch tensor's: torch.float64 ...
-        try:
-            dtype = np.dtype(str(dtype).removeprefix("torch."))
-        except TypeError:
-            dtype = None
+        name = str(dtype).removeprefix("torch.")
+        if name == "bfloat16":  # ml_dtypes' (None without it): NumPy knows the name only once it is imported
+            dtype = bfloat16()
+        else:
+            try:
+                dtype = np.dtype(name)
+            except TypeError:
+                dtype = None
     if isinstance(dtype, np.dtype) and is_floating(dtype) and dtype.itemsize >= 2:
         return dtype.newbyteorder("=")
     return module_dtype
@@ -1113,9 +1117,10 @@ class Linear(Module):
             raise TypeError("weight: expected an array of shape (out_features, in_features), got None")
         if not self.training:
             return _C.linear(x, weight, bias, dtype=self.dtype)
-        values = as_array(x, "x")  # read once, for the forward and its backward alike
-        out = _C.linear(values, weight, bias, dtype=self.dtype)
-        x_copy = np.array(values, dtype=self.dtype, order="C")
+        # read and converted once, for the forward and its backward alike (converted twice, a float32 x
+        # beyond a float16 layer's range warned twice)
+        x_copy = np.array(as_array(x, "x"), dtype=self.dtype, order="C")
+        out = _C.linear(x_copy, weight, bias, dtype=self.dtype)
         self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
         return out
 

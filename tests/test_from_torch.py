@@ -5,6 +5,7 @@ outputs and mode; unknown classes raise TypeError; attnc never imports torch."""
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -345,6 +346,37 @@ def test_a_tensor_inputs_gradient_comes_in_its_own_dtype(dtype):
     t = torch.from_numpy(x)
     out, _ = mha(t, t, t)
     assert [g.dtype for g in mha.backward(np.ones_like(out))] == [dtype] * 3
+
+
+def test_a_bfloat16_tensors_gradient_is_bfloat16_before_ml_dtypes_is_imported():
+    """Regression (a 16-bit audit, 2026-12-06): a torch bfloat16 input's gradient came
+    in the module's dtype until the process had imported ml_dtypes (NumPy knows the
+    name "bfloat16" only then), and in bfloat16 after. Run in a fresh interpreter
+    (this one has imported it). The oracle: the same values as an ml_dtypes array."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np, torch, attnc
+        assert "ml_dtypes" not in sys.modules
+        x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        def grads(given):
+            results = []
+            for m in (attnc.Linear(8, 3, rng=np.random.default_rng(4)),
+                      attnc.SelfAttentionV1(8, rng=np.random.default_rng(4)).train()):
+                out = m(given)
+                results.append(m.backward(np.ones_like(out)))
+            mha = attnc.nn.MultiheadAttention(8, 2, batch_first=True, rng=np.random.default_rng(4))
+            out, _ = mha(given, given, given)
+            return results + list(mha.backward(np.ones_like(out)))
+        from_tensor = grads(x)
+        import ml_dtypes
+        from_array = grads(x.float().numpy().astype(ml_dtypes.bfloat16))
+        for tensor_grad, array_grad in zip(from_tensor, from_array):
+            assert tensor_grad.dtype == array_grad.dtype == ml_dtypes.bfloat16, (tensor_grad.dtype, array_grad.dtype)
+            assert tensor_grad.tobytes() == array_grad.tobytes()
+        print("ok", len(from_tensor))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["ok", "5"], done.stdout + done.stderr
 
 
 DROPOUT_CASES = [case for case in CASES if case[0] in ("000-SelfAttentionv3", "000-SelfAttentionInterview",

@@ -780,3 +780,24 @@ def test_a_wide_bias_beyond_float16_is_read_as_minus_inf_without_an_overflow_war
     np.testing.assert_array_equal(both[0], expected[0])
     np.testing.assert_array_equal(both[1], expected[1])
     assert not both[1][..., 2].any()
+
+
+def test_a_training_linear_converts_its_input_once():
+    """Regression (a 16-bit audit, 2026-12-06): a training-mode Linear converted x to its
+    dtype twice (for the product and for the copy its backward keeps), so a float32 x
+    beyond a float16 layer's range warned "overflow encountered in cast" twice, where
+    eval mode and the attention modules warn once. The oracle: NumPy's own cast of x
+    warns once, and the outputs are eval mode's bits."""
+    import warnings
+    x = np.array([[1e6, 0.5, -2.0, 3.0]], np.float32)
+    m = attnc.Linear(4, 3, dtype=np.float16, rng=np.random.default_rng(0))
+    counts = {}
+    for name, convert in (("numpy", lambda: x.astype(np.float16)), ("eval", lambda: m.eval()(x)),
+                          ("train", lambda: m.train()(x))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            convert()
+            counts[name] = sum("overflow encountered in cast" in str(w.message) for w in caught)
+    assert counts == {"numpy": 1, "eval": 1, "train": 1}, counts
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(m.train()(x), m.eval()(x))
