@@ -150,8 +150,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     is_causal : bool, default False
         Hide the keys after each query's aligned diagonal (see Notes).
     scale : float, optional
-        Multiplies ``query @ key^T``; finite. None (the default):
-        ``1/sqrt(E)``.
+        Multiplies ``query @ key^T``; finite, and 0 or normal in float32
+        (magnitude 1.2e-38 to 3.4e38; in float64 when the result is
+        float64). None (the default): ``1/sqrt(E)``.
     rng : numpy.random.Generator, optional
         Draws the dropout `seed` when `seed` is None; None: the package's
         global generator (see ``attnc.manual_seed``).
@@ -202,7 +203,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         Naming the argument: `query`, `key` or `value` with fewer than 2
         dims or sizes that do not fit (E, S, the batch dims), `attn_mask`
         or `attn_bias` not broadcastable to ``(..., L, S)``, `dropout_p`
-        outside ``[0, 1]``, `scale` not finite, `seed` outside ``[0,
+        outside ``[0, 1]``, `scale` not finite or below the normal range
+        (see `scale`), `seed` outside ``[0,
         2**64)``, `causal_alignment` not one of the two, a `window` side
         negative; with `enable_gqa`, inputs without a heads axis or head
         counts that do not divide.
@@ -415,7 +417,14 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
                                                      window=window, seed=seed, dtype=widened)
-    return tuple(grad.astype(result_dtype, copy=False).reshape(shape) for grad, shape in zip(grads, shapes))
+    # (reshaped only where the grouped heads' views made another shape: a reshape to the same shape
+    # would give views where the C layer's arrays own their data)
+    return tuple(_shaped(grad.astype(result_dtype, copy=False), shape) for grad, shape in zip(grads, shapes))
+
+
+def _shaped(array, shape):
+    """array in `shape`: itself when it has it, else a reshaped view."""
+    return array if array.shape == shape else array.reshape(shape)
 
 
 def _view_with_one_more_axis(array, shape, name):

@@ -1371,11 +1371,12 @@ static PyObject *batch_result(const attnc_batch *batch, idx_t rows, idx_t cols, 
     return arr;
 }
 
-/* The gradient of a backward input (its array as converted): the input's
- * own batch shape aligned to the broadcast batch (1 on the axes it is
- * broadcast over), then (rows, cols); C-contiguous, with m's batch
- * strides 0 on those axes, so that the kernel adds the items of a
- * broadcast axis into one gradient (*shared is set when there is one).
+/* The gradient of a backward input (its array as converted), in the
+ * input's shape (an array that owns its data, not a view of one of another
+ * shape); C-contiguous, its batch aligned to the broadcast batch (1 on the
+ * axes it is broadcast over or lacks), with m's batch strides 0 on those
+ * axes, so that the kernel adds the items of a broadcast axis into one
+ * gradient (*shared is set when there is one).
  * Zero-filled when it is such a sum or the kernel does not run
  * (kernel_runs 0: no item, query or key); else the kernel writes every
  * element (each item's rows, whole, by their key blocks or query tiles). */
@@ -1392,7 +1393,7 @@ static PyObject *input_grad_result(const attnc_batch *batch, PyArrayObject *inpu
     *shared |= summed;
     shape[nb] = rows;
     shape[nb + 1] = cols;
-    PyObject *arr = new_array_of(nb + 2, shape, dt, summed || !kernel_runs);
+    PyObject *arr = new_array_of(PyArray_NDIM(input), PyArray_DIMS(input), dt, summed || !kernel_runs);
     if (arr) {
         m->data = PyArray_DATA((PyArrayObject *)arr);
         m->row_stride = cols;
@@ -2531,8 +2532,8 @@ static PyMethodDef methods[] = {
      "scaled_dot_product_attention_backward($module, /, grad_out, query, key, value, out, lse, attn_mask=None, "
      "is_causal=False, scale=None, dropout_p=0.0, *, attn_bias=None, causal_alignment='top_left', window=None, "
      "dtype=None, seed=None)\n--\n\n"
-     "The gradients of query, key and value over the broadcast batch (not yet summed to their shapes); dropout "
-     "needs the forward's seed."},
+     "The gradients of query, key and value in their shapes (summed over the axes each is broadcast over); "
+     "dropout needs the forward's seed."},
     {"self_attention", FN(py_self_attention), KW,
      "self_attention($module, /, x, params, spec, attention_mask, dtype, dropout_p=0.0, training=False, "
      "rng=None, return_weights=False, scale=None, save=False, packed=None)\n--\n\n"

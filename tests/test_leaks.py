@@ -292,22 +292,28 @@ def _sdpa_grads_float64(q, k, v, grad_out, causal):
     dp = grad_out @ np.swapaxes(vb, -1, -2)
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     dq, dk, dv = ds @ kb * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ grad_out
-    summed = lambda g, like: g.sum(axis=tuple(i for i, n in enumerate(like.shape[:-2]) if n == 1), keepdims=True)
+    def summed(g, like):  # over the axes `like` lacks, then those it has of 1
+        g = g.sum(axis=tuple(range(g.ndim - like.ndim)))
+        return g.sum(axis=tuple(i for i, n in enumerate(like.shape[:-2]) if n == 1), keepdims=True)
     return dq, summed(dk, k), summed(dv, v)
 
 
-@pytest.mark.parametrize("case", ["own", "causal", "keys_broadcast", "no_keys"])
+@pytest.mark.parametrize("case", ["own", "causal", "keys_broadcast", "keys_with_fewer_axes", "no_keys"])
 def test_sdpa_backward_gradients_in_reused_blocks(case):
     """The SDPA backward's gradients come from attnc's kept blocks
     uninitialised where the kernel writes each whole, zero-filled where it
     adds into them (K and V broadcast over the batch: their gradients are
     sums over it) or does not run (no keys): in blocks poisoned with NaN,
-    the gradients equal float64 ones and the first call's bits."""
+    the gradients equal float64 ones and the first call's bits. Each is an
+    array that owns its data (regression, an SDPA audit, 2026-12-06: they
+    were views, reshaped to their own shape or to that of an input with
+    fewer axes than the batch, where the docs say attnc's outputs own
+    their data)."""
     rng = np.random.default_rng(3)
     keys = 0 if case == "no_keys" else 256
     q = rng.standard_normal((4, 4, 128, 32), dtype=np.float32)   # its gradient: 256 KiB
-    kv_batch = 1 if case == "keys_broadcast" else 4
-    k, v = (rng.standard_normal((kv_batch, 4, keys, 32), dtype=np.float32) for _ in range(2))
+    kv_batch = (1,) if case == "keys_broadcast" else () if case == "keys_with_fewer_axes" else (4,)
+    k, v = (rng.standard_normal(kv_batch + (4, keys, 32), dtype=np.float32) for _ in range(2))
     grad_out = rng.standard_normal(q.shape, dtype=np.float32)
     causal = case == "causal"
     out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
@@ -327,11 +333,9 @@ def test_sdpa_backward_gradients_in_reused_blocks(case):
         del junk, j
         again = F.scaled_dot_product_attention_backward(grad_out, q, k, v, out, lse, is_causal=causal)
         for got, want, name in zip(again, first, ("q", "k", "v")):
-            owner = got
-            while owner.base is not None:   # (attnc.functional may return a view of the C call's array)
-                owner = owner.base
-            if owner.nbytes >= 64 * 1024:
-                assert _handler_name(owner) == "attnc_kept_blocks", name
+            assert got.flags.owndata and got.base is None, name
+            if got.nbytes >= 64 * 1024:
+                assert _handler_name(got) == "attnc_kept_blocks", name
             np.testing.assert_array_equal(got, want, err_msg=name)
 
 
