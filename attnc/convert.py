@@ -427,8 +427,8 @@ def from_torch(module, *, dtype=None, rng=None):
         names = [key if version is None else version.rename(key) for key in keys]
         owner, attribute = twin._owner_of(names[0])
         shared = getattr(owner, attribute)
-        for name in names[1:]:
-            setattr(*twin._owner_of(name), shared)
+        for tied in names[1:]:
+            setattr(*twin._owner_of(tied), shared)
     twin.train(flag(module.training, f"from_torch: {name}'s training"))
     if version is not None and version.dropout:  # the Dropout's own mode: torch's way to train without it
         (dropout,) = (sub for sub in twin._modules.values() if isinstance(sub, Dropout))

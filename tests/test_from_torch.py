@@ -784,3 +784,13 @@ def test_a_sparse_parameter_is_refused_and_a_negative_view_is_read_by_its_values
     with torch.no_grad():
         expected = negative(torch.from_numpy(x)).numpy()
     assert_close(attnc.from_torch(negative)(x), expected, np.float64)
+
+
+def test_a_tied_modules_mode_error_names_the_module():
+    """The loop over tied keys rebound the name the mode's error uses: a tied module
+    whose mode has no truth value was named by a key ("Q_proj.bias's training")."""
+    tm = dm.SelfAttentionv1(D)
+    tm.K_proj = tm.Q_proj
+    tm.training = np.array([True, False])
+    with pytest.raises(ValueError, match="^from_torch: SelfAttentionv1's training: The truth value"):
+        attnc.from_torch(tm)
