@@ -1117,10 +1117,10 @@ class Linear(Module):
             raise TypeError("weight: expected an array of shape (out_features, in_features), got None")
         if not self.training:
             return _C.linear(x, weight, bias, dtype=self.dtype)
-        # read and converted once, for the forward and its backward alike (converted twice, a float32 x
-        # beyond a float16 layer's range warned twice)
-        x_copy = np.array(as_array(x, "x"), dtype=self.dtype, order="C")
-        out = _C.linear(x_copy, weight, bias, dtype=self.dtype)
+        values = as_array(x, "x")  # read once, for the forward and its backward alike
+        out = _C.linear(values, weight, bias, dtype=self.dtype)  # (which also names a bad x)
+        with np.errstate(over="ignore"):  # (the product's conversion warned already: warned again, twice)
+            x_copy = np.array(values, dtype=self.dtype, order="C")
         self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
         return out
 
