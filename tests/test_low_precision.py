@@ -782,10 +782,10 @@ def test_a_wide_bias_beyond_float16_is_read_as_minus_inf_without_an_overflow_war
     assert not both[1][..., 2].any()
 
 
-def test_a_training_linear_converts_its_input_once():
-    """Regression (a 16-bit audit, 2026-12-06): a training-mode Linear converted x to its
-    dtype twice (for the product and for the copy its backward keeps), so a float32 x
-    beyond a float16 layer's range warned "overflow encountered in cast" twice, where
+def test_a_training_linear_warns_once_for_an_input_beyond_its_dtype():
+    """Regression (a 16-bit audit, 2026-12-06): a training-mode Linear converts x to its
+    dtype twice (for the product and for the copy its backward keeps), and a float32 x
+    beyond a float16 layer's range warned "overflow encountered in cast" at each, where
     eval mode and the attention modules warn once. The oracle: NumPy's own cast of x
     warns once, and the outputs are eval mode's bits."""
     import warnings
