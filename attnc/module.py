@@ -1119,7 +1119,7 @@ class Linear(Module):
             return _C.linear(x, weight, bias, dtype=self.dtype)
         values = as_array(x, "x")  # read once, for the forward and its backward alike
         out = _C.linear(values, weight, bias, dtype=self.dtype)  # (which also names a bad x)
-        with np.errstate(over="ignore"):  # (the product's conversion warned already: warned again, twice)
+        with np.errstate(over="ignore"):  # an overflow was warned of by the product's conversion: once
             x_copy = np.array(values, dtype=self.dtype, order="C")
         self._keep_for_backward((x_copy, weight, bias), out.shape, x, {"weight": weight, "bias": bias})
         return out
