@@ -200,8 +200,10 @@ class _Attention(Module):
         Notes
         -----
         Parameters edited in place between the forward and the backward
-        are not detected: the backward uses their values at backward
-        time. The backward is one C call (output projection, flash
+        are not detected (torch raises there): the backward combines the
+        Q, K, V projections and the attention output the forward kept with
+        the parameters' values at backward time, so the gradients then
+        belong to neither the old values nor the new. The backward is one C call (output projection, flash
         attention backward over the heads, projection gradients as
         GEMMs); it never stores the ``(seq, seq)`` weights.
 

@@ -1005,3 +1005,44 @@ def test_sdpa_backward_summed_in_runs_against_torch(shared, dtype):
     (torch.softmax(scores, -1) @ tv).backward(torch.tensor(g.astype(np.float64)))
     for got, t, name in zip(grads, (tq, tk, tv), ("grad_query", "grad_key", "grad_value")):
         check(got, t.grad, dtype, name)
+
+
+def test_in_place_edit_of_parameters_between_forward_and_backward_is_as_documented():
+    """API.md: such an edit is not detected; the backward combines the Q, K, V
+    projections and the attention output the forward kept with the parameters'
+    values at backward time. The oracle: torch's autograd from those kept
+    values (made with the old weights) through the new weights."""
+    rng = np.random.default_rng(17)
+    B, T, D, H = 2, 5, 8, 2
+    am = attnc.MultiHeadAttention(D, H, dropout=0.0, dtype=np.float64, rng=rng).train()
+    x, g = normal(rng, (B, T, D)), normal(rng, (B, T, D))
+    names = ("query_linear", "key_linear", "value_linear", "output_linear")
+    old = {n: (getattr(am, n).weight.copy(), getattr(am, n).bias.copy()) for n in names}
+    am(x)
+    for n in names:                                          # edited in place after the forward
+        getattr(am, n).weight *= 1.5
+        getattr(am, n).bias += 0.25
+    new = {n: (getattr(am, n).weight.copy(), getattr(am, n).bias.copy()) for n in names}
+    grad_x = am.backward(g)
+    grads = dict(am.named_grads())
+
+    def heads(t):                                            # (B, T, D) -> (B, H, T, D / H)
+        return t.reshape(B, T, H, D // H).transpose(1, 2)
+
+    xt = torch.from_numpy(x)
+    kept = [heads(xt @ torch.from_numpy(w).T + torch.from_numpy(b)).detach().requires_grad_()
+            for w, b in (old[n] for n in names[:3])]
+    scores = kept[0] @ kept[1].transpose(-1, -2) / math.sqrt(D // H)
+    attended = (torch.softmax(scores, -1) @ kept[2]).transpose(1, 2).reshape(B, T, D).detach().requires_grad_()
+    w_out, b_out = (torch.from_numpy(a).requires_grad_() for a in new["output_linear"])
+    (attended @ w_out.T + b_out).backward(torch.from_numpy(g))
+    (torch.softmax(scores, -1) @ kept[2]).transpose(1, 2).reshape(B, T, D).backward(attended.grad)
+    expected_x = sum(kq.grad.transpose(1, 2).reshape(B, T, D) @ torch.from_numpy(new[n][0])
+                     for kq, n in zip(kept, names[:3]))
+    check(grad_x, expected_x.numpy(), np.float64, "grad_x")
+    check(grads["output_linear.weight"], w_out.grad.numpy(), np.float64, "output_linear.weight")
+    check(grads["output_linear.bias"], b_out.grad.numpy(), np.float64, "output_linear.bias")
+    for kq, n in zip(kept, names[:3]):
+        d = kq.grad.transpose(1, 2).reshape(B * T, D)
+        check(grads[n + ".weight"], (d.T @ xt.reshape(B * T, D)).numpy(), np.float64, n + ".weight")
+        check(grads[n + ".bias"], d.sum(0).numpy(), np.float64, n + ".bias")
