@@ -93,7 +93,8 @@ def softmax(x, axis=-1):
     ndarray
         The shape of `x`; in `x`'s dtype when it is float16, bfloat16 or
         float64, else float32. A row of all ``-inf`` gives NaN, as
-        ``torch.softmax``.
+        ``torch.softmax``. A value below the dtype's smallest normal
+        number may come out 0 where torch's is subnormal.
 
     Raises
     ------
@@ -666,4 +667,7 @@ def softmax_backward(grad_out, out, axis=-1):
         g, y, axis = g.reshape(1), y.reshape(1), 0
     g, y = _widened(g), _widened(y)
     gy = g * y
-    return (y * (g - gy.sum(axis=axis, keepdims=True))).reshape(shape).astype(dt, copy=False)
+    result = y * (g - gy.sum(axis=axis, keepdims=True))
+    if result.shape != shape:  # a 0-d out, computed as one element (reshape alone would return a view)
+        result = result.reshape(shape).copy()
+    return result.astype(dt, copy=False)

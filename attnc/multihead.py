@@ -677,7 +677,7 @@ def _returned_weights(weights, batched, average):
     bfloat16 mean adds in bfloat16), the batch axis dropped unbatched."""
     if average:
         weights = _widened(weights).mean(axis=1).astype(weights.dtype, copy=False)
-    return weights if batched else weights[0]
+    return weights if batched else weights[0].copy()  # (a copy that owns its data, not a view: API.md)
 
 
 def _in_weights(params, geometry):
@@ -724,10 +724,12 @@ def _merge_heads(t):
 
 
 def _to_layout(t, batched, geometry):
-    """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E)."""
-    if not batched:
-        return t[0]
-    return t if geometry.batch_first else np.ascontiguousarray(t.swapaxes(0, 1))
+    """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E), in
+    an array of its own (API.md: results own their data), copied unless it
+    is t itself (t[0], and the swap of an N of 1, would be views)."""
+    if batched and geometry.batch_first:
+        return t
+    return np.array(t.swapaxes(0, 1) if batched else t[0], order="C")
 
 
 def _from_layout(t, batched, geometry):

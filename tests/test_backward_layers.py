@@ -284,3 +284,19 @@ def test_backward_is_bit_identical_for_any_thread_count(restore_threads):
     for n, other in zip((2, 3), results[1:]):
         for a, b in zip(results[0], other):
             np.testing.assert_array_equal(a, b, err_msg=f"{n} threads vs 1")
+
+
+
+@pytest.mark.parametrize("shape, axis", [((200, 100), -1), ((3, 40, 50), 1), ((7,), 0), ((), 0)])
+def test_softmax_backward_result_owns_its_data(shape, axis, dtype):
+    """API.md: attnc's results own their data. Regression, a functional
+    audit, 2026-12-06: the float32 and float64 results were reshaped to
+    their own shape, a view. Values against torch's autograd."""
+    rng = np.random.default_rng(22)
+    x, g = normal(rng, shape) * 3, normal(rng, shape)
+    s = torch.tensor(x, requires_grad=True)
+    out = torch.softmax(s, dim=axis) if shape else torch.softmax(s.reshape(1), dim=0).reshape(())
+    out.backward(torch.tensor(g))
+    got = softmax_backward(g.astype(dtype), out.detach().numpy().astype(dtype), axis=axis)
+    assert got.flags.owndata and got.base is None and got.shape == shape and got.dtype == dtype
+    check(got, s.grad, dtype, f"shape={shape}")

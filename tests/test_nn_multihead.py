@@ -738,3 +738,38 @@ def test_a_float_mask_of_ml_dtypes_is_a_float_mask(dtype_name):
         reference = tm(*(torch.from_numpy(t) for t in (q, k, v)), key_padding_mask=torch.from_numpy(padding))
     for a, b, what in zip(got, reference, ("output", "weights")):
         _close(a, b, np.float32, what)
+
+
+@pytest.mark.parametrize("layout", ["unbatched", "seq_first_n1", "seq_first_n2", "batch_first_n1"])
+def test_results_own_their_data_in_every_layout(layout):
+    """API.md: attnc's results own their data (resize works). Regression, an
+    nn audit, 2026-12-06: an unbatched call's output, weights and gradients
+    were t[0] views, and a seq-first call with N = 1 returned the swap of
+    (1, L, E) as a view. The values: those of the same items given batched
+    and batch-first (themselves checked against torch above)."""
+    rng = np.random.default_rng(21)
+    n = 2 if layout == "seq_first_n2" else 1
+    batch_first = layout == "batch_first_n1"
+    am = MultiheadAttention(E, HEADS, batch_first=batch_first, dtype=np.float64, rng=rng)
+    reference = MultiheadAttention(E, HEADS, batch_first=True, dtype=np.float64)
+    reference.load_state_dict(am.state_dict())
+    x = rng.standard_normal((n, L, E))                       # batch-first items
+    given = x[0] if layout == "unbatched" else x if batch_first else np.ascontiguousarray(x.swapaxes(0, 1))
+    to_given = ((lambda t: t[0]) if layout == "unbatched" else (lambda t: t) if batch_first
+                else (lambda t: t.swapaxes(0, 1)))
+    for average in (True, False):
+        out, weights = am.eval()(given, given, given, average_attn_weights=average)
+        want_out, want_weights = reference.eval()(x, x, x, average_attn_weights=average)
+        np.testing.assert_array_equal(out, to_given(want_out))
+        np.testing.assert_array_equal(weights, want_weights[0] if layout == "unbatched" else want_weights)
+        for result in (out, weights):
+            assert result.flags.owndata and result.base is None
+    q = given.copy()
+    out, _ = am.train()(q, given, given, need_weights=False)
+    want_out, _ = reference.train()(x.copy(), x, x, need_weights=False)
+    grads = am.backward(np.ones_like(out))
+    want = reference.backward(np.ones_like(want_out))
+    for got, expected in zip(grads, want):
+        np.testing.assert_array_equal(got, to_given(expected))
+        assert got.flags.owndata and got.base is None
+        got.resize(got.size, refcheck=False)                 # as for any array that owns its data
