@@ -2,10 +2,10 @@
 
 Runs the example cells of the documents (000's four levels, 001's
 multi-head attention with its (3, 8, 2, 2) mask, 003's hand derivation,
-002's level 1 line by line, 004's two classes, in that order) and prints shapes, weights and
-outputs the way the documents do, then trains 001's multi-head attention for
-a few steps (backward, attnc.optim.AdamW) and freezes it for inference
-(module.freeze()). Needs only NumPy.
+002's level 1 line by line, 004's two classes, in that order) and prints
+shapes, weights and outputs the way the documents do, then trains 001's
+multi-head attention for a few steps (backward, attnc.optim.AdamW) and
+freezes it for inference (module.freeze()). Needs only NumPy.
 
 The sections of 000 and 001 and the training draw from one generator, in that
 order (notebooks/000_four_levels.ipynb draws the same); the sections of 002

@@ -203,9 +203,10 @@ class _Attention(Module):
         are not detected (torch raises there): the backward combines the
         Q, K, V projections and the attention output the forward kept with
         the parameters' values at backward time, so the gradients then
-        belong to neither the old values nor the new. The backward is one C call (output projection, flash
-        attention backward over the heads, projection gradients as
-        GEMMs); it never stores the ``(seq, seq)`` weights.
+        belong to neither the old values nor the new. The backward is one
+        C call (output projection, flash attention backward over the
+        heads, projection gradients as GEMMs); it never stores the
+        ``(seq, seq)`` weights.
 
         Examples
         --------
