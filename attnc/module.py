@@ -17,10 +17,11 @@ from ._checks import as_array, bfloat16, flag, is_floating, module_dtype, positi
 from ._random import draw_seed, generator
 from .functional import linear_backward
 
-# __setstate__'s conversions of unpickled parameters: (id of the unpickled array, dtype) -> (weak
-# references to it and to its conversion). A tied parameter is one unpickled array in the states of
-# several modules (pickle keeps objects' identity); each converting it alone (a read-only out-of-band
-# buffer is copied) untied it. Weak: an entry goes with its unpickled array (_forget) and is checked
+# __setstate__'s conversions of unpickled parameters and gradient buffers: (id of the unpickled
+# array, dtype or "gradient buffer") -> (weak references to it and to its conversion). A tied
+# parameter, or a buffer copy.copy shared, is one unpickled array in the states of several modules
+# (pickle keeps objects' identity); each converting it alone (a read-only out-of-band buffer is
+# copied) untied it. Weak: an entry goes with its unpickled array (_forget) and is checked
 # to refer to the very array (an id is reused once its array is gone).
 _unpickled_conversions = {}
 
@@ -68,6 +69,22 @@ def _forget(key, dead):
     with _UNPICKLED_LOCK:
         if _unpickled_conversions.get(key, (None,))[0] is dead:
             del _unpickled_conversions[key]
+
+
+def _converted_once(value, target, convert):
+    """convert(value) for an array unpickled into several modules' states
+    (a tied parameter, a gradient buffer copy.copy shared): the conversion
+    made already for this very array and `target` (the dtype, or what it
+    becomes), so that what was one array stays one (_unpickled_conversions)."""
+    key = id(value), target
+    with _UNPICKLED_LOCK:
+        original, converted = _unpickled_conversions.get(key, (None, None))
+        result = converted() if original is not None and original() is value else None
+        if result is None:
+            result = convert(value)
+            if result is not value:  # a copy: the next module given this array gets the same
+                _unpickled_conversions[key] = weakref.ref(value, functools.partial(_forget, key)), weakref.ref(result)
+        return result
 
 
 def _inside_finish_backward(frame):
@@ -372,24 +389,16 @@ class Module:
         for name in self._parameters:
             if name in self.__dict__:  # (a deleted parameter stays deleted, and registered)
                 self.__dict__[name] = self._unpickled_parameter(name, self.__dict__[name])
-        for name, (grad, made_for) in self._grads.items():  # gradient buffers writable again
-            self._grads[name] = np.require(grad, requirements="CAW"), made_for
+        for name, (grad, made_for) in self._grads.items():  # gradient buffers writable again (a shared one once)
+            self._grads[name] = _converted_once(grad, "gradient buffer",
+                                                lambda g: np.require(g, requirements="CAW")), made_for
 
     def _unpickled_parameter(self, name, value):
         """`value` unpickled as parameter `name`, converted (_as_parameter);
         an array another module converted already, that module's conversion."""
         if not isinstance(value, np.ndarray):
             return self._as_parameter(name, value)
-        key = id(value), self.dtype
-        with _UNPICKLED_LOCK:
-            original, converted = _unpickled_conversions.get(key, (None, None))
-            result = converted() if original is not None and original() is value else None
-            if result is None:
-                result = self._as_parameter(name, value)
-                if result is not value:  # a copy: the next module given this array gets the same
-                    _unpickled_conversions[key] = weakref.ref(value, functools.partial(_forget, key)), \
-                        weakref.ref(result)
-            return result
+        return _converted_once(value, self.dtype, lambda v: self._as_parameter(name, v))
 
     def register_parameter(self, name, value):
         """Register a parameter: the attribute `name`, set to `value`.

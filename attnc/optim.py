@@ -163,6 +163,17 @@ class Optimizer:
         self.state = {}      # dotted parameter name -> {state name: value}
         self._layouts = {}   # dotted parameter name -> (shape, dtype) at its first step
 
+    def __setstate__(self, state):
+        """Unpickling: the state's arrays writable again (out-of-band buffers
+        may be read-only), as a module's parameters and gradient buffers
+        are; anything else as it came (step() checks it)."""
+        self.__dict__.update(state)
+        if isinstance(self.state, dict):
+            for entries in self.state.values():
+                for key in self._state_arrays if isinstance(entries, dict) else ():
+                    if type(entries.get(key)) is np.ndarray:
+                        entries[key] = np.require(entries[key], requirements="CAW")
+
     def zero_grad(self):
         """Set every gradient buffer of the module to zero (``module.zero_grad()``)."""
         self.module.zero_grad()

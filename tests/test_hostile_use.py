@@ -1455,6 +1455,57 @@ def test_gradient_buffers_unpickled_from_read_only_buffers_keep_accumulating():
         np.testing.assert_array_equal(grad, 2 * first[name], err_msg=name)
 
 
+@pytest.mark.parametrize("kind", ["bytes", "unaligned", "in band"])
+def test_a_gradient_buffer_copy_copy_shared_stays_shared_through_pickle(kind):
+    """API.md: copy.copy shares the gradient buffers, and pickling keeps them. Regression,
+    a persistence audit, 2026-12-06: a module and its copy.copy pickled together from
+    read-only out-of-band buffers each made its own writable copy of the buffers they
+    shared, so a backward of one no longer showed in the other. The oracle: the same
+    backward on the original pair (in band, as before). A Linear: its own parameters'
+    buffers are the ones copy.copy shares (a larger module shares its submodules)."""
+    m = attnc.Linear(8, 4, rng=np.random.default_rng(5))
+    x, g = np.ones((2, 8), np.float32), np.arange(8, dtype=np.float32).reshape(2, 4)
+    m(x)
+    m.backward(g)
+    shallow = copy.copy(m)
+    buffers = []
+    if kind == "in band":
+        loaded, loaded_copy = pickle.loads(pickle.dumps((m, shallow), protocol=5))
+    else:
+        loaded, loaded_copy = pickle.loads(pickle.dumps((m, shallow), protocol=5, buffer_callback=buffers.append),
+                                           buffers=_buffers(kind, buffers))
+    for model in (m, loaded):
+        model(x)
+        model.backward(g)
+    expected = dict(shallow.named_grads())
+    for name, grad in loaded_copy.named_grads():
+        assert grad is dict(loaded.named_grads())[name], name
+        np.testing.assert_array_equal(grad, expected[name], err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_an_optimizer_unpickled_from_read_only_buffers_steps_on(optimizer):
+    """Regression, a persistence audit, 2026-12-06: unpickled with read-only out-of-band
+    buffers, a module's arrays were made writable again but an optimizer's state was not,
+    and its next step() refused its own momentum. The oracle: the same steps on the
+    original pair, bit for bit."""
+    m, x, g = _trained()
+    make = {"SGD": lambda mod: attnc.optim.SGD(mod, lr=0.1, momentum=0.9),
+            "AdamW": lambda mod: attnc.optim.AdamW(mod, lr=0.01)}[optimizer]
+    opt = make(m)
+    opt.step()
+    buffers = []
+    loaded, loaded_opt = pickle.loads(pickle.dumps((m, opt), protocol=5, buffer_callback=buffers.append),
+                                      buffers=[bytes(b.raw()) for b in buffers])
+    assert loaded_opt.module is loaded
+    for model, o in ((m, opt), (loaded, loaded_opt)):
+        model(x)
+        model.backward(g)
+        o.step()
+    for (name, want), (_, got) in zip(m.named_parameters(), loaded.named_parameters()):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_load_state_dict_swaps_parameters_given_as_the_modules_own_arrays():
     """Values were copied in one at a time, so a swap given as the live arrays read one
     already overwritten: both ended as the old K weight."""
