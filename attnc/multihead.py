@@ -380,7 +380,7 @@ class MultiheadAttention(Module):
         try:
             result = scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, attn_bias=bias, seed=seed,
                                                   return_weights=need_weights, return_lse=training)
-        except MemoryError as error:
+        except (MemoryError, ValueError) as error:
             raise _named_need_weights(error) from None
         out_heads, *rest = result if isinstance(result, tuple) else (result,)
         out = linear(_merge_heads(out_heads), params["out_proj.weight"], params["out_proj.bias"])
@@ -394,7 +394,7 @@ class MultiheadAttention(Module):
             self._keep_for_backward(state, output.shape, query, given)
         if not need_weights:
             return output, None
-        weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=self.dtype, seed=seed)
+        weights = rest[0] if p == 0 else _C.dropout(rest[0], p, dtype=rest[0].dtype, seed=seed)  # (the dtype out has)
         return output, _returned_weights(weights, batched, average_attn_weights)
 
     def _self_attention(self, x, batched, params, geometry, need_weights, average_attn_weights):
@@ -411,7 +411,7 @@ class MultiheadAttention(Module):
         try:
             result = _C.self_attention(x, weights_and_biases, _fused_spec(geometry), None, self.dtype, 0.0, False,
                                        None, need_weights, None, False, self._packed)
-        except MemoryError as error:
+        except (MemoryError, ValueError) as error:
             raise _named_need_weights(error) from None
         out, weights = result if need_weights else (result, None)
         output = _to_layout(out, batched, geometry)
@@ -662,13 +662,15 @@ def _fused_spec(geometry):
 
 
 def _named_need_weights(error):
-    """A MemoryError raised by a forward's attention, as forward raises it:
-    for the attention weights, which the kernels name return_weights, one
-    naming the caller's need_weights; any other as it is."""
+    """A MemoryError or ValueError (a size past NumPy's, as of a zero-size
+    batch whose weights would be too big) raised by a forward's attention,
+    as forward raises it: for the attention weights, which the kernels name
+    return_weights, one of its type naming the caller's need_weights; any
+    other as it is."""
     message = str(error)
     if not message.startswith("return_weights:"):
         return error
-    return MemoryError("need_weights" + message[len("return_weights"):])
+    return type(error)("need_weights" + message[len("return_weights"):])
 
 
 def _returned_weights(weights, batched, average):

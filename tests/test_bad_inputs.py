@@ -361,6 +361,10 @@ def _huge_calls():
     # torch's name for the weights: their (1, 2, 2^18, 2^18) floats are 512 GiB
     yield "nn-MHA-weights", lambda: attnc.nn.MultiheadAttention(8, 2).eval()(*[huge_view((2 ** 18, 1, 8))] * 3), \
         "need_weights"
+    # no item, and weights of more elements than NumPy's sizes hold (a hostile-use audit, 2026-12-06:
+    # the ValueError named the kernels' return_weights, which this forward does not take)
+    yield "nn-MHA-weights-no-item", lambda: attnc.nn.MultiheadAttention(8, 2).eval()(
+        *[huge_view((2 ** 40, 0, 8))] * 3), "need_weights"
     # a parameter too large to copy into the module's layout: assigned, or put in place
     # behind the module's back and read by its forward (NumPy's MemoryError, named)
     yield "param-assigned", lambda: setattr(attnc.SelfAttentionV1(4).Q_proj, "weight", huge_view((HUGE, 4))), "weight"

@@ -2009,3 +2009,28 @@ def test_gradients_touched_by_a_handler_inside_the_gradient_locks(scenario, tmp_
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(attnc.__file__)))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_nn_mha_outputs_share_a_dtype_when_a_mask_changes_the_module_dtype():
+    """Regression, a hostile-use audit, 2026-12-06: a key_padding_mask whose __array__
+    converted the module to float64 mid-call left a training forward with dropout
+    returning float32 output and float64 weights (the dropout read the module's dtype
+    again). Both now come in the dtype the call computed in, with the values the same
+    call gives without the conversion (same generator, so the same dropout mask)."""
+    x = np.random.default_rng(0).standard_normal((5, 2, 8)).astype(np.float32)
+
+    def run(convert):
+        nm = attnc.nn.MultiheadAttention(8, 2, dropout=0.25, rng=np.random.default_rng(3)).train()
+
+        class Mask:
+            def __array__(self, dtype=None, copy=None):
+                if convert:
+                    nm.to(np.float64)
+                return np.zeros((2, 5), bool)
+        return nm(x, x, x, key_padding_mask=Mask(), average_attn_weights=False)
+
+    out, weights = run(True)
+    want_out, want_weights = run(False)
+    assert out.dtype == weights.dtype == np.float32
+    np.testing.assert_array_equal(out, want_out)
+    np.testing.assert_array_equal(weights, want_weights)
