@@ -1603,7 +1603,7 @@ static int parse_spec(PyObject *obj, module_spec *s)
     if (PyTuple_GET_SIZE(s->names) == s->n_params && s->in_dim > 0 && s->n_heads > 0 && s->qk_dim % s->n_heads == 0 &&
         s->v_dim % s->n_heads == 0 && s->qk_dim > 0 && s->v_dim > 0 && (!s->fused || s->qk_dim == s->v_dim) &&
         s->in_dim <= SPEC_DIM_MAX && s->qk_dim <= SPEC_DIM_MAX && s->v_dim <= SPEC_DIM_MAX &&
-        s->out_dim <= SPEC_DIM_MAX &&
+        s->out_dim <= SPEC_DIM_MAX && s->out_dim != 0 && /* (< 0: no output projection; none maps to 0 features) */
         (s->heads_axis || s->n_heads == 1)) /* the weights and mask have a heads axis with several heads */
         return 1;
     PyErr_Format(PyExc_ValueError, "spec: inconsistent module description %R", obj);
@@ -2449,9 +2449,10 @@ static PyObject *py_set_simd_level(PyObject *self, PyObject *args, PyObject *kwa
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:set_simd_level", kwlist, &level)) return NULL;
     if (!PyUnicode_Check(level))
         return PyErr_Format(PyExc_TypeError, "level: expected a str, got %s", Py_TYPE(level)->tp_name);
-    const char *name = PyUnicode_AsUTF8(level);
+    Py_ssize_t size;
+    const char *name = PyUnicode_AsUTF8AndSize(level, &size);
     if (!name) return NULL;
-    if (attnc_set_level(name)) Py_RETURN_NONE;
+    if ((size_t)size == strlen(name) && attnc_set_level(name)) Py_RETURN_NONE; /* (no NUL cutting it short) */
     PyObject *levels = py_simd_levels(self, NULL);
     if (levels) PyErr_Format(PyExc_ValueError, "level: %R is not a level this CPU runs; it runs %R", level, levels);
     Py_XDECREF(levels);

@@ -2034,3 +2034,24 @@ def test_nn_mha_outputs_share_a_dtype_when_a_mask_changes_the_module_dtype():
     assert out.dtype == weights.dtype == np.float32
     np.testing.assert_array_equal(out, want_out)
     np.testing.assert_array_equal(weights, want_weights)
+
+
+def test_a_spec_with_an_output_projection_to_no_features_is_refused():
+    """Regression (a fuzz of attnc._C, 2026-12-06): a spec whose output projection maps to
+    0 features made an empty output, and the call skipped the kernel on its size alone,
+    returning the (B, H, T, T) weights unwritten (rows that summed to 8e5) and kept Q, K,
+    V and lse of zeros. out_dim is now < 0 (no output projection) or >= 1; the same spec
+    without the output projection gives weights whose rows sum to 1."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    w = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+    names = ("a", "b", "c", "d", "e", "f")
+    params = (w[0], None, w[1], None, w[2], None)
+    spec = (names + ("g", "h"), "p", (8, 8, 8, 0), 2, True, False, True)
+    for kwargs in ({"return_weights": True}, {"save": True}):
+        with pytest.raises(ValueError, match="^spec: inconsistent"):
+            attnc._C.self_attention(x, params + (np.zeros((0, 8), np.float32), None), spec, None, np.float32,
+                                    **kwargs)
+    _, weights = attnc._C.self_attention(x, params, (names, "p", (8, 8, 8, -1), 2, True, False, True), None,
+                                         np.float32, return_weights=True)
+    np.testing.assert_allclose(weights.astype(np.float64).sum(-1), 1.0, rtol=1e-5)
