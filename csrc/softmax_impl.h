@@ -5,9 +5,10 @@
 #define SOFTMAX_ELEMENTS_PER_TASK 65536
 /* A row is taken this many elements at a time, with a question for
  * Ctrl-C between chunks: one row of 2**29 floats had run 4-6 s with no
- * question. A multiple of ROW_LANES and of every VLANES, so the chunks
- * compute what the whole row would (vexp.h). */
-#define SOFTMAX_CHUNK ((idx_t)1 << 20)
+ * question. 2**20 elements were still up to 94 ms when the host was slow
+ * to give fresh pages (a CI run, 2026-12-07). A multiple of ROW_LANES and
+ * of every VLANES, so the chunks compute what the whole row would (vexp.h). */
+#define SOFTMAX_CHUNK ((idx_t)1 << 18)
 _Static_assert(SOFTMAX_CHUNK % ROW_LANES == 0 && SOFTMAX_CHUNK % VLANES == 0, "chunks of whole lanes and vectors");
 
 typedef struct {
@@ -22,8 +23,9 @@ static inline idx_t FN(chunk_at)(idx_t n, idx_t j0) { return attnc_min(SOFTMAX_C
 
 /* out <- the softmax of in, one row of n elements `inner` apart, through
  * the contiguous buffer `row` (so the same stable row code serves every
- * axis), in three passes of chunks: max, exp and sum, scale. 0 if the
- * call was interrupted (the row then unfinished). */
+ * axis), in three passes of chunks: max, exp and sum, scale. `row` may be
+ * out's row itself (a contiguous row of reals). 0 if the call was
+ * interrupted (the row then unfinished). */
 static int FN(softmax_row)(real *row, elem *out, const elem *in, idx_t n, idx_t inner)
 {
     real max_lanes[ROW_LANES], sum_lanes[ROW_LANES];
@@ -47,7 +49,8 @@ static int FN(softmax_row)(real *row, elem *out, const elem *in, idx_t n, idx_t 
         if (j0 && attnc_interrupted()) return 0;
         idx_t end = j0 + FN(chunk_at)(n, j0);
         FN(scale_row)(row + j0, end - j0, factor);
-        for (idx_t j = j0; j < end; j++) out[j * inner] = to_elem(row[j]);
+        if ((void *)row != (void *)out)
+            for (idx_t j = j0; j < end; j++) out[j * inner] = to_elem(row[j]);
     }
     return 1;
 }
@@ -57,8 +60,10 @@ static void FN(softmax_task)(void *ctx, idx_t task)
 {
     FN(softmax_job) *job = ctx;
     idx_t n = job->n, inner = job->inner;
-    real *row = attnc_malloc((size_t)n * sizeof(real));
-    if (!row) {
+    /* a contiguous row of reals is its own buffer: out's row */
+    int row_in_out = ELEM_IS_REAL && inner == 1;
+    real *row = row_in_out ? NULL : attnc_malloc((size_t)n * sizeof(real));
+    if (!row_in_out && !row) {
         atomic_store(&job->failed, 1);
         return;
     }
@@ -66,7 +71,8 @@ static void FN(softmax_task)(void *ctx, idx_t task)
     idx_t last = first + job->rows_per_task < job->n_rows ? first + job->rows_per_task : job->n_rows;
     for (idx_t r = first; r < last; r++) {
         idx_t base = (r / inner) * n * inner + r % inner;
-        if (!FN(softmax_row)(row, job->out + base, job->in + base, n, inner)) break;
+        real *buffer = row_in_out ? (real *)(void *)(job->out + base) : row;
+        if (!FN(softmax_row)(buffer, job->out + base, job->in + base, n, inner)) break;
     }
     attnc_free(row);
 }

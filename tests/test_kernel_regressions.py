@@ -421,7 +421,11 @@ def test_sigint_stops_one_long_softmax_row():
     2**29 floats ran 4-6 s past Ctrl-C. The row is now taken 2**20 elements
     at a time with a question between chunks (the same bits: the chunks keep
     the row's lanes). SIGINT 20 ms into a call of one 2**26 row, which takes
-    about 0.25 s here, must stop it long before its end."""
+    about 0.25 s here, must stop it long before its end. It stopped 94 ms
+    after SIGINT in a pytest run (2026-12-07), the host slow to give the
+    call's fresh pages (a 2**26 row then took 0.8-2.7 s): the chunks are now
+    2**18 elements, and a float32 or float64 row is computed in the output's
+    own row, not in a buffer of its size as well (half the fresh pages)."""
     out = _run_child("""
         import numpy as np
         from attnc import functional as F
@@ -435,6 +439,45 @@ def test_sigint_stops_one_long_softmax_row():
     for delay, whole in _delay_runs(out, 3):
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay} s after SIGINT (a call: {whole} s)"
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_rows_in_the_output_give_the_buffered_rows_bits(dtype):
+    """A contiguous float32 or float64 row (the last axis) is computed in the
+    output's row; a row along another axis goes through a buffer of its own.
+    Both must give the same bits, over rows of several 2**18-element chunks
+    and a partial one, and match torch.softmax (whose sums over rows this
+    long round like attnc's: each 7e-5 from the float64 softmax in float32)."""
+    n = 3 * (1 << 18) + 37
+    x = (np.random.default_rng(7).standard_normal(n) * 4).astype(dtype)
+    by_columns = np.stack([x, -x], axis=1)  # rows along axis 0, two apart
+    in_output = F.softmax(x[None])[0]
+    buffered = F.softmax(by_columns, axis=0)
+    np.testing.assert_array_equal(in_output, buffered[:, 0])
+    np.testing.assert_array_equal(F.softmax(-x[None])[0], buffered[:, 1])
+    expected = torch.softmax(torch.from_numpy(x), 0).numpy()
+    np.testing.assert_allclose(in_output, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=0)
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+def test_softmax_of_contiguous_rows_needs_no_buffer_of_their_size():
+    """A float32 row of 2**25 elements (128 MiB) was computed in a buffer of
+    its size, then copied to the output: 128 MiB beyond the output. It is
+    now computed in the output's row. The oracle for the values is
+    torch.softmax."""
+    out = _run_child("""
+        import numpy as np
+        from attnc import functional as F
+        x = np.random.default_rng(0).standard_normal((1, 1 << 25), dtype=np.float32)
+        base = peak_reset()
+        got = F.softmax(x)
+        peak = peak_rss()
+        import torch
+        np.testing.assert_allclose(got, torch.softmax(torch.from_numpy(x), -1).numpy(), rtol=1e-5, atol=0)
+        print("extra", peak - base - got.nbytes)
+    """)
+    extra = int(out.split("extra")[1].split()[0])
+    assert extra <= 16 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 16 MiB"
 
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
 # to tell), and the call. The training x: 1 GiB, whose copy took 0.17-0.20 s on a Zen 3 host
