@@ -170,13 +170,32 @@ def _sized_by(sizes):
         _constructor_sizes.reset(token)
 
 
-def _initial_values(make, shape, sizes):
-    """make(shape), a parameter's initial values; an array NumPy refuses (too big
-    to exist, or to allocate) raises its error with the sizes that asked for it
-    in front (`sizes`, e.g. "out_features, in_features", or those of the
-    constructor making the layer: _sized_by)."""
+# A parameter's initial values are drawn and converted this many elements at a
+# time, Ctrl-C asked about between blocks (Python asks between bytecodes): in
+# one NumPy call each, MultiHeadAttention(8192, 8)'s 2 GiB of float64 draws and
+# their conversion ran 0.2-0.7 s past Ctrl-C, and attnc.from_torch of torch's
+# nn.MultiheadAttention(8192, 8) 1-3 s (a Ctrl-C audit, 2026-12-07).
+_DRAW_BLOCK_ELEMENTS = 1 << 20
+
+
+def _initial_values(make, shape, sizes, dtype):
+    """make(shape), a parameter's initial values (float64), as an array of
+    `dtype`: drawn and converted a block of rows along shape's first axis at a
+    time (the same values: a generator's draws for a block follow those of the
+    block before, and each is converted as the whole would be). An array NumPy
+    refuses (too big to exist, or to allocate) raises its error with the sizes
+    that asked for it in front (`sizes`, e.g. "out_features, in_features", or
+    those of the constructor making the layer: _sized_by)."""
     try:
-        return make(shape)
+        values = np.empty(shape, dtype)
+        if values.ndim == 0:
+            values[()] = make(shape)
+            return values
+        rows = max(1, _DRAW_BLOCK_ELEMENTS // max(1, math.prod(shape[1:])))
+        for first in range(0, shape[0], rows):
+            end = min(first + rows, shape[0])
+            values[first:end] = make((end - first,) + tuple(shape[1:]))
+        return values
     except (ValueError, MemoryError, OverflowError) as error:  # NumPy's _ArrayMemoryError is a MemoryError;
         # OverflowError: a size past any float, in the scale of the values make draws
         kind = MemoryError if isinstance(error, MemoryError) else ValueError
@@ -1090,8 +1109,8 @@ class Linear(Module):
             return draw.uniform(-bound, bound, shape)
 
         self.register_parameter("weight", _initial_values(uniform, (self.out_features, self.in_features),
-                                                          "out_features, in_features"))
-        self.register_parameter("bias", _initial_values(uniform, (self.out_features,), "out_features")
+                                                          "out_features, in_features", self.dtype))
+        self.register_parameter("bias", _initial_values(uniform, (self.out_features,), "out_features", self.dtype)
                                 if bias else None)
 
     def forward(self, x):

@@ -41,25 +41,26 @@ class _Geometry(NamedTuple):
     zero_attn: bool
 
 
-def _xavier_uniform(draw, shape, sizes):
-    """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out));
-    `sizes`: the constructor's arguments that size it (_initial_values)."""
+def _xavier_uniform(draw, shape, sizes, dtype):
+    """torch.nn.init.xavier_uniform_: uniform in +-sqrt(6 / (fan_in + fan_out)),
+    as an array of `dtype`; `sizes`: the constructor's arguments that size it
+    (_initial_values)."""
     def uniform(size):  # the bound inside: a size past any float fails as a shape does (_initial_values)
         receptive = math.prod(shape[2:])
         bound = math.sqrt(6.0 / (shape[1] * receptive + shape[0] * receptive))
         return draw.uniform(-bound, bound, size)
 
-    return _initial_values(uniform, shape, sizes)
+    return _initial_values(uniform, shape, sizes, dtype)
 
 
-def _xavier_normal(draw, shape, sizes):
+def _xavier_normal(draw, shape, sizes, dtype):
     """torch.nn.init.xavier_normal_: normal with std sqrt(2 / (fan_in + fan_out))."""
     def normal(size):  # the scale inside, as _xavier_uniform's bound
         receptive = math.prod(shape[2:])
         std = math.sqrt(2.0 / (shape[1] * receptive + shape[0] * receptive))
         return draw.normal(0.0, std, size)
 
-    return _initial_values(normal, shape, sizes)
+    return _initial_values(normal, shape, sizes, dtype)
 
 
 @shared_docs
@@ -188,21 +189,22 @@ class MultiheadAttention(Module):
         e = self.embed_dim
         draw = self._generator()
         if self._qkv_same_embed_dim:
-            self.register_parameter("in_proj_weight", _xavier_uniform(draw, (3 * e, e), "embed_dim"))
+            self.register_parameter("in_proj_weight", _xavier_uniform(draw, (3 * e, e), "embed_dim", self.dtype))
             for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
                 self.register_parameter(name, None)
         else:
-            self.register_parameter("q_proj_weight", _xavier_uniform(draw, (e, e), "embed_dim"))
-            self.register_parameter("k_proj_weight", _xavier_uniform(draw, (e, self.kdim), "embed_dim, kdim"))
-            self.register_parameter("v_proj_weight", _xavier_uniform(draw, (e, self.vdim), "embed_dim, vdim"))
+            for name, columns, sizes in (("q", e, "embed_dim"), ("k", self.kdim, "embed_dim, kdim"),
+                                         ("v", self.vdim, "embed_dim, vdim")):
+                self.register_parameter(f"{name}_proj_weight", _xavier_uniform(draw, (e, columns), sizes, self.dtype))
             self.register_parameter("in_proj_weight", None)
         self.register_parameter("in_proj_bias", np.zeros(3 * e) if bias else None)
         with _sized_by("embed_dim"):
             self.out_proj = Linear(e, e, bias=bias, dtype=dtype, rng=rng)
         if bias:
             self.out_proj.bias[...] = 0
-        self.register_parameter("bias_k", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
-        self.register_parameter("bias_v", _xavier_normal(draw, (1, 1, e), "embed_dim") if add_bias_kv else None)
+        for name in ("bias_k", "bias_v"):
+            value = _xavier_normal(draw, (1, 1, e), "embed_dim", self.dtype) if add_bias_kv else None
+            self.register_parameter(name, value)
 
     # A frozen copy's packs of its in_proj_weight and out_proj.weight (FrozenMultiheadAttention)
     _packed = None

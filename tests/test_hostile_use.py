@@ -1683,9 +1683,9 @@ def test_parameters_too_big_to_allocate_raise_a_named_memory_error():
 
     with pytest.raises(MemoryError, match=r"^out_features, in_features: no parameter of shape \(2, 3\) can be made "
                                           r"\(Unable to allocate"):
-        _initial_values(refuse, (2, 3), "out_features, in_features")
+        _initial_values(refuse, (2, 3), "out_features, in_features", np.float32)
     with _sized_by("dim_in, dim_k, dim_v"), pytest.raises(MemoryError, match=r"^dim_in, dim_k, dim_v: no parameter"):
-        _initial_values(refuse, (2, 3), "out_features, in_features")
+        _initial_values(refuse, (2, 3), "out_features, in_features", np.float32)
 
 
 # ============================================================================

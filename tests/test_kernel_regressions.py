@@ -479,6 +479,41 @@ def test_softmax_of_contiguous_rows_needs_no_buffer_of_their_size():
     extra = int(out.split("extra")[1].split()[0])
     assert extra <= 16 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 16 MiB"
 
+
+@pytest.mark.parametrize("call", ["constructor", "from_torch"])
+def test_sigint_stops_the_initial_draws_of_a_large_module(call):
+    """A parameter's initial values were drawn in one NumPy call (float64) and
+    converted in another: MultiHeadAttention(4096, 8) (256 MiB of float32) came
+    64-487 ms after SIGINT here, and attnc.from_torch of torch's
+    nn.MultiheadAttention(8192, 8), whose twin draws them before taking torch's
+    values, 1-3 s (a Ctrl-C audit, 2026-12-07). They are now drawn and converted
+    a block of rows at a time, Python asking between blocks. The next
+    construction must still give NumPy's draws of the whole shape."""
+    out = _run_child(f"""
+        import math
+        import numpy as np
+        import attnc
+        call = {call!r}
+        if call == "constructor":
+            run = lambda: attnc.MultiHeadAttention(4096, 8)
+        else:
+            import torch
+            torch.manual_seed(0)
+            twin_of = torch.nn.MultiheadAttention(4096, 8)
+            run = lambda: attnc.from_torch(twin_of)
+        for seconds in (0.03, 0.1, 0.2):
+            print("delay", sigint_delay(seconds, run), "at", seconds)
+        layer = attnc.Linear(1100, 1000, rng=np.random.default_rng(3))
+        bound = 1 / math.sqrt(1100)
+        draws = np.random.default_rng(3)
+        np.testing.assert_array_equal(layer.weight, draws.uniform(-bound, bound, (1000, 1100)).astype(np.float32))
+        np.testing.assert_array_equal(layer.bias, draws.uniform(-bound, bound, 1000).astype(np.float32))
+        print("next construction ok")
+    """, timeout=300, sigint=True)
+    assert "next construction ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
 # to tell), and the call. The training x: 1 GiB, whose copy took 0.17-0.20 s on a Zen 3 host
 # (512 MiB: 0.09, too short to tell); under ASan 512 MiB (a 1.7 s copy), since there the

@@ -583,3 +583,29 @@ def test_to_changes_nothing_when_it_fails():
             array = getattr(current[0], current[1])
             assert array.dtype == np.float32, name
             np.testing.assert_array_equal(array, value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_initial_values_drawn_in_blocks_are_the_whole_shapes_draws(dtype):
+    """Parameters of more than 2**20 elements are drawn and converted a block of
+    rows at a time (so that Ctrl-C stops a large constructor). The values must be
+    NumPy's draws of the whole shape from the same generator, in the same order,
+    converted to the module dtype once: torch's init formulas, Linear's uniform
+    in +-1/sqrt(in_features) and nn.MultiheadAttention's xavier uniform (its
+    bias_k and bias_v xavier normal, drawn after out_proj's)."""
+    target = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(__import__("ml_dtypes").bfloat16)
+    layer = attnc.Linear(1100, 1000, dtype=dtype, rng=np.random.default_rng(3))  # 1.1 M weights: 2 blocks
+    draws = np.random.default_rng(3)
+    bound = 1 / math.sqrt(1100)
+    np.testing.assert_array_equal(layer.weight, draws.uniform(-bound, bound, (1000, 1100)).astype(target))
+    np.testing.assert_array_equal(layer.bias, draws.uniform(-bound, bound, 1000).astype(target))
+    mha = attnc.nn.MultiheadAttention(600, 2, add_bias_kv=True, dtype=dtype, rng=np.random.default_rng(4))
+    draws = np.random.default_rng(4)
+    in_proj = draws.uniform(-math.sqrt(6 / 2400), math.sqrt(6 / 2400), (1800, 600))  # 1.08 M: 2 blocks
+    out_weight = draws.uniform(-1 / math.sqrt(600), 1 / math.sqrt(600), (600, 600))
+    draws.uniform(-1 / math.sqrt(600), 1 / math.sqrt(600), 600)  # out_proj's bias, drawn then zeroed
+    bias_k, bias_v = (draws.normal(0.0, math.sqrt(2 / 1200), (1, 1, 600)) for _ in range(2))  # fans 600, 600
+    for got, expected in ((mha.in_proj_weight, in_proj), (mha.out_proj.weight, out_weight), (mha.bias_k, bias_k),
+                          (mha.bias_v, bias_v)):
+        assert got.dtype == target
+        np.testing.assert_array_equal(got, expected.astype(target))
