@@ -484,7 +484,7 @@ def test_softmax_of_contiguous_rows_needs_no_buffer_of_their_size():
 def test_sigint_stops_the_initial_draws_of_a_large_module(call):
     """A parameter's initial values were drawn in one NumPy call (float64) and
     converted in another: MultiHeadAttention(4096, 8) (256 MiB of float32) came
-    64-487 ms after SIGINT here, and attnc.from_torch of torch's
+    20-487 ms after SIGINT here, and attnc.from_torch of torch's
     nn.MultiheadAttention(8192, 8), whose twin draws them before taking torch's
     values, 1-3 s (a Ctrl-C audit, 2026-12-07). They are now drawn and converted
     a block of rows at a time, Python asking between blocks. The next
