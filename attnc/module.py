@@ -173,7 +173,7 @@ def _sized_by(sizes):
 # A parameter's initial values are drawn and converted this many elements at a
 # time, Ctrl-C asked about between blocks (Python asks between bytecodes): in
 # one NumPy call each, MultiHeadAttention(8192, 8)'s 2 GiB of float64 draws and
-# their conversion ran 0.2-0.7 s past Ctrl-C, and attnc.from_torch of torch's
+# their conversion ran 0.1-2.2 s past Ctrl-C, and attnc.from_torch of torch's
 # nn.MultiheadAttention(8192, 8) 1-3 s (a Ctrl-C audit, 2026-12-07).
 _DRAW_BLOCK_ELEMENTS = 1 << 20
 
