@@ -188,9 +188,6 @@ def _initial_values(make, shape, sizes, dtype):
     those of the constructor making the layer: _sized_by)."""
     try:
         values = np.empty(shape, dtype)
-        if values.ndim == 0:
-            values[()] = make(shape)
-            return values
         rows = max(1, _DRAW_BLOCK_ELEMENTS // max(1, math.prod(shape[1:])))
         for first in range(0, shape[0], rows):
             end = min(first + rows, shape[0])
