@@ -49,6 +49,7 @@ def self_attention(
 def freeze_module(
     params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec, dtype: npt.DTypeLike,
 ) -> Tuple[Tuple[Optional[_Array], ...], _Packed]: ...
+def read_only_copy(array: npt.ArrayLike, dtype: npt.DTypeLike, name: str = "array") -> _Array: ...
 # (grad_x, the Q/K/V weights' gradients stacked, their biases' stacked, grad_w_out or None, grad_bias_out or None)
 def self_attention_backward(
     grad_output: npt.ArrayLike, saved: _Saved, params: Tuple[Optional[npt.ArrayLike], ...], spec: _Spec,

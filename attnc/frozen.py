@@ -163,12 +163,6 @@ class FrozenAttention:
                                  return_weights, None, False, self._packed)
 
 
-def _read_only(array):
-    """A copy of `array` no one can make writable (an array over a bytes
-    object, as freeze_module's copies)."""
-    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
-
-
 class FrozenMultiheadAttention:
     """`attnc.nn.MultiheadAttention`'s eval-mode forward, with its parameters frozen.
 
@@ -232,12 +226,14 @@ class FrozenMultiheadAttention:
         _check_runs_class_code(module, MultiheadAttention, ("forward", "__call__", "_forward", "_self_attention"))
         geometry = module._geometry()
         _, params = module._checked_parameters(geometry)
-        frozen = {name: None if value is None else _read_only(value) for name, value in params.items()}
-        packed = None
+        packed, frozen = None, {}
         if not geometry.separate:  # the self-attention call's weights: copied and packed together
             copies, packed = _C.freeze_module(tuple(params[name] for name in _FUSED_NAMES), _fused_spec(geometry),
                                               module.dtype)
             frozen.update(zip(_FUSED_NAMES, copies))
+        for name, value in params.items():  # the rest copied as freeze_module copies
+            if name not in frozen:
+                frozen[name] = None if value is None else _C.read_only_copy(value, module.dtype, name)
         # a private eval-mode copy computes with the frozen arrays (set past __setattr__, which would make
         # writable copies of them), out_proj a copy of its own; no gradient buffers
         private = module._shallow_copy()

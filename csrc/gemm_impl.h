@@ -1296,7 +1296,9 @@ static idx_t FN(packed_block_elems)(idx_t N, idx_t K)
 
 /* The kernel table's pack_weights: B's slivers as pack_rows makes them for
  * each K block in turn, block b at b * packed_block_elems (gemm's packed_b);
- * the last block holds its own steps only. */
+ * the last block holds its own steps only. Packed by the pool's pack tasks,
+ * polled between them (a whole K block between two polls was 96 MiB for a
+ * MultiHeadAttention(8192)'s fused weights). */
 attnc_status FN(pack_weights)(const attnc_gemm_args *g, void **packed)
 {
     idx_t N, K = g->K;
@@ -1314,7 +1316,9 @@ attnc_status FN(pack_weights)(const attnc_gemm_args *g, void **packed)
         job.p0 = p0;
         job.kc = attnc_min(ATTNC_GEMM_KC, K - p0);
         job.steps = FN(product_steps)(job.kc, BF16_PAIRS);
-        FN(pack_rows)(&job, 1, out + p0 / ATTNC_GEMM_KC * block, 0, N);
+        job.packed_b = out + p0 / ATTNC_GEMM_KC * block;
+        attnc_parallel_for(FN(pack_tasks)(N, GEMM_NR), GEMM_PACK_ELEMENT_FLOPS * (double)N * (double)job.kc,
+                           FN(pack_task), &job);
     }
     if (attnc_interrupted()) {
         attnc_free(out);

@@ -50,6 +50,30 @@ def sigint_delay(seconds, call):
     except KeyboardInterrupt:
         return time.perf_counter() - sent[0]
     raise SystemExit("the call ended without an interrupt")
+def sigint_delay_from_outside(seconds, call):
+    # SIGINT sent by another process, as a terminal's Ctrl-C is: sigint_delay's
+    # thread needs the GIL to send it, so a call that holds the GIL delays the
+    # sending, not (as Ctrl-C would find) the stop. Times from one monotonic clock.
+    read_end, write_end = os.pipe()
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(max(0.0, start + seconds - time.perf_counter()))
+        sent = time.perf_counter()
+        os.kill(os.getppid(), signal.SIGINT)
+        os.write(write_end, repr(sent).encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        call()
+    except KeyboardInterrupt:
+        caught = time.perf_counter()
+    else:
+        raise SystemExit("the call ended without an interrupt")
+    sent = float(os.read(read_end, 64))
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return caught - sent
 """
 
 
@@ -513,6 +537,41 @@ def test_sigint_stops_the_initial_draws_of_a_large_module(call):
     assert "next construction ok" in out
     for delay, seconds in _delay_runs(out, 3):
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+@pytest.mark.parametrize("kind", ["document", "nn"])
+def test_sigint_stops_the_copies_a_freeze_makes(kind):
+    """freeze() copied each parameter in one memcpy, holding the GIL and asking
+    nothing, and packed the weights a K block of all their rows between two
+    polls (96 MiB for MultiHeadAttention(8192)): Ctrl-C 10 ms into the freeze of a
+    float64 MultiHeadAttention(4096) (512 MiB, a 0.45 s freeze) came 0.36 s later
+    (a Ctrl-C audit, 2026-12-07). The copies are now made 8 MB at a time and the
+    packing by the pool's tasks, polled between. The module must be unchanged,
+    and the next freeze give its forward bit for bit."""
+    out = _run_child(f"""
+        import numpy as np
+        import attnc
+        kind = {kind!r}
+        if kind == "document":
+            module = attnc.MultiHeadAttention(4096, 8, dtype=np.float64).eval()
+        else:
+            module = attnc.nn.MultiheadAttention(4096, 8, dtype=np.float64).eval()
+        before = {{name: value.copy() for name, value in module.named_parameters()}}
+        start = time.perf_counter()
+        module.freeze()
+        whole = time.perf_counter() - start
+        for seconds in (0.02, 0.05, 0.1):
+            print("delay", sigint_delay_from_outside(seconds, module.freeze), "whole", whole)
+        for name, value in module.named_parameters():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+        x = np.random.default_rng(1).standard_normal((3, 1, 4096))
+        frozen, args = module.freeze(), (x,) if kind == "document" else (x, x, x)
+        np.testing.assert_array_equal(frozen(*args)[0], module(*args)[0])
+        print("next freeze ok")
+    """, timeout=300, sigint=True)
+    assert "next freeze ok" in out
+    for delay, whole in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT (a freeze: {whole} s)"
+
 
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
 # to tell), and the call. The training x: 1 GiB, whose copy took 0.17-0.20 s on a Zen 3 host
