@@ -145,11 +145,11 @@ static char *take_kept(size_t bytes)
     return block;
 }
 
-/* Advice, where the system takes it (Linux's MADV_HUGEPAGE): the whole pages
- * of [start, start + bytes) in huge pages when they are faulted in. */
-static void ask_for_huge_pages(char *start, size_t bytes)
+void attnc_ask_for_huge_pages(void *block, size_t bytes)
 {
 #ifdef MADV_HUGEPAGE
+    char *start = block;
+    if (bytes < HUGE_PAGES_MIN_BYTES) return;
     long page = sysconf(_SC_PAGESIZE);
     if (page <= 0) return;
     uintptr_t first = ((uintptr_t)start + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
@@ -158,7 +158,7 @@ static void ask_for_huge_pages(char *start, size_t bytes)
     if (end > first) (void)madvise((void *)first, end - first, MADV_HUGEPAGE); /* refused: 4 KB pages, as before */
     errno = saved_errno;
 #else
-    (void)start, (void)bytes;
+    (void)block, (void)bytes;
 #endif
 }
 
@@ -180,7 +180,7 @@ void *attnc_malloc(size_t n_bytes)
     if (block) return block;
     char *start = aligned_alloc(ATTNC_ALIGNMENT, HEADER_BYTES + rounded);
     if (!start) return NULL;
-    if (rounded >= HUGE_PAGES_MIN_BYTES) ask_for_huge_pages(start, HEADER_BYTES + rounded);
+    attnc_ask_for_huge_pages(start, HEADER_BYTES + rounded);
     *(block_header *)start = (block_header){.bytes = rounded, .handed_out = rounded};
     return start + HEADER_BYTES;
 }

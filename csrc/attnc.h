@@ -63,6 +63,9 @@ void attnc_free(void *p);
 /* realloc's contract over attnc_malloc's blocks (p NULL: attnc_malloc) */
 void *attnc_realloc(void *p, size_t n_bytes);
 long attnc_fail_alloc_after(long n, int once);
+/* Advice, where the system takes it (Linux's MADV_HUGEPAGE), for a block of
+ * 4 MB or more not yet faulted in: its whole pages in huge pages. */
+void attnc_ask_for_huge_pages(void *block, size_t bytes);
 /* Freed blocks of this many bytes or more are kept */
 #define ATTNC_KEPT_MIN_BYTES ((size_t)64 << 10)
 

@@ -1839,6 +1839,7 @@ static PyObject *frozen_copy(PyArrayObject *arr)
     Py_ssize_t size = (Py_ssize_t)PyArray_NBYTES(arr);
     PyObject *bytes = PyBytes_FromStringAndSize(NULL, size);
     if (!bytes) return NULL;
+    attnc_ask_for_huge_pages(PyBytes_AS_STRING(bytes), (size_t)size);
     for (Py_ssize_t first = 0; first < size; first += COPY_BLOCK_BYTES) {
         Py_ssize_t block = size - first < COPY_BLOCK_BYTES ? size - first : COPY_BLOCK_BYTES;
         char *to = PyBytes_AS_STRING(bytes) + first, *from = PyArray_BYTES(arr) + first;
