@@ -133,6 +133,24 @@ def test_softmax_backward_matches_torch(axis, dtype):
     check(got, s.grad, dtype, f"axis={axis}")
 
 
+@pytest.mark.parametrize("shape, axis", [((600, 1000), -1), ((3, 300, 1000), 0), ((300, 3, 1000), 1),
+                                         ((5, 70000), 1), ((3, 1000), 0)])
+def test_softmax_backward_in_blocks_of_rows_matches_torch(shape, axis, dtype):
+    """softmax_backward takes blocks of whole rows of about 2**18 elements, split
+    along the first axis but the softmax's (Ctrl-C is asked about between; the
+    temporaries are a block's size): these shapes take several blocks, the last
+    one partial, but (3, 1000) along axis 0, computed whole (never split along
+    the last axis). Oracle: torch's autograd in float64."""
+    rng = np.random.default_rng(sum(shape) + axis)
+    x, g = normal(rng, shape) * 3, normal(rng, shape)
+    s = torch.tensor(x, requires_grad=True)
+    out = torch.softmax(s, dim=axis)
+    out.backward(torch.tensor(g))
+    got = softmax_backward(g.astype(dtype), out.detach().numpy().astype(dtype), axis=axis)
+    assert got.shape == shape and got.dtype == dtype
+    check(got, s.grad, dtype, f"shape={shape} axis={axis}")
+
+
 def test_softmax_backward_matches_central_differences():
     rng = np.random.default_rng(4)
     x, G = normal(rng, (3, 4)), normal(rng, (3, 4))

@@ -504,6 +504,32 @@ def test_softmax_of_contiguous_rows_needs_no_buffer_of_their_size():
     assert extra <= 16 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 16 MiB"
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's shadow memory and quarantine inflate the peak RSS by design")
+def test_softmax_backward_needs_no_temporaries_of_the_inputs_size():
+    """F.softmax_backward made a temporary of its inputs' size (NumPy's g * y):
+    256 MiB beyond the output for (4096, 16384) float32 inputs. It now
+    computes blocks of rows of 2**18 elements. Oracle for the values: torch's
+    autograd."""
+    out = _run_child("""
+        import numpy as np
+        import torch
+        from attnc import functional as F
+        rng = np.random.default_rng(0)
+        x = torch.tensor(rng.standard_normal((4096, 16384), dtype=np.float32), requires_grad=True)
+        y = torch.softmax(x, -1)
+        g = rng.standard_normal((4096, 16384), dtype=np.float32)
+        y.backward(torch.from_numpy(g))
+        y = y.detach().numpy()
+        base = peak_reset()
+        got = F.softmax_backward(g, y)
+        peak = peak_rss()
+        np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-4, atol=1e-7)
+        print("extra", peak - base - got.nbytes)
+    """)
+    extra = int(out.split("extra")[1].split()[0])
+    assert extra <= 16 << 20, f"{extra / 2**20:.0f} MiB beyond the output, limit 16 MiB"
+
+
 @pytest.mark.parametrize("call", ["constructor", "from_torch"])
 def test_sigint_stops_the_initial_draws_of_a_large_module(call):
     """A parameter's initial values were drawn in one NumPy call (float64) and
@@ -571,6 +597,29 @@ def test_sigint_stops_the_copies_a_freeze_makes(kind):
     assert "next freeze ok" in out
     for delay, whole in _delay_runs(out, 3):
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT (a freeze: {whole} s)"
+
+
+def test_sigint_stops_a_softmax_backward_between_blocks_of_rows():
+    """F.softmax_backward ran NumPy's passes over the whole input, which ask
+    nothing: Ctrl-C into one on (8192, 16384) float32 inputs (512 MiB each)
+    came 0.07-0.59 s later (a Ctrl-C audit, 2026-12-07). It now takes blocks
+    of rows of 2**18 elements, Python asking between. The next call must give
+    the gradient (oracle: float64 NumPy)."""
+    out = _run_child("""
+        import numpy as np
+        from attnc import functional as F
+        out = np.full((8192, 16384), 1 / 16384, np.float32)
+        grad = np.ones((8192, 16384), np.float32)
+        for seconds in (0.01, 0.05, 0.1):
+            print("delay", sigint_delay(seconds, lambda: F.softmax_backward(grad, out)), "at", seconds)
+        rng = np.random.default_rng(0)
+        y = rng.random((3, 5)); y /= y.sum(-1, keepdims=True); g = rng.standard_normal((3, 5))
+        np.testing.assert_allclose(F.softmax_backward(g, y), y * (g - (g * y).sum(-1, keepdims=True)), rtol=1e-12)
+        print("next call ok")
+    """, timeout=300, sigint=True)
+    assert "next call ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
