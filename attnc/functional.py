@@ -672,7 +672,7 @@ def softmax_backward(grad_out, out, axis=-1):
     rows_of_result = result.reshape(g.shape)  # (a view)
     # Blocks of whole rows, split along the first axis but the softmax's, each
     # computed in temporaries of its size: NumPy's passes over a whole 512 MiB
-    # input held Ctrl-C for 0.1-1.2 s each and made two temporaries of its
+    # input held Ctrl-C for up to 1.2 s each and made a temporary of its
     # size. Never split along the last axis (blocks of strided columns took
     # 1.4-2x the time): a 2-d array's softmax along axis 0 is computed whole.
     split = 1 if axis % g.ndim == 0 else 0
