@@ -2397,7 +2397,14 @@ static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwarg
     if (!arr) return NULL;
     int flags = NPY_ARRAY_CARRAY | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST | NPY_ARRAY_ENSUREARRAY;
     PyArray_Descr *descr = dtype_descr(dt);
-    PyObject *param = descr ? PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL) : NULL;
+    /* a copy (another dtype, layout, or a read-only value) made by copy_as, which
+     * asks about Ctrl-C between blocks: NumPy's took 3.2 s to stop assigning a
+     * float64 (16384, 16384) value to a float32 weight (a Ctrl-C audit, 2026-12-07) */
+    int copies = descr && !(PyArray_EquivTypes(PyArray_DESCR(arr), descr) && PyArray_ISCARRAY(arr) &&
+                            PyArray_ISNOTSWAPPED(arr));
+    PyObject *param = !descr    ? NULL
+                      : copies ? (PyObject *)copy_as(arr, descr, flags)
+                               : PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
     Py_DECREF(arr);
     if (!param) name_the_error(name);
     return param;

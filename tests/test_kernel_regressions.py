@@ -640,6 +640,11 @@ _LARGE_COPIES = {
     "module-training-x": ("m = attnc.SelfAttentionV1(2).train(); "
                           f"x = np.ones(({_TRAINING_X_ROWS}, 32, 2), np.float32)",
                           "x.copy()", "m(x)"),
+    # a parameter's value converted to the module's dtype (assignment, module.to, unpickling)
+    "parameter-assigned-float64": ("layer = attnc.Linear(8, 8); w = np.ones((1 << 14, 1 << 13))",
+                                   "w.astype(np.float32)", "setattr(layer, 'weight', w)"),
+    "module-to-float64": ("layer = attnc.Linear(8, 8); layer.weight = np.ones((1 << 14, 1 << 13), np.float32)",
+                          "layer.weight.astype(np.float64)", "layer.to(np.float64)"),
 }
 
 
@@ -652,7 +657,10 @@ def test_sigint_stops_the_copy_of_a_large_input(case):
     copies had been left to NumPy (a C-boundary audit, 2026-12-02): an attention input whose
     rows are strided (a transposed key: 1.9 s after Ctrl-C for 1 GiB), a bias or mask cast
     to the compute dtype (6.2 s for a 4 GiB float64 bias), and the private copy of x a
-    training-mode forward keeps."""
+    training-mode forward keeps. And a parameter's value converted to the module's dtype (a
+    Ctrl-C audit with SIGINT from another process, 2026-12-07): 3.2 s after SIGINT for a
+    float64 (16384, 16384) value assigned to a float32 weight, 0.6 s for module.to(float64)
+    of 1 GiB."""
     setup, copy_alone, call = _LARGE_COPIES[case]
     out = _run_child(f"""
         import numpy as np
