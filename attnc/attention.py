@@ -28,10 +28,10 @@ def _private_copy(array):
     each broadcast (zero-stride) axis copied once and broadcast back (a
     read-only view of the copy)."""
     if 0 not in array.strides:
-        return array.copy()
+        return _C.copy(array)
     once = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
                  for size, stride in zip(array.shape, array.strides))
-    return np.broadcast_to(array[once].copy(), array.shape)
+    return np.broadcast_to(_C.copy(array[once]), array.shape)
 
 
 def _spec(projections, *, in_dim, qk_dim, v_dim, out_dim=-1, n_heads=1, heads_axis=False, fused=False,

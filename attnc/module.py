@@ -621,7 +621,7 @@ class Module:
         """
         # a parameter placed past __setattr__ (a list, a torch tensor, an ndarray subclass) as the
         # assignment would convert it, named by its key: its own copy() may be none or a shallow one
-        return {name: (value if type(value) is np.ndarray else owner._as_parameter(name, value)).copy()
+        return {name: _C.copy(value if type(value) is np.ndarray else owner._as_parameter(name, value))
                 for name, value, owner, _ in self._every_parameter_slot("")}
 
     def load_state_dict(self, state_dict, strict=True):
@@ -692,7 +692,7 @@ class Module:
             if array.shape != current.shape:
                 raise ValueError(f"{key}: expected shape {current.shape}, got {array.shape}")
             if any(np.may_share_memory(array, param) for param in own.values()):
-                array = array.copy()  # a parameter's own memory (a swap): read before any is overwritten
+                array = _C.copy(array)  # a parameter's own memory (a swap): read before any is overwritten
             converted[key] = owner, name, array
         # copy into each parameter in place (views of it see the new values,
         # as torch's copy_), or replace one that cannot take a copy (read-only,
@@ -712,7 +712,7 @@ class Module:
             if replacement is not None and replacement.dtype == array.dtype:
                 np.copyto(replacement, array)  # the last of its names wins, as copy_ after copy_ in torch
             else:
-                replacement = array.copy()  # never the caller's memory
+                replacement = _C.copy(array)  # never the caller's memory
                 replacements[id(current)] = current, replacement
             assignments.append((owner, name, replacement))
         _C.commit(targets, sources, assignments)

@@ -1844,6 +1844,7 @@ C_ARGUMENTS = [  # (the argument the error names, a call with it wrong)
     ("spec", lambda C, x, params, spec: C.freeze_module(params, spec[:2] + ("abcd",) + spec[3:], "float32")),
     ("spec", lambda C, x, params, spec: C.freeze_module(params, spec[:3] + (2 ** 63,) + spec[4:], "float32")),
     ("spec", lambda C, x, params, spec: C.freeze_module(params, list(spec), "float32")),
+    ("array", lambda C, x, params, spec: C.copy([1.0])),
     ("dtype", lambda C, x, params, spec: C.read_only_copy(x, None)),
     ("dtype", lambda C, x, params, spec: C.read_only_copy(x, "int8")),
     ("bias_k", lambda C, x, params, spec: C.read_only_copy(np.array([object()]), "float32", "bias_k")),
