@@ -600,44 +600,53 @@ static PyArrayObject *rows_view(PyArrayObject *arr, int axis, npy_intp first, np
     return view_of(arr, dims, PyArray_BYTES(arr) + first * PyArray_STRIDE(arr, axis), 1);
 }
 
-/* A copy of arr as a C-contiguous array of descr (stolen), made a block of
- * COPY_BLOCK_BYTES at a time along its first axis longer than 1 (its whole
- * rows of the axes after it), polling for Ctrl-C between blocks: NumPy's
- * own copy holds the GIL and polls nothing (a transposed (8192, 8192)
- * float32 input took 0.4 s to convert, Ctrl-C waiting for all of it). */
+/* dst <- src (the same shape), a block of COPY_BLOCK_BYTES of dst at a time
+ * along its first axis longer than 1 (its whole rows of the axes after it),
+ * polling for Ctrl-C between blocks: NumPy's own copy polls nothing (a
+ * transposed (8192, 8192) float32 input took 0.4 s to convert, Ctrl-C
+ * waiting for all of it). 0 with an exception set on failure. */
 #define COPY_BLOCK_BYTES (8 * 1024 * 1024)
-static PyArrayObject *copy_polling(PyArrayObject *arr, PyArray_Descr *descr)
+static int copy_into_polling(PyArrayObject *dst, PyArrayObject *src)
 {
-    int nd = PyArray_NDIM(arr), axis = 0;
-    while (axis < nd - 1 && PyArray_DIM(arr, axis) == 1) axis++;
-    PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, nd, PyArray_DIMS(arr), NULL,
-                                                               NULL, 0, NULL);
-    if (!out) return NULL;
-    npy_intp n = PyArray_DIM(arr, axis), row_bytes = PyArray_NBYTES(out) / n; /* (not empty: see convert) */
+    int nd = PyArray_NDIM(dst), axis = 0;
+    if (nd == 0 || PyArray_SIZE(dst) == 0) return PyArray_CopyInto(dst, src) == 0;
+    while (axis < nd - 1 && PyArray_DIM(dst, axis) == 1) axis++;
+    npy_intp n = PyArray_DIM(dst, axis), row_bytes = PyArray_NBYTES(dst) / n;
     npy_intp block = row_bytes < COPY_BLOCK_BYTES ? COPY_BLOCK_BYTES / row_bytes : 1;
     for (npy_intp first = 0; first < n; first += block) {
         npy_intp end = n - first < block ? n : first + block;
-        PyArrayObject *src = rows_view(arr, axis, first, end), *dst = src ? rows_view(out, axis, first, end) : NULL;
-        int failed = !dst || PyArray_CopyInto(dst, src) < 0 || PyErr_CheckSignals() < 0;
-        Py_XDECREF(src);
-        Py_XDECREF(dst);
-        if (failed) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        PyArrayObject *from = rows_view(src, axis, first, end), *to = from ? rows_view(dst, axis, first, end) : NULL;
+        int failed = !to || PyArray_CopyInto(to, from) < 0 || PyErr_CheckSignals() < 0;
+        Py_XDECREF(from);
+        Py_XDECREF(to);
+        if (failed) return 0;
     }
-    return out;
+    return 1;
 }
 
-/* The copy of arr that NumPy's FromAny(arr, descr (stolen), flags) makes,
- * for flags under which it copies; one of more than COPY_BLOCK_BYTES made
- * a block at a time instead (copy_polling: C-contiguous). */
+/* Whether NumPy's FromAny(arr, descr, flags) gives arr itself (or a view of
+ * it) for these flags of copy_as's callers. */
+static int fits_as_is(PyArrayObject *arr, PyArray_Descr *descr, int flags)
+{
+    return !(flags & NPY_ARRAY_ENSURECOPY) && PyArray_EquivTypes(PyArray_DESCR(arr), descr) &&
+           PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) &&
+           (!(flags & NPY_ARRAY_C_CONTIGUOUS) || PyArray_IS_C_CONTIGUOUS(arr)) &&
+           (!(flags & NPY_ARRAY_WRITEABLE) || PyArray_ISWRITEABLE(arr));
+}
+
+/* What NumPy's FromAny(arr, descr (stolen), flags) gives, its copy of more
+ * than COPY_BLOCK_BYTES made by copy_into_polling instead (a C-contiguous
+ * base-class array). */
 static PyArrayObject *copy_as(PyArrayObject *arr, PyArray_Descr *descr, int flags)
 {
     idx_t bytes; /* (an overflowing size: FromAny's error) */
-    if (!attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &bytes) || bytes <= COPY_BLOCK_BYTES)
+    if (fits_as_is(arr, descr, flags) || !attnc_mul_ok(PyArray_SIZE(arr), PyDataType_ELSIZE(descr), &bytes) ||
+        bytes <= COPY_BLOCK_BYTES)
         return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
-    return copy_polling(arr, descr);
+    PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(arr),
+                                                               PyArray_DIMS(arr), NULL, NULL, 0, NULL);
+    if (out && !copy_into_polling(out, arr)) Py_CLEAR(out);
+    return out;
 }
 
 /* arr as an aligned, native-byte-order base-class array of descr (stolen;
@@ -645,12 +654,9 @@ static PyArrayObject *copy_as(PyArrayObject *arr, PyArray_Descr *descr, int flag
  * needed (copy_as). */
 static PyArrayObject *cast(PyArrayObject *arr, PyArray_Descr *descr, int contiguous)
 {
-    int flags = NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
-                (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0);
-    int fits = PyArray_EquivTypes(PyArray_DESCR(arr), descr) && PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr) &&
-               (!contiguous || PyArray_IS_C_CONTIGUOUS(arr)); /* (arr is a base-class array: real_array) */
-    if (fits) return (PyArrayObject *)PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
-    return copy_as(arr, descr, flags);
+    return copy_as(arr, descr,
+                   NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST |
+                       (contiguous ? NPY_ARRAY_C_CONTIGUOUS : 0));
 }
 
 /* cast() of a score bias to descr (stolen): a value beyond the dtype's
@@ -1828,42 +1834,32 @@ static void frozen_weights_free(PyObject *capsule)
     PyMem_Free(f);
 }
 
-/* A read-only copy of arr (C-contiguous) that no one can make writable: an
- * array over an immutable bytes object (NumPy refuses WRITEABLE on such a
- * base). Copied COPY_BLOCK_BYTES at a time, the GIL released for each (as
- * NumPy's copies release it) and Ctrl-C asked about between: each weight
- * copied whole, holding the GIL, made Ctrl-C wait for the copies of all
- * four of a MultiHeadAttention(8192) (0.8 s). */
+/* A read-only copy of arr that no one can make writable: an array over an
+ * immutable bytes object (NumPy refuses WRITEABLE on such a base), in huge
+ * pages where they are given, filled by copy_into_polling (each weight
+ * copied by one memcpy, holding the GIL, made Ctrl-C wait for the copies
+ * of all four of a MultiHeadAttention(8192): 0.8 s). */
 static PyObject *frozen_copy(PyArrayObject *arr)
 {
     Py_ssize_t size = (Py_ssize_t)PyArray_NBYTES(arr);
     PyObject *bytes = PyBytes_FromStringAndSize(NULL, size);
     if (!bytes) return NULL;
     attnc_ask_for_huge_pages(PyBytes_AS_STRING(bytes), (size_t)size);
-    for (Py_ssize_t first = 0; first < size; first += COPY_BLOCK_BYTES) {
-        Py_ssize_t block = size - first < COPY_BLOCK_BYTES ? size - first : COPY_BLOCK_BYTES;
-        char *to = PyBytes_AS_STRING(bytes) + first, *from = PyArray_BYTES(arr) + first;
-        Py_BEGIN_ALLOW_THREADS
-        memcpy(to, from, (size_t)block);
-        Py_END_ALLOW_THREADS
-        if (PyErr_CheckSignals() < 0) {
-            Py_DECREF(bytes);
-            return NULL;
-        }
-    }
     PyArray_Descr *descr = PyArray_DESCR(arr);
     Py_INCREF(descr);
-    PyObject *copy = PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(arr), PyArray_DIMS(arr), NULL,
-                                          PyBytes_AS_STRING(bytes), NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    PyArrayObject *copy = (PyArrayObject *)PyArray_NewFromDescr(
+        &PyArray_Type, descr, PyArray_NDIM(arr), PyArray_DIMS(arr), NULL, PyBytes_AS_STRING(bytes),
+        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, NULL);
     if (!copy) {
         Py_DECREF(bytes);
         return NULL;
     }
-    if (PyArray_SetBaseObject((PyArrayObject *)copy, bytes) < 0) { /* (which takes bytes even then) */
+    if (PyArray_SetBaseObject(copy, bytes) < 0 || !copy_into_polling(copy, arr)) { /* (SetBase takes bytes even then) */
         Py_DECREF(copy);
         return NULL;
     }
-    return copy;
+    PyArray_CLEARFLAGS(copy, NPY_ARRAY_WRITEABLE);
+    return (PyObject *)copy;
 }
 
 /* read_only_copy(array, dtype, name) -> array in dtype, copied as
@@ -2397,14 +2393,9 @@ static PyObject *py_as_parameter(PyObject *self, PyObject *args, PyObject *kwarg
     if (!arr) return NULL;
     int flags = NPY_ARRAY_CARRAY | NPY_ARRAY_NOTSWAPPED | NPY_ARRAY_FORCECAST | NPY_ARRAY_ENSUREARRAY;
     PyArray_Descr *descr = dtype_descr(dt);
-    /* a copy (another dtype, layout, or a read-only value) made by copy_as, which
-     * asks about Ctrl-C between blocks: NumPy's took 3.2 s to stop assigning a
-     * float64 (16384, 16384) value to a float32 weight (a Ctrl-C audit, 2026-12-07) */
-    int copies = descr && !(PyArray_EquivTypes(PyArray_DESCR(arr), descr) && PyArray_ISCARRAY(arr) &&
-                            PyArray_ISNOTSWAPPED(arr));
-    PyObject *param = !descr    ? NULL
-                      : copies ? (PyObject *)copy_as(arr, descr, flags)
-                               : PyArray_FromAny((PyObject *)arr, descr, 0, 0, flags, NULL);
+    /* (copy_as: NumPy's conversion took 3.2 s to stop assigning a float64 (16384,
+     * 16384) value to a float32 weight; a Ctrl-C audit, 2026-12-07) */
+    PyObject *param = descr ? (PyObject *)copy_as(arr, descr, flags) : NULL;
     Py_DECREF(arr);
     if (!param) name_the_error(name);
     return param;
