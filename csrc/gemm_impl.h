@@ -99,6 +99,18 @@
  * CPUs or levels, which keep the blocked order. */
 #define GEMM_FAR_A_BY_B_BLOCKS (SIMD_BYTES == 64)
 #define GEMM_STREAMED_B_BLOCK_BYTES (512 * 1024)
+/* A far A that cannot be read in place (rows 4 KB apart) is packed whole
+ * into a copy a thread (GEMM_OWN_COPY_THREADS): each thread packs all of
+ * it, and reads its copy back from memory once a block of slivers. Beyond
+ * this much (per K block) the blocked order, which packs A once, by blocks
+ * that stay in L2: on a Xeon family 6 model 207, 2 threads, 5 rounds,
+ * best / median, blocked against far-x `linear` K = 1024: M = 1024 1.07 /
+ * 1.10x the time at N = 768, 1.24 / 1.13x at 3072; M = 2048 (8 MB of A)
+ * 0.92-1.15 / 0.87-1.14x; M = 4096 0.93-0.97 / 0.83-0.97x; M = 8192
+ * 0.77-0.90 / 0.68-0.89x; M = 65536, N = 256 0.58 / 0.59x (and faster than
+ * torch's there, where far-x had been 1.5x its time). An A read in place
+ * (K = 512, 768) kept far-x: mixed, 0.87-1.15x (benchmarks/NOTES.md). */
+#define GEMM_FAR_A_COPY_BYTES (8 * 1024 * 1024)
 /* Up to this many threads, each thread packs the small operand (A
  * streamed, B transposed), which every one of its tasks multiplies, for
  * itself, into its own copy, instead of the threads packing one shared
@@ -918,9 +930,10 @@ static void FN(multiply_task)(void *ctx, idx_t t)
             FN(pack_sliver)(slot + (j - jb) * job->steps, &job->b, j, attnc_min(GEMM_NR, job->N - j), GEMM_NR,
                             job->p0, job->kc);
         idx_t tile = 0;
-        /* (a block of a far A's slivers multiplies all of A: Ctrl-C is asked for a sliver of A at a time; a
-         * (8192, 4096) x (8192, 4096)^T `linear` under ASan had answered 1.2 s after it) */
-        for (idx_t i = i0; i < i1 && (width == GEMM_NR || !attnc_interrupted()); i += GEMM_MR)
+        /* (a streamed task's slivers multiply all of A: Ctrl-C is asked for a sliver of A at a time; a block
+         * of a far A's slivers in an (8192, 4096) x (8192, 4096)^T `linear` under ASan had answered 1.2 s
+         * after it, one sliver in a (65536, 1024) x (256, 1024)^T one 0.1 s) */
+        for (idx_t i = i0; i < i1 && (!job->streamed || !attnc_interrupted()); i += GEMM_MR)
             for (idx_t j = jb; j < je; j += GEMM_NR, tile++) {
                 const real *b = pack ? slot + (j - jb) * job->steps : packed_b + j * job->steps;
                 FN(run_tile)(job, i, j, packed_a, b, pack ? FN(next_sliver_rows)(job, tile, je, width) : NULL);
@@ -1363,7 +1376,15 @@ static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, F
      * beyond L2, by blocks of B slivers (GEMM_FAR_A_BY_B_BLOCKS) */
     idx_t a_block_bytes = attnc_ceil_div(M, GEMM_MR) * GEMM_MR * kc_max * (idx_t)sizeof(real);
     idx_t streamed_max = attnc_cpu_is_intel() ? GEMM_STREAMED_A_BYTES_FAR_L3 : GEMM_STREAMED_A_BYTES;
-    int far_a = GEMM_FAR_A_BY_B_BLOCKS && attnc_cpu_is_intel() && a_block_bytes > GEMM_STREAMED_A_BYTES;
+    /* Streamed, A's whole slivers read in place by the micro-kernel's
+     * broadcasts (contiguous rows of reals), only a last partial one packed
+     * (GEMM_STREAMED_A_IN_PLACE), unless its rows share an L1 set
+     * (GEMM_SET_ALIASING_BYTES) */
+    int a_in_place = GEMM_STREAMED_A_IN_PLACE && ELEM_IS_REAL && a.cs == 1 &&
+                     (a.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0;
+    int own_copies = threads > 1 && threads <= GEMM_OWN_COPY_THREADS;
+    int far_a = GEMM_FAR_A_BY_B_BLOCKS && attnc_cpu_is_intel() && a_block_bytes > GEMM_STREAMED_A_BYTES &&
+                (a_in_place || !own_copies || a_block_bytes <= GEMM_FAR_A_COPY_BYTES);
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads && (far_a || a_block_bytes <= streamed_max);
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
                         .packed_weights = transposed ? NULL : g->packed_b,
@@ -1402,15 +1423,8 @@ static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, F
     /* packed A and B: a transposed job's A its irregular slivers, a
      * streamed job's B a block of slivers per task; the small operand (A
      * streamed, B transposed) in a copy a thread up to GEMM_OWN_COPY_THREADS */
-    job.own_copies = (streamed || transposed) && threads > 1 && threads <= GEMM_OWN_COPY_THREADS ? (int)threads : 0;
-    /* Streamed, A's whole slivers read in place by the micro-kernel's
-     * broadcasts (contiguous rows of reals), only a last partial one packed
-     * (GEMM_STREAMED_A_IN_PLACE), unless its rows share an L1 set
-     * (GEMM_SET_ALIASING_BYTES) */
-    job.a_packed_from = GEMM_STREAMED_A_IN_PLACE && streamed && ELEM_IS_REAL && a.cs == 1 &&
-                                (a.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0
-                            ? M / GEMM_MR * GEMM_MR
-                            : 0;
+    job.own_copies = (streamed || transposed) && own_copies ? (int)threads : 0;
+    job.a_packed_from = streamed && a_in_place ? M / GEMM_MR * GEMM_MR : 0;
     return job;
 }
 

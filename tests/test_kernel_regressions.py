@@ -622,6 +622,31 @@ def test_sigint_stops_a_softmax_backward_between_blocks_of_rows():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_a_streamed_task_between_slivers_of_x():
+    """A streamed product's task multiplies all of x by its weight slivers: Ctrl-C was asked
+    only between blocks of slivers there, and a block of one sliver (256 outputs, a sliver
+    a task on 2 threads) times a far x (131072 rows, 500 MB, read in place: on Intel at
+    AVX-512) ran unasked. Ctrl-C into one of them came 0.06-0.19 s later from a process
+    outside (a Xeon family 6 model 207, 2026-12-07). Tasks now ask a sliver of x at a time.
+    The next call must give the product (oracle: float64 NumPy)."""
+    out = _run_child("""
+        import numpy as np
+        import attnc
+        from attnc import functional as F
+        attnc.set_num_threads(2)
+        x, w = np.ones((1 << 17, 1000), np.float32), np.ones((256, 1000), np.float32)
+        for seconds in (0.01, 0.05, 0.1):
+            print("delay", sigint_delay_from_outside(seconds, lambda: F.linear(x, w)), "at", seconds)
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((300, 1000)).astype(np.float32), rng.standard_normal((256, 1000)).astype(np.float32)
+        np.testing.assert_allclose(F.linear(x, w), x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-3)
+        print("next call ok")
+    """, timeout=300, sigint=True)
+    assert "next call ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 # Each case: its setup, the copy the call makes (timed alone, to know the copy is long enough
 # to tell), and the call. The training x: 1 GiB, whose copy took 0.17-0.20 s on a Zen 3 host
 # (512 MiB: 0.09, too short to tell); under ASan 512 MiB (a 1.7 s copy), since there the

@@ -271,6 +271,29 @@ def test_linear_far_x_by_weight_blocks_every_level(k, dtype, simd_mode, restore_
     _linear_on_threads_and_alone(x, w, b, (0, 399, 799), f"{simd_mode} K={k}", order)
 
 
+def test_linear_far_x_packed_past_8_mb_takes_the_blocked_order_every_level(dtype, simd_mode, restore_threads):
+    """An x far beyond L2 whose rows are 4 KB apart cannot be read in place: the far-x
+    order would pack all of it into a copy a thread, each thread packing the whole x and
+    reading its copy back from memory once a block of slivers; past 8 MB of a K block
+    (GEMM_FAR_A_COPY_BYTES: 2100 float rows, 1050 double) the 2-thread product takes
+    the blocked order, which packs x once (a (65536, 1024) x (256, 1024)^T float product
+    had taken 0.24 s far-x, 1.5x torch's time, and 0.14 s blocked). One thread makes no
+    copies: far-x on Intel at AVX-512's width still. Against float64, the same bits on
+    both, each row's bits as when alone."""
+    rng = np.random.default_rng(0)
+    m = 2100 if np.dtype(dtype) == np.float32 else 1050
+    x, w, b = _r(rng, (m, K_BLOCK), dtype), _r(rng, (530, K_BLOCK), dtype), _r(rng, (530,), dtype)
+    outs = []
+    for threads, order in ((1, "far_x" if _far_x_order() else "blocked"), (2, "blocked")):
+        attnc.set_num_threads(threads)
+        outs.append(F.linear(x, w, b))
+        assert attnc._C.last_gemm_order() == order, (simd_mode, threads, attnc._C.last_gemm_order())
+    assert_close(outs[0], x.astype(np.float64) @ w.astype(np.float64).T + b, dtype, simd_mode)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for i in (0, m // 2, m - 1):
+        np.testing.assert_array_equal(F.linear(x[i:i + 1], w, b)[0], outs[0][i])
+
+
 # rows of x the streamed order takes at every level on either vendor (a packed x block
 # of at most 1.25 MB, Intel's AVX-512 limit), each past its last whole sliver
 STREAMED_ROWS = {np.dtype(np.float32): (305, 200), np.dtype(np.float64): (149, 98)}
