@@ -10,6 +10,7 @@
  *       for each B sliver (KC, NR) of the block:
  *         for each A sliver (KC, MR) of the block, all in L2:
  *           micro-kernel: C tile (MR, NR) += A sliver^T . B sliver
+ *   (with one column block, each task packs its own A block in pass 2)
  * Three other orders by the size of A. Up to GEMM_FEW_ROWS rows (a decode
  * step), "few rows" (B's rows contiguous): nothing packed, B's rows read in
  * place and turned in registers, all of A's rows multiplied at once (at
@@ -22,7 +23,8 @@
  * stays in cache (GEMM_STREAMED_A_BYTES), and B slivers for every thread,
  * "streamed": each task of pass 2 packs its B slivers one at a time and
  * multiplies all of A by each (on Intel at AVX-512 an A far beyond L2
- * too, by blocks of slivers: GEMM_FAR_A_BY_B_BLOCKS), so the weights are
+ * too, by blocks of slivers, where the blocked order would cut C into
+ * column blocks: GEMM_FAR_A_BY_B_BLOCKS), so the weights are
  * read once and never written back packed; at AVX2 and AVX-512, A's
  * whole slivers are read in place (rows of reals with unit column
  * stride), and only a last partial
@@ -561,6 +563,10 @@ typedef struct {
      * read in place (a_packed_from, a multiple of MR, or 0: all packed) */
     idx_t a_packed_from;
     int own_packed[GEMM_OWN_COPY_THREADS]; /* thread t's copy holds the current K block */
+    /* Blocked with one column block: each task packs its own row block of
+     * A, into a block a thread (own_stride apart), instead of pass 1 (see
+     * plan_job) */
+    int a_by_task;
     /* Transposed: a panel a thread for GEMM_PANEL_ROWS rows of C^T at a
      * time, (GEMM_PANEL_ROWS, N rounded up to NR), panel_stride elements
      * apart (transposed_block) */
@@ -700,20 +706,20 @@ static idx_t FN(pack_tasks)(idx_t rows, idx_t width) { return attnc_ceil_div(row
  * transposed B (A is read in place), unless own copies replace them */
 static void FN(pass1_packs)(const FN(gemm_job) *job, idx_t *n_a, idx_t *n_b)
 {
-    int a = !job->transposed && !(job->streamed && job->own_copies);
+    int a = !job->transposed && !(job->streamed && job->own_copies) && !job->a_by_task;
     int b = !job->streamed && !job->packed_weights && !(job->transposed && job->own_copies);
     *n_a = a ? FN(pack_tasks)(job->M - job->a_packed_from, GEMM_MR) : 0;
     *n_b = b ? FN(pack_tasks)(job->N, GEMM_NR) : 0;
 }
 
-/* Rows [first, end) of A (or of B) packed into their slivers in `packed`,
- * the operand's whole packed copy (sliver s at s * width * steps). */
+/* Rows [first, end) of A (or of B) packed into their slivers from
+ * `packed` on (row r's sliver at (r - first) * steps). */
 static void FN(pack_rows)(const FN(gemm_job) *job, int is_b, real *packed, idx_t first, idx_t end)
 {
     const FN(gemm_operand) *x = is_b ? &job->b : &job->a;
     idx_t width = is_b ? GEMM_NR : GEMM_MR;
     for (idx_t r = first; r < end; r += width)
-        FN(pack_sliver)(packed + r * job->steps, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
+        FN(pack_sliver)(packed + (r - first) * job->steps, x, r, attnc_min(width, end - r), width, job->p0, job->kc);
 }
 
 static void FN(pack_task)(void *ctx, idx_t t)
@@ -724,7 +730,7 @@ static void FN(pack_task)(void *ctx, idx_t t)
     int is_a = t < n_pack_a;
     idx_t block = PACK_SLIVERS * (is_a ? GEMM_MR : GEMM_NR);
     idx_t first = is_a ? job->a_packed_from + t * block : (t - n_pack_a) * block;
-    FN(pack_rows)(job, !is_a, is_a ? job->packed_a : job->packed_b, first,
+    FN(pack_rows)(job, !is_a, (is_a ? job->packed_a : job->packed_b) + first * job->steps, first,
                   attnc_min(is_a ? job->M : job->N, first + block));
 }
 
@@ -766,11 +772,11 @@ static void FN(store_panel_transposed)(const FN(gemm_job) *job, const real *pane
 }
 
 /* The C tile at (i, j) += its A sliver . B sliver b, or, in the first K
- * block, = bias + that; A's slivers packed at packed_a but for the whole
+ * block, = bias + that; A's sliver packed at a_sliver but for the whole
  * slivers a streamed job reads in place. A tile cut by the bottom or right
  * edge of C is computed in a buffer first, with the same operations in the
  * same order. */
-static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *packed_a, const real *b,
+static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *a_sliver, const real *b,
                          const char *next_rows)
 {
     idx_t m = attnc_min(GEMM_MR, job->M - i), n = attnc_min(GEMM_NR, job->N - j);
@@ -780,7 +786,7 @@ static void FN(run_tile)(const FN(gemm_job) *job, idx_t i, idx_t j, const real *
     int in_place = GEMM_STREAMED_A_IN_PLACE && i < job->a_packed_from;
     /* (in place only when elem is real: see gemm) */
     const real *a = in_place ? (const real *)FN(operand_row)(&job->a, i) + job->p0 * job->a.cs
-                             : packed_a + i * job->steps;
+                             : a_sliver;
     idx_t a_rs = in_place ? job->a.rs : 1, a_step = in_place ? job->a.cs : GEMM_MR;
     const real *bias = job->p0 == 0 ? job->bias : NULL; /* later K blocks add to C */
     int first = job->p0 == 0;
@@ -869,7 +875,8 @@ static const real *FN(own_copy)(FN(gemm_job) *job)
     int is_b = job->transposed;
     real *copy = (is_b ? job->packed_b : job->packed_a) + me * job->own_stride;
     if (!job->own_packed[me]) {
-        FN(pack_rows)(job, is_b, copy, is_b ? 0 : job->a_packed_from, is_b ? job->N : job->M);
+        idx_t first = is_b ? 0 : job->a_packed_from;
+        FN(pack_rows)(job, is_b, copy + first * job->steps, first, is_b ? job->N : job->M);
         job->own_packed[me] = 1;
     }
     return copy;
@@ -909,6 +916,12 @@ static void FN(multiply_task)(void *ctx, idx_t t)
     idx_t j0 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block);
     idx_t j1 = gemm_block_start(job->N, GEMM_NR, job->n_col_blocks, col_block + 1);
     const real *packed_a = job->packed_a, *packed_b = job->packed_b;
+    idx_t a_first = 0; /* the row packed_a's first sliver holds */
+    if (job->a_by_task) {
+        real *own = job->packed_a + attnc_thread_index() * job->own_stride;
+        FN(pack_rows)(job, 0, own, i0, i1);
+        packed_a = own, a_first = i0;
+    }
     if (job->own_copies) {
         const real *own = FN(own_copy)(job);
         if (job->transposed)
@@ -936,7 +949,8 @@ static void FN(multiply_task)(void *ctx, idx_t t)
         for (idx_t i = i0; i < i1 && (!job->streamed || !attnc_interrupted()); i += GEMM_MR)
             for (idx_t j = jb; j < je; j += GEMM_NR, tile++) {
                 const real *b = pack ? slot + (j - jb) * job->steps : packed_b + j * job->steps;
-                FN(run_tile)(job, i, j, packed_a, b, pack ? FN(next_sliver_rows)(job, tile, je, width) : NULL);
+                FN(run_tile)(job, i, j, packed_a + (i - a_first) * job->steps, b,
+                             pack ? FN(next_sliver_rows)(job, tile, je, width) : NULL);
             }
     }
 }
@@ -1383,8 +1397,20 @@ static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, F
     int a_in_place = GEMM_STREAMED_A_IN_PLACE && ELEM_IS_REAL && a.cs == 1 &&
                      (a.rs * (idx_t)sizeof(real)) % GEMM_SET_ALIASING_BYTES != 0;
     int own_copies = threads > 1 && threads <= GEMM_OWN_COPY_THREADS;
+    /* The blocked order's tasks: row blocks of at most mc rows; column
+     * blocks of at most NC columns, narrower when there are too few row
+     * blocks to keep every thread busy: at least two tasks per thread. With
+     * one column block its tasks read A once (a_by_task), and a far A
+     * takes it: against far-x, 5 rounds, best / median, (65536, 768) -> 256
+     * 0.80 / 0.78x on 2 threads and 0.86 / 0.79x on 1, (65536, 512) -> 512
+     * 0.79 / 0.78x and 0.92 / 0.93x, (65536, 1024) -> 256 on 1 thread 0.63
+     * / 0.62x, (8192, 768) -> 384 1.01 / 1.00x and 0.88 / 0.86x (a Xeon
+     * family 6 model 207, benchmarks/NOTES.md) */
+    idx_t row_blocks = attnc_ceil_div(M, mc), slivers = attnc_ceil_div(N, GEMM_NR);
+    idx_t for_threads = attnc_ceil_div(2 * threads, row_blocks), for_nc = attnc_ceil_div(slivers, GEMM_NC / GEMM_NR);
+    idx_t col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
     int far_a = GEMM_FAR_A_BY_B_BLOCKS && attnc_cpu_is_intel() && a_block_bytes > GEMM_STREAMED_A_BYTES &&
-                (a_in_place || !own_copies || a_block_bytes <= GEMM_FAR_A_COPY_BYTES);
+                col_blocks > 1 && (a_in_place || !own_copies || a_block_bytes <= GEMM_FAR_A_COPY_BYTES);
     int streamed = !transposed && attnc_ceil_div(N, GEMM_NR) >= 2 * threads && (far_a || a_block_bytes <= streamed_max);
     FN(gemm_job) job = {.c = (real *)g->c, .c_rs = g->c_rs, .transposed = transposed, .streamed = streamed,
                         .packed_weights = transposed ? NULL : g->packed_b,
@@ -1411,14 +1437,19 @@ static FN(gemm_job) FN(plan_job)(const attnc_gemm_args *g, FN(gemm_operand) a, F
         job.block_slivers =
             far_a && block_max > 1 ? attnc_ceil_div(task_slivers, attnc_ceil_div(task_slivers, block_max)) : 1;
     } else {
-        /* row blocks of at most mc rows; column blocks of at most NC
-         * columns, narrower when there are too few row blocks to keep every
-         * thread busy: at least two tasks per thread */
         job.M = M, job.N = N, job.a = a, job.b = b;
-        job.n_row_blocks = attnc_ceil_div(M, mc);
-        idx_t slivers = attnc_ceil_div(N, GEMM_NR), for_threads = attnc_ceil_div(2 * threads, job.n_row_blocks);
-        idx_t for_nc = attnc_ceil_div(slivers, GEMM_NC / GEMM_NR);
-        job.n_col_blocks = attnc_min(slivers, for_threads > for_nc ? for_threads : for_nc);
+        job.n_row_blocks = row_blocks, job.n_col_blocks = col_blocks;
+        /* One column block: a task packs its own row block of A, which no
+         * other task reads, into its thread's block that stays in L2,
+         * instead of pass 1 packing all of A into memory for pass 2 to read
+         * back (a fresh buffer of A's size each call: 23 % of a (65536,
+         * 1024) x (256, 1024)^T product's samples were the kernel clearing
+         * its pages). On a Xeon family 6 model 207, 2 threads, 9 rounds,
+         * best / median: that product 0.74 / 0.74x the time, (16384, 1024)
+         * -> 512 0.90 / 0.88x, (1024, 512) -> 512 0.98 / 0.90x, module (8,
+         * 128, 512) 0.98 / 0.97x, frozen 0.93 / 0.97x; 1 thread 0.96-1.04x
+         * (benchmarks/NOTES.md) */
+        job.a_by_task = job.n_col_blocks == 1;
     }
     /* packed A and B: a transposed job's A its irregular slivers, a
      * streamed job's B a block of slivers per task; the small operand (A
@@ -1461,14 +1492,20 @@ attnc_status FN(gemm)(const attnc_gemm_args *g)
                                      : ATTNC_GEMM_BLOCKED);
     size_t a_bytes, b_bytes;
     idx_t steps_max = FN(product_steps)(kc_max, BF16_PAIRS);
-    if (!FN(packed_bytes)(transposed ? job.n_irregular * GEMM_MR : job.M, GEMM_MR, steps_max, &a_bytes) ||
+    idx_t a_rows = transposed       ? job.n_irregular * GEMM_MR
+                   : job.a_by_task ? attnc_ceil_div(attnc_ceil_div(job.M, GEMM_MR), job.n_row_blocks) * GEMM_MR
+                                   : job.M; /* (a_by_task: the largest row block, gemm_block_start) */
+    if (!FN(packed_bytes)(a_rows, GEMM_MR, steps_max, &a_bytes) ||
         !FN(packed_bytes)(job.packed_weights ? 0 : streamed ? job.n_col_blocks * job.block_slivers * GEMM_NR : job.N,
                           GEMM_NR, steps_max, &b_bytes))
         return ATTNC_EOVERFLOW;
-    size_t *small = transposed ? &b_bytes : &a_bytes;
+    /* the copies a thread: own copies of the small operand, or of a task's block of A */
+    size_t *small = transposed ? &b_bytes : &a_bytes, copies = job.own_copies ? (size_t)job.own_copies
+                                                               : job.a_by_task ? (size_t)threads
+                                                                               : 0;
     job.own_stride = (idx_t)(*small / sizeof(real));
-    if (job.own_copies && *small > SIZE_MAX / (size_t)job.own_copies) return ATTNC_EOVERFLOW;
-    if (job.own_copies) *small *= (size_t)job.own_copies;
+    if (copies && *small > SIZE_MAX / copies) return ATTNC_EOVERFLOW;
+    if (copies) *small *= copies;
     idx_t sums_bytes = 0;
     if (!ELEM_IS_REAL && (!attnc_mul_ok(M, N, &sums_bytes) || !attnc_mul_ok(sums_bytes, sizeof(real), &sums_bytes)))
         return ATTNC_EOVERFLOW;

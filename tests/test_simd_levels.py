@@ -135,10 +135,10 @@ def test_linear_each_order_every_level(m, dtype, simd_mode, restore_threads):
     streamed (the weights a sliver at a time, x read in place but for a last
     partial sliver at AVX2 and AVX-512, packed whole at the 16-byte level;
     130 outputs are at least two slivers a thread at every level), 3000 the
-    blocked order (x over 3 MB packed; 1000 rows of float, 1.2 MB, were
-    streamed), but on Intel at AVX-512 streamed by blocks of weight slivers
-    (GEMM_FAR_A_BY_B_BLOCKS), where 1500 rows of float (1.8 MB) take the
-    blocked order (streamed elsewhere): each against float64, on 1 and 2
+    blocked order (x over 3 MB, a task packing its own rows of it: 130
+    outputs are one column block, which the far-x order leaves to the blocked
+    one; 1000 rows of float, 1.2 MB, were streamed), as on Intel at AVX-512
+    1500 rows of float (1.8 MB) are (streamed elsewhere): each against float64, on 1 and 2
     threads, and each row's bits as when alone (one row takes the few-rows
     order)."""
     rng = np.random.default_rng(m)
@@ -163,34 +163,36 @@ def test_transposed_order_cap_every_level(m, simd_mode, restore_threads):
                                  None if cap is None else "transposed" if m <= cap else "streamed")
 
 
-@pytest.mark.parametrize("m", [12, 97, 400, 1000])
+@pytest.mark.parametrize("m,n", [(12, 130), (97, 130), (400, 130), (1000, 130), (1000, 530)],
+                         ids=["12", "97", "400", "1000", "1000x530"])
 @pytest.mark.parametrize("layout", ["weight by columns", "x by columns", "both by columns", "x rows repeated",
                                     "x rows reversed"])
 @pytest.mark.parametrize("elem", [np.float32, np.float64, np.float16], ids=["f32", "f64", "f16"])
-def test_linear_operands_by_columns_every_level(m, layout, elem, simd_mode, restore_threads):
+def test_linear_operands_by_columns_every_level(m, n, layout, elem, simd_mode, restore_threads):
     """A weight, or a 2-D x, given as the transpose of a C-ordered array
     (row stride 1: the layout of dY^T and of W in a gradient's products) is
     read in place, each step's elements packed from one run (x is not
     copied first), and so is a 2-D x of any other strides (one row
     broadcast, rows reversed): the same bits as the contiguous copies, in
     the streamed and blocked orders (400 and 1000 rows: 1000 rows of a K
-    block are 4 MB of float, past the streamed order's 2 or 3 MB; far-x on
-    Intel at AVX-512's width, as 3000 rows were, at a third of their time)
-    and the orders of 12 and 97 rows, 130 outputs (the last sliver
-    partial), K two blocks and a bit, on 1 and 2 threads, against float64.
-    float16 widens as it packs."""
+    block are 4 MB of float, past the streamed order's 2 or 3 MB: blocked,
+    130 outputs in one column block, whose tasks pack their own rows of x;
+    530 outputs far-x on Intel at AVX-512's width, as 3000 rows were, at a
+    third of their time, blocked elsewhere) and the orders of 12 and 97
+    rows, 130 or 530 outputs (the last sliver partial), K two blocks and a
+    bit, on 1 and 2 threads, against float64. float16 widens as it packs."""
     rng = np.random.default_rng(m)
     k = 2 * K_BLOCK + 7
     x = {"x by columns": lambda: _r(rng, (k, m), elem).T, "both by columns": lambda: _r(rng, (k, m), elem).T,
          "x rows repeated": lambda: np.broadcast_to(_r(rng, (1, k), elem), (m, k)),
          "x rows reversed": lambda: _r(rng, (m, k), elem)[::-1]}.get(layout, lambda: _r(rng, (m, k), elem))()
-    w = _r(rng, (k, 130), elem).T if layout in ("weight by columns", "both by columns") else _r(rng, (130, k), elem)
-    b = _r(rng, (130,), elem)
+    w = _r(rng, (k, n), elem).T if layout in ("weight by columns", "both by columns") else _r(rng, (n, k), elem)
+    b = _r(rng, (n,), elem)
     for threads in (1, 2):
         attnc.set_num_threads(threads)
         got = F.linear(x, w, b)
-        if m == 1000:  # (far-x's blocks of one sliver are reported as the streamed order)
-            assert attnc._C.last_gemm_order() in ({"far_x", "streamed"} if _far_x_order() else {"blocked"}), simd_mode
+        if m == 1000:
+            assert attnc._C.last_gemm_order() == ("far_x" if _far_x_order() and n == 530 else "blocked"), simd_mode
         np.testing.assert_array_equal(got, F.linear(np.ascontiguousarray(x), np.ascontiguousarray(w), b),
                                       f"{simd_mode} M={m}")
     assert_close(got, x.astype(np.float64) @ w.astype(np.float64).T + b, elem, f"{simd_mode} M={m}")
@@ -199,14 +201,12 @@ def test_linear_operands_by_columns_every_level(m, layout, elem, simd_mode, rest
 def test_the_orders_test_reaches_every_order_every_level(dtype, simd_mode, restore_threads):
     """test_linear_each_order_every_level's sizes, with one row, reach every order of the
     GEMM at every level on this CPU: few rows, transposed, streamed and blocked (1000 rows
-    added for double on Intel at AVX-512, where 1500 and 3000 take the far-x order), and
-    far-x for double on Intel at AVX-512 (float's 130 outputs make one-sliver blocks
-    there: the streamed order's; test_linear_far_x_by_weight_blocks_every_level has its own)."""
+    added for double on Intel at AVX-512, where 1500 and 3000 had taken the far-x order;
+    130 outputs are one column block, which it leaves to the blocked order:
+    test_linear_far_x_by_weight_blocks_every_level has its own)."""
     attnc.set_num_threads(2)  # (as that test's second call; its first, on 1 thread, takes the same orders)
     reached = {_order_of(np.ones((m, 300), dtype), np.ones((130, 300), dtype)) for m in [1] + EACH_ORDER_ROWS}
     expected = {"few_rows", "transposed", "streamed", "blocked"}
-    if _far_x_order() and np.dtype(dtype) == np.float64:
-        expected.add("far_x")
     assert expected <= reached, (simd_mode, reached)
 
 
