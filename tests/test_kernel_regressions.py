@@ -622,6 +622,30 @@ def test_sigint_stops_a_softmax_backward_between_blocks_of_rows():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_zero_grad_between_blocks_of_a_buffer():
+    """zero_grad filled each gradient buffer with one memset, holding the GIL: Ctrl-C
+    into the zero_grad of a 1 GiB buffer waited for it, 0.1 s (a Ctrl-C audit, 2026-12-07).
+    It now fills blocks of 8 MB, Python asking between. The next zero_grad must leave every
+    element zero (the buffer filled with ones first)."""
+    out = _run_child("""
+        import numpy as np
+        import attnc
+        layer = attnc.Linear(8, 8)
+        layer.weight = np.ones((1 << 14, 1 << 14), np.float32)  # 1 GiB, and its gradient
+        layer.zero_grad()
+        for seconds in (0.005, 0.02, 0.05):
+            print("delay", sigint_delay_from_outside(seconds, layer.zero_grad), "at", seconds)
+        grad = dict(layer.named_grads())["weight"]
+        grad[...] = 1
+        layer.zero_grad()
+        assert grad is dict(layer.named_grads())["weight"] and not grad.any()
+        print("next zero_grad ok")
+    """, timeout=300, sigint=True)
+    assert "next zero_grad ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 def test_sigint_stops_a_streamed_task_between_slivers_of_x():
     """A streamed product's task multiplies all of x by its weight slivers: Ctrl-C was asked
     only between blocks of slivers there, and a block of one sliver (256 outputs, a sliver
