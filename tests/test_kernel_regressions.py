@@ -646,6 +646,34 @@ def test_sigint_stops_zero_grad_between_blocks_of_a_buffer():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_the_head_average_of_the_weights_between_blocks():
+    """nn.MultiheadAttention's averaged weights were one NumPy mean over the heads of all
+    the weights, the GIL held: Ctrl-C into it waited for all of it, up to 0.31 s in a
+    forward with 512 MiB of weights (8 heads of 4096 x 4096; a Ctrl-C audit, 2026-12-07).
+    The mean (multihead._head_mean, called here alone so that the SIGINTs land in it) now
+    takes blocks of 2**18 elements, Python asking between. The next mean must be float64
+    NumPy's over the heads, and a module's averaged weights that of its per-head ones."""
+    out = _run_child("""
+        import numpy as np
+        import attnc
+        from attnc.multihead import _head_mean
+        weights = np.full((1, 8, 4096, 4096), 0.25, np.float32)
+        for seconds in (0.01, 0.03, 0.06):
+            print("delay", sigint_delay_from_outside(seconds, lambda: _head_mean(weights)), "at", seconds)
+        w = np.random.default_rng(0).random((3, 4, 700, 500)).astype(np.float32)  # items of 1.4 M elements: by rows
+        np.testing.assert_allclose(_head_mean(w), w.astype(np.float64).mean(axis=1), rtol=1e-6)
+        mha = attnc.nn.MultiheadAttention(64, 8, rng=np.random.default_rng(0)).eval()
+        x = np.random.default_rng(1).standard_normal((9, 2, 64)).astype(np.float32)
+        averaged = mha(x, x, x, need_weights=True)[1]
+        per_head = mha(x, x, x, need_weights=True, average_attn_weights=False)[1]
+        np.testing.assert_allclose(averaged, per_head.astype(np.float64).mean(axis=1), rtol=1e-6, atol=1e-7)
+        print("next call ok")
+    """, timeout=300, sigint=True)
+    assert "next call ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 def test_sigint_stops_a_streamed_task_between_slivers_of_x():
     """A streamed product's task multiplies all of x by its weight slivers: Ctrl-C was asked
     only between blocks of slivers there, and a block of one sliver (256 outputs, a sliver
