@@ -490,7 +490,7 @@ class MultiheadAttention(Module):
         batched = converted[id(query)].ndim == 3
         batch_first = {i: _from_layout(a, batched, geometry) for i, a in converted.items()}
         if keep:
-            batch_first = {i: np.array(a, order="C") for i, a in batch_first.items()}
+            batch_first = {i: _C.copy(a) for i, a in batch_first.items()}
         q_in, k_in, v_in = (batch_first[id(x)] for x in (query, key, value))
         if k_in.shape[:2] != v_in.shape[:2]:
             raise ValueError(f"value: expected key's batch and sequence sizes {k_in.shape[:2]}, got {v_in.shape[:2]}")
@@ -747,18 +747,20 @@ def _split_heads(t, geometry):
 
 
 def _merge_heads(t):
-    """(N, H, T, head_dim) -> (N, T, H * head_dim), a C-contiguous copy."""
+    """(N, H, T, head_dim) -> (N, T, H * head_dim), a C-contiguous copy (made
+    a block at a time, Ctrl-C asked between: _C.copy)."""
     n, heads, length, head_dim = t.shape
-    return np.ascontiguousarray(t.swapaxes(1, 2)).reshape(n, length, heads * head_dim)
+    return _C.copy(t.swapaxes(1, 2)).reshape(n, length, heads * head_dim)
 
 
 def _to_layout(t, batched, geometry):
     """(N, T, E) -> the caller's layout: (T, N, E), (N, T, E) or (T, E), in
     an array of its own (API.md: results own their data), copied unless it
-    is t itself (t[0], and the swap of an N of 1, would be views)."""
+    is t itself (t[0], and the swap of an N of 1, would be views; _C.copy:
+    a block at a time, Ctrl-C asked between)."""
     if batched and geometry.batch_first:
         return t
-    return np.array(t.swapaxes(0, 1) if batched else t[0], order="C")
+    return _C.copy(t.swapaxes(0, 1) if batched else t[0])
 
 
 def _from_layout(t, batched, geometry):
