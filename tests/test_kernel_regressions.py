@@ -54,24 +54,34 @@ def sigint_delay_from_outside(seconds, call):
     # SIGINT sent by another process, as a terminal's Ctrl-C is: sigint_delay's
     # thread needs the GIL to send it, so a call that holds the GIL delays the
     # sending, not (as Ctrl-C would find) the stop. Times from one monotonic clock.
-    read_end, write_end = os.pipe()
-    start = time.perf_counter()
+    # The countdown starts inside the `try`, at a byte down `go`: started at the
+    # fork, a SIGINT due 10 ms later came while the parent was not yet in the
+    # `try` (under ASan beside another lane, 2026-12-07).
+    go_read, go_write = os.pipe()
+    sent_read, sent_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        time.sleep(max(0.0, start + seconds - time.perf_counter()))
-        sent = time.perf_counter()
-        os.kill(os.getppid(), signal.SIGINT)
-        os.write(write_end, repr(sent).encode())
+        os.close(go_write)
+        os.close(sent_read)
+        if os.read(go_read, 1):
+            time.sleep(seconds)
+            sent = time.perf_counter()
+            os.kill(os.getppid(), signal.SIGINT)
+            os.write(sent_write, repr(sent).encode())
         os._exit(0)
-    os.close(write_end)
+    os.close(go_read)
+    os.close(sent_write)
     try:
+        os.write(go_write, b"g")
         call()
     except KeyboardInterrupt:
         caught = time.perf_counter()
     else:
         raise SystemExit("the call ended without an interrupt")
-    sent = float(os.read(read_end, 64))
-    os.close(read_end)
+    finally:
+        os.close(go_write)
+    sent = float(os.read(sent_read, 64))
+    os.close(sent_read)
     os.waitpid(pid, 0)
     return caught - sent
 """
@@ -356,6 +366,33 @@ def test_module_bits_do_not_depend_on_weights_or_batch(name, dim, seq, dtype, si
 
 # ============================================================================
 # finding 4: Ctrl-C stops a long call within 0.2 s, frees everything, the next call works
+
+
+def test_the_outside_sigint_lands_inside_the_call_when_the_parent_runs_late():
+    """sigint_delay_from_outside's countdown started at its fork: when the parent ran late
+    after the fork (under ASan, beside another lane), a SIGINT due 10 ms later came before
+    its `try` and the child script died of it (a CI failure, 2026-12-07). Here the parent is
+    made 50 ms late after each fork; every SIGINT must still land in the call, sent about
+    `seconds` after it began, not the 40 ms before that a countdown from the fork would give
+    (oracle: the call's own clock)."""
+    out = _run_child("""
+        real_fork = os.fork
+        def late_fork():
+            pid = real_fork()
+            if pid:
+                time.sleep(0.05)
+            return pid
+        os.fork = late_fork
+        for seconds in (0.0, 0.01, 0.02):
+            began = []
+            def call():
+                began.append(time.perf_counter())
+                time.sleep(10)
+            delay = sigint_delay_from_outside(seconds, call)
+            print("delay", delay, "landed", time.perf_counter() - delay - began[0] - seconds)
+    """, sigint=True)
+    for delay, late in _delay_runs(out, 3):
+        assert 0 <= delay < 0.5 and -0.02 < late < 0.5, out
 
 
 @pytest.mark.parametrize("call", ["sdpa", "sdpa_weights", "linear", "linear_strided_weight", "module", "softmax"])
