@@ -21,11 +21,14 @@
  * questions: doubled, up to MAX_QUESTIONS_PER_CLOCK, while readings come
  * less than CLOCK_GAP_NS apart (with the coarse clock: in the same tick),
  * and back to 1 as soon as two come further apart. Cheap questions then pay
- * a reading every 16, and slow ones are polled about one question after
- * the interval (at most 16 where a call turns from cheap questions to slow
- * ones, as when the stride was always 16). */
+ * a reading every 4, and slow ones are polled about one question after
+ * the interval (at most 4 where a call turns from cheap questions to slow
+ * ones). The cap was 16: a softmax row's chunks turned from 0.3 ms to a few
+ * ms when the host was slow to give fresh pages, and 16 of them ran past the
+ * interval (Ctrl-C 0.11 s late in CI runs, 2026-12-07). A reading costs
+ * about 10 ns; the cheapest questions (a product's slivers) about 2 us. */
 #define CLOCK_GAP_NS 1000000LL
-#define MAX_QUESTIONS_PER_CLOCK 16
+#define MAX_QUESTIONS_PER_CLOCK 4
 #ifdef CLOCK_MONOTONIC_COARSE
 #define POLL_CLOCK CLOCK_MONOTONIC_COARSE
 #else

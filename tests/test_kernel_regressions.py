@@ -486,7 +486,9 @@ def test_sigint_stops_one_long_softmax_row():
     after SIGINT in a pytest run (2026-12-07), the host slow to give the
     call's fresh pages (a 2**26 row then took 0.8-2.7 s): the chunks are now
     2**18 elements, and a float32 or float64 row is computed in the output's
-    own row, not in a buffer of its size as well (half the fresh pages)."""
+    own row, not in a buffer of its size as well (half the fresh pages). Then
+    0.11 s in two CI runs beside the ASan suite: 2**16 elements now, and at
+    most 4 questions between two readings of the clock, not 16 (interrupt.c)."""
     out = _run_child("""
         import numpy as np
         from attnc import functional as F
@@ -506,7 +508,7 @@ def test_sigint_stops_one_long_softmax_row():
 def test_softmax_rows_in_the_output_give_the_buffered_rows_bits(dtype):
     """A contiguous float32 or float64 row (the last axis) is computed in the
     output's row; a row along another axis goes through a buffer of its own.
-    Both must give the same bits, over rows of several 2**18-element chunks
+    Both must give the same bits, over rows of several chunks (2**16 elements)
     and a partial one, and match torch.softmax (whose sums over rows this
     long round like attnc's: each 7e-5 from the float64 softmax in float32)."""
     n = 3 * (1 << 18) + 37
@@ -607,7 +609,7 @@ def test_sigint_stops_the_copies_a_freeze_makes(kind):
     nothing, and packed the weights a K block of all their rows between two
     polls (96 MiB for MultiHeadAttention(8192)): Ctrl-C 10 ms into the freeze of a
     float64 MultiHeadAttention(4096) (512 MiB, a 0.45 s freeze) came 0.36 s later
-    (a Ctrl-C audit, 2026-12-07). The copies are now made 8 MB at a time and the
+    (a Ctrl-C audit, 2026-12-07). The copies are now made 1 MB at a time and the
     packing by the pool's tasks, polled between. The module must be unchanged,
     and the next freeze give its forward bit for bit."""
     out = _run_child(f"""
@@ -774,8 +776,9 @@ def test_sigint_stops_the_copy_of_a_large_input(case):
     """Regression (fuzzing): an input the kernels need in another layout or dtype was
     copied by NumPy holding the GIL, polling nothing: Ctrl-C 10 ms into a softmax of a
     transposed (8192, 8192) float32 array came 0.4-0.6 s later, after the whole copy.
-    Copies of more than 8 MB are made 8 MB at a time, Ctrl-C asked about between. Three
-    copies had been left to NumPy (a C-boundary audit, 2026-12-02): an attention input whose
+    Copies of more than 1 MB are made 1 MB at a time, Ctrl-C asked about between (8 MB
+    until a block into fresh pages took 0.22 s, Ctrl-C as late, in a run beside the ASan
+    suite, 2026-12-07). Three copies had been left to NumPy (a C-boundary audit, 2026-12-02): an attention input whose
     rows are strided (a transposed key: 1.9 s after Ctrl-C for 1 GiB), a bias or mask cast
     to the compute dtype (6.2 s for a 4 GiB float64 bias), and the private copy of x a
     training-mode forward keeps. And a parameter's value converted to the module's dtype (a
