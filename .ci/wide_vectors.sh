@@ -3,7 +3,8 @@
 # vector micro-kernel) and the AVX2 ones (8 / 4, 6 x 2), run on any CPU: a
 # copy of the repository is built with its portable kernels at those vector
 # widths (plain vector code, no AVX-512 instruction), and the kernel tests run
-# at that level. A CPU without AVX-512 (and valgrind, which cannot run it)
+# at that level alone (ATTNC_TEST_SIMD_LEVEL: the copy's other levels are this
+# CPU's own kernels, which the README's command ran). A CPU without AVX-512 (and valgrind, which cannot run it)
 # otherwise never executes the logic of the wide tiles and transposes.
 # The width of this CPU's best level is skipped: the README's test command
 # ran every kernel test at that level's own shapes, natively.

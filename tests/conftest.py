@@ -19,6 +19,15 @@ torch.set_num_threads(2)
 DEFAULT_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL") or SIMD_LEVELS[-1]
 attnc._C.set_simd_level(DEFAULT_LEVEL)
 
+# The levels the simd_mode fixtures run a test at: every level this CPU has
+# (best first), or ATTNC_TEST_SIMD_LEVEL's alone. In .ci/wide_vectors.sh's
+# build the other levels are this CPU's own kernels, which the README's test
+# command has just run at every level: that run repeated them until 2026-12-07
+# (560 s of a 1664 s CI for its 32-byte build, most of it at the native levels).
+ONLY_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL")
+FIXTURE_KERNEL_LEVELS = (ONLY_LEVEL,) if ONLY_LEVEL else KERNEL_LEVELS[::-1]
+FIXTURE_SIMD_LEVELS = (ONLY_LEVEL,) if ONLY_LEVEL else SIMD_LEVELS[::-1]
+
 
 def at_level(level):
     attnc._C.set_simd_level(level)
@@ -29,14 +38,15 @@ def at_level(level):
         attnc._C.set_simd_level(DEFAULT_LEVEL)
 
 
-@pytest.fixture(params=KERNEL_LEVELS[::-1])
+@pytest.fixture(params=FIXTURE_KERNEL_LEVELS)
 def simd_mode(request):
     """Runs a test at every kernel ISA level this CPU has (best first), then restores the
-    default; not at the levels that add bfloat16 kernels only (toolkit.BF16_ONLY_LEVELS)."""
+    default; not at the levels that add bfloat16 kernels only (toolkit.BF16_ONLY_LEVELS).
+    With ATTNC_TEST_SIMD_LEVEL, at that level alone."""
     yield from at_level(request.param)
 
 
-@pytest.fixture(params=SIMD_LEVELS[::-1])
+@pytest.fixture(params=FIXTURE_SIMD_LEVELS)
 def simd_mode_all(request):
     """simd_mode at the levels that add bfloat16 kernels only too."""
     yield from at_level(request.param)
