@@ -372,9 +372,9 @@ def test_the_outside_sigint_lands_inside_the_call_when_the_parent_runs_late():
     """sigint_delay_from_outside's countdown started at its fork: when the parent ran late
     after the fork (under ASan, beside another lane), a SIGINT due 10 ms later came before
     its `try` and the child script died of it (a CI failure, 2026-12-07). Here the parent is
-    made 50 ms late after each fork; every SIGINT must still land in the call, sent about
-    `seconds` after it began, not the 40 ms before that a countdown from the fork would give
-    (oracle: the call's own clock)."""
+    made 50 ms late after each fork; every SIGINT must still land in the `try`, sent at
+    least those 50 ms and `seconds` after the helper was called (a countdown from the fork
+    sends it `seconds` after; oracle: the caller's clock)."""
     out = _run_child("""
         real_fork = os.fork
         def late_fork():
@@ -384,15 +384,13 @@ def test_the_outside_sigint_lands_inside_the_call_when_the_parent_runs_late():
             return pid
         os.fork = late_fork
         for seconds in (0.0, 0.01, 0.02):
-            began = []
-            def call():
-                began.append(time.perf_counter())
-                time.sleep(10)
-            delay = sigint_delay_from_outside(seconds, call)
-            print("delay", delay, "landed", time.perf_counter() - delay - began[0] - seconds)
+            called = time.perf_counter()
+            delay = sigint_delay_from_outside(seconds, lambda: time.sleep(10))
+            sent = time.perf_counter() - delay  # (at or after the send: read after the catch)
+            print("delay", delay, "sent-late-by", sent - called - 0.05 - seconds)
     """, sigint=True)
     for delay, late in _delay_runs(out, 3):
-        assert 0 <= delay < 0.5 and -0.02 < late < 0.5, out
+        assert 0 <= delay < 0.5 and 0 <= late < 0.5, out
 
 
 @pytest.mark.parametrize("call", ["sdpa", "sdpa_weights", "linear", "linear_strided_weight", "module", "softmax"])
