@@ -23,10 +23,12 @@
  * and back to 1 as soon as two come further apart. Cheap questions then pay
  * a reading every 4, and slow ones are polled about one question after
  * the interval (at most 4 where a call turns from cheap questions to slow
- * ones). The cap was 16: a softmax row's chunks turned from 0.3 ms to a few
- * ms when the host was slow to give fresh pages, and 16 of them ran past the
- * interval (Ctrl-C 0.11 s late in CI runs, 2026-12-07). A reading costs
- * about 10 ns; the cheapest questions (a product's slivers) about 2 us. */
+ * ones). The cap was 16: a softmax row's chunks can turn from 0.3 ms to a
+ * few ms when the host is slow to give fresh pages, and 16 of them would run
+ * past the interval (the likely cause, not reproduced, of Ctrl-C 0.11 s late
+ * in two CI runs, 2026-12-07). A reading costs about 10 ns; the cheapest
+ * questions, a product's slivers of x, about 2.5 us ((4096, 256) by
+ * (256, 256)^T: 1376 questions in 3.4 ms on one thread). */
 #define CLOCK_GAP_NS 1000000LL
 #define MAX_QUESTIONS_PER_CLOCK 4
 #ifdef CLOCK_MONOTONIC_COARSE

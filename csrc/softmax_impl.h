@@ -7,7 +7,7 @@
  * Ctrl-C between chunks: one row of 2**29 floats had run 4-6 s with no
  * question. 2**20 elements were still up to 94 ms when the host was slow
  * to give fresh pages (a pytest run, 2026-12-07); with 2**18 (1 MB of fresh
- * output, 1-4 ms there) Ctrl-C was 0.11 s late in two CI runs, when up to 16
+ * output, 1-4 ms there) Ctrl-C was 0.11 s late in two CI runs, where up to 16
  * could pass between readings of the clock (interrupt.c). A multiple of ROW_LANES and
  * of every VLANES, so the chunks compute what the whole row would (vexp.h). */
 #define SOFTMAX_CHUNK ((idx_t)1 << 16)
