@@ -16,7 +16,8 @@ torch.set_num_threads(2)
 # The level every test runs at unless it asks for another: the best this CPU
 # has, or ATTNC_TEST_SIMD_LEVEL (.ci/wide_vectors.sh runs the portable level
 # built with the AVX-512 vector width)
-DEFAULT_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL") or SIMD_LEVELS[-1]
+ONLY_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL")
+DEFAULT_LEVEL = ONLY_LEVEL or SIMD_LEVELS[-1]
 attnc._C.set_simd_level(DEFAULT_LEVEL)
 
 # The levels the simd_mode fixtures run a test at: every level this CPU has
@@ -24,7 +25,6 @@ attnc._C.set_simd_level(DEFAULT_LEVEL)
 # build the other levels are this CPU's own kernels, which the README's test
 # command has just run at every level: that run repeated them until 2026-12-07
 # (560 s of a 1664 s CI for its 32-byte build, most of it at the native levels).
-ONLY_LEVEL = os.environ.get("ATTNC_TEST_SIMD_LEVEL")
 FIXTURE_KERNEL_LEVELS = (ONLY_LEVEL,) if ONLY_LEVEL else KERNEL_LEVELS[::-1]
 FIXTURE_SIMD_LEVELS = (ONLY_LEVEL,) if ONLY_LEVEL else SIMD_LEVELS[::-1]
 
