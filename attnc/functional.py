@@ -27,6 +27,7 @@ a new C-contiguous array.
 import numpy as np
 
 from . import _C
+from ._blocks import blocks
 from ._checks import as_array, flag, integer, is_floating
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
@@ -676,11 +677,7 @@ def softmax_backward(grad_out, out, axis=-1):
     # size. Never split along the last axis (blocks of strided columns took
     # 1.4-2x the time): a 2-d array's softmax along axis 0 is computed whole.
     split = 1 if axis % g.ndim == 0 else 0
-    parts = [()]
-    if split < g.ndim - 1:
-        count = g.shape[split]
-        block = max(1, _SOFTMAX_BACKWARD_BLOCK // (g.size // count))
-        parts = [(slice(None),) * split + (slice(first, first + block),) for first in range(0, count, block)]
+    parts = blocks(g.shape, (split,), _SOFTMAX_BACKWARD_BLOCK) if split < g.ndim - 1 else [()]
     for part in parts:
         g_part, y_part = _widened(g[part]), _widened(y[part])
         gy = g_part * y_part

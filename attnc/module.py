@@ -13,6 +13,7 @@ import weakref
 import numpy as np
 
 from . import _C
+from ._blocks import blocks
 from ._checks import as_array, bfloat16, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
@@ -188,10 +189,8 @@ def _initial_values(make, shape, sizes, dtype):
     those of the constructor making the layer: _sized_by)."""
     try:
         values = np.empty(shape, dtype)
-        rows = max(1, _DRAW_BLOCK_ELEMENTS // max(1, math.prod(shape[1:])))
-        for first in range(0, shape[0], rows):
-            end = min(first + rows, shape[0])
-            values[first:end] = make((end - first,) + tuple(shape[1:]))
+        for part in blocks(shape, (0,), _DRAW_BLOCK_ELEMENTS):
+            values[part] = make(values[part].shape)
         return values
     except (ValueError, MemoryError, OverflowError) as error:  # NumPy's _ArrayMemoryError is a MemoryError;
         # OverflowError: a size past any float, in the scale of the values make draws

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _C
+from ._blocks import blocks
 from ._checks import as_array, divides, flag, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
@@ -686,17 +687,10 @@ def _head_mean(weights):
     NumPy mean of 512 MiB of weights, the GIL held, had kept it waiting 0.25
     s. Each element is the same in-order sum over the heads, divided by H,
     as in one mean of all."""
-    n, heads, length, keys = weights.shape
+    n, _, length, keys = weights.shape
     averaged = np.empty((n, length, keys), weights.dtype)
-    item = heads * length * keys
-    if item <= _HEAD_MEAN_BLOCK:
-        step = _HEAD_MEAN_BLOCK // max(item, 1)
-        parts = [(slice(first, first + step),) for first in range(0, n, step)]
-    else:
-        step = max(1, _HEAD_MEAN_BLOCK // (heads * keys))
-        parts = [(i, slice(first, first + step)) for i in range(n) for first in range(0, length, step)]
-    for part in parts:
-        averaged[part] = _widened(weights[(part[0], slice(None)) + part[1:]]).mean(axis=-3)
+    for part in blocks(weights.shape, (0, 2), _HEAD_MEAN_BLOCK):  # (the heads always whole)
+        averaged[part[:1] + part[2:]] = _widened(weights[part]).mean(axis=-3)
     return averaged
 
 

@@ -1,0 +1,55 @@
+"""attnc._blocks.blocks, the blocks in which softmax_backward, the heads'
+mean of the weights and the parameters' initial draws do their NumPy work
+(Ctrl-C taken between blocks): checked for what its callers rely on, against
+counts made element by element."""
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnc._blocks import blocks
+
+
+@st.composite
+def shapes_and_axes(draw):
+    shape = tuple(draw(st.lists(st.integers(0, 6), min_size=1, max_size=4)))
+    axes = draw(st.permutations(range(len(shape))))
+    return shape, tuple(axes[:draw(st.integers(1, len(shape)))])
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes_and_axes(), st.integers(1, 400))
+def test_blocks_cover_each_element_once_in_order_and_hold_about_the_budget(shape_and_axes, elements):
+    shape, axes = shape_and_axes
+    seen = np.zeros(shape, np.int64)
+    elements_of = np.arange(math.prod(shape)).reshape(shape)  # (any array of the shape)
+    last_starts = ()
+    for part in blocks(shape, axes, elements):
+        assert len(part) == len(shape)
+        for axis, index in enumerate(part):
+            if axis not in axes:  # the axes not listed: always whole
+                assert index == slice(None)
+        seen[part] += 1
+        block = elements_of[part]
+        if block.size == 0:  # (an array of no elements: its blocks have none either)
+            assert elements_of.size == 0
+            continue
+        # in order along the axes as listed (for the initial draws: a generator's
+        # draws for a block follow those of the block before)
+        starts = tuple(part[axis] if isinstance(part[axis], int) else part[axis].indices(shape[axis])[0]
+                       for axis in axes)
+        assert starts > last_starts
+        last_starts = starts
+        # one index of an axis is taken alone only when it holds more than `elements`
+        for i, axis in enumerate(axes):
+            if isinstance(part[axis], int):
+                assert math.prod(n for d, n in enumerate(shape) if d not in axes[:i + 1]) > elements
+        # the axis split: at most `elements` (or one index of it), and no fewer
+        # than fit unless the axis ends there
+        (split,) = [axis for axis, index in enumerate(part) if isinstance(index, slice) and index != slice(None)]
+        first, stop, _ = part[split].indices(shape[split])
+        one_index = block.size // (stop - first)
+        assert block.size <= max(elements, one_index)
+        assert stop == shape[split] or block.size + one_index > elements
+    assert (seen == 1).all()
