@@ -48,22 +48,29 @@ tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__p
     -cf - . | tar -C "$src" -xf -
 
 # -- a fresh venv with the test dependencies (pip's own config/caches apply) ---
+# The build needs NumPy alone: the other test dependencies (torch and the
+# rest, about 45 s to install) are installed while it runs.
+installing_test_deps=
 if [[ -n ${ENV_PYTHON:-} ]]; then
     venv_py="$ENV_PYTHON"
 else
     "$python" -m venv "$work/venv"
     venv_py="$work/venv/bin/python"
-    "$venv_py" -m pip install -q --upgrade pip setuptools wheel
+    "$venv_py" -m pip install -q --upgrade pip setuptools wheel "numpy>=2.0"
     # the project's own test extras (pytest, hypothesis, torch, ...), read from pyproject.toml
     mapfile -t test_deps < <("$venv_py" -c 'import tomllib; print("\n".join(tomllib.load(open("'"$src"'/pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
-    "$venv_py" -m pip install -q "numpy>=2.0" "${test_deps[@]}"
+    "$venv_py" -m pip install -q "${test_deps[@]}" > "$work/pip.log" 2>&1 &
+    installing_test_deps=$!
 fi
 
 # -- the sanitized build, in place in the copy --------------------------------
 cd "$src"
 # (without the kernels this CPU cannot run: setup.py's ATTNC_SKIP_UNRUNNABLE_KERNELS)
 ATTNC_SANITIZE=1 ATTNC_SKIP_UNRUNNABLE_KERNELS=1 "$venv_py" setup.py -q build_ext --inplace > build.log 2>&1 ||
-    { cat build.log; exit 1; }
+    { cat build.log; [[ -z $installing_test_deps ]] || kill "$installing_test_deps"; exit 1; }
+if [[ -n $installing_test_deps ]]; then
+    wait "$installing_test_deps" || { cat "$work/pip.log"; exit 1; }
+fi
 symbols="$(nm -D attnc/_C*.so)"
 [[ $symbols == *__asan_init* && $symbols == *__ubsan_handle* ]] || {
     echo "sanitize.sh: the extension is not instrumented" >&2; exit 1; }
