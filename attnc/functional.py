@@ -27,7 +27,7 @@ a new C-contiguous array.
 import numpy as np
 
 from . import _C
-from ._blocks import blocks
+from ._blocks import blocks, converted
 from ._checks import as_array, flag, integer, is_floating
 
 __all__ = ["linear", "softmax", "scaled_dot_product_attention", "linear_backward", "softmax_backward",
@@ -414,14 +414,14 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
         bias = as_array(attn_bias, "attn_bias")
         rounded = bias.dtype.kind in "iu" or is_floating(bias.dtype)  # others: the C layer's error
         with np.errstate(over="ignore"):  # (beyond the dtype's range: -inf, as the C layer reads it)
-            attn_bias = bias.astype(result_dtype) if rounded else bias
+            attn_bias = converted(bias, result_dtype) if rounded else bias
     grads = _C.scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=attn_mask,
                                                      is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                                                      attn_bias=attn_bias, causal_alignment=causal_alignment,
                                                      window=window, seed=seed, dtype=widened)
     # (reshaped only where the grouped heads' views made another shape: a reshape to the same shape
     # would give views where the C layer's arrays own their data)
-    return tuple(_shaped(grad.astype(result_dtype, copy=False), shape) for grad, shape in zip(grads, shapes))
+    return tuple(_shaped(converted(grad, result_dtype), shape) for grad, shape in zip(grads, shapes))
 
 
 def _shaped(array, shape):

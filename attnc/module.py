@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from . import _C
-from ._blocks import blocks
+from ._blocks import blocks, converted
 from ._checks import as_array, bfloat16, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
@@ -1013,7 +1013,7 @@ class Module:
                                    "forward and backward at a time; share it between threads in eval mode)")
             buffers, sources, adds = self._additions_of_grads(grads)
             _C.commit(buffers, sources, [(self, "_saved", None)], adds)
-        return grad_x.astype(saved[2], copy=False)
+        return converted(grad_x, saved[2])
 
     # -- randomness ----------------------------------------------------------
     def _generator(self):

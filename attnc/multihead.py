@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _C
-from ._blocks import blocks
+from ._blocks import blocks, converted
 from ._checks import as_array, divides, flag, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
@@ -637,8 +637,8 @@ class MultiheadAttention(Module):
             grads["in_proj_bias"] = np.concatenate([part[2] for part in projected])
         grads["out_proj.weight"], grads["out_proj.bias"] = grad_w_out, grad_b_out
         grad_query, grad_key, grad_value = (_to_layout(g, batched, geometry) for g in grad_inputs)
-        return (self._finish_backward(state, grads, grad_query), grad_key.astype(grad_dtypes[0], copy=False),
-                grad_value.astype(grad_dtypes[1], copy=False))
+        return (self._finish_backward(state, grads, grad_query), converted(grad_key, grad_dtypes[0]),
+                converted(grad_value, grad_dtypes[1]))
 
 
 def _computed_with(value, name, dtype):

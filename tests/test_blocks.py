@@ -1,14 +1,17 @@
-"""attnc._blocks.blocks, the blocks in which softmax_backward, the heads'
+"""attnc._blocks: blocks(), the blocks in which softmax_backward, the heads'
 mean of the weights and the parameters' initial draws do their NumPy work
-(Ctrl-C taken between blocks): checked for what its callers rely on, against
-counts made element by element."""
+(Ctrl-C taken between blocks), checked for what its callers rely on against
+counts made element by element; converted(), checked against NumPy's astype."""
 import math
 
+import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnc._blocks import blocks
+from attnc import _blocks
+from attnc._blocks import blocks, converted
 
 
 @st.composite
@@ -53,3 +56,36 @@ def test_blocks_cover_each_element_once_in_order_and_hold_about_the_budget(shape
         assert block.size <= max(elements, one_index)
         assert stop == shape[split] or block.size + one_index > elements
     assert (seen == 1).all()
+
+
+def _arrays_to_convert():
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((5, 7, 300)) * 1e3
+    values[0, 0, :3] = [np.inf, -np.nan, 1e300]  # (past float16's range: inf, as astype rounds it)
+    with np.errstate(over="ignore"):
+        as_float32 = values.astype(np.float32)
+    yield "c-order", values
+    yield "transposed", values.transpose(2, 0, 1)
+    yield "strided", values[::2, :, ::3]
+    yield "one-d", values.reshape(-1)
+    yield "empty", values[:, :0]
+    yield "zero-d", np.array(2.5)
+    yield "float32", as_float32
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name, array", list(_arrays_to_convert()), ids=[name for name, _ in _arrays_to_convert()])
+def test_converted_gives_astypes_values_by_blocks(name, array, dtype, monkeypatch):
+    """converted (a gradient or a bias to the dtype a call returns, Ctrl-C taken
+    between blocks): the values of NumPy's astype, in blocks small enough here to
+    take many; the array itself when it has the dtype already."""
+    dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    monkeypatch.setattr(_blocks, "_CONVERT_BLOCK", 97)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = converted(array, dtype)
+        expected = array.astype(dtype)
+    if array.dtype == dtype:
+        assert got is array
+    assert got.dtype == dtype and got.shape == array.shape
+    as_bytes = lambda a: np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # (NaNs' bits too)
+    np.testing.assert_array_equal(as_bytes(got), as_bytes(expected))

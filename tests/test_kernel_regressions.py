@@ -716,6 +716,43 @@ def test_sigint_stops_the_head_average_of_the_weights_between_blocks():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_the_conversion_of_a_gradient_between_blocks():
+    """A backward's input gradients (and a 16-bit SDPA backward's bias) were
+    converted to the dtype they are returned in by one astype, the GIL held:
+    512 MiB of float64 from float32 gradients took 2.2 s into fresh pages
+    here (0.13 s into reused ones), Ctrl-C waiting for all of it (2026-12-07).
+    They are now converted 2**18 elements at a time (_blocks.converted,
+    called here alone so that the SIGINTs land in it), Python asking between.
+    The next conversion must give astype's values, and a float32 module's
+    backward for a float64 input the float32 input's gradients, in float64."""
+    out = _run_child("""
+        import numpy as np
+        import attnc
+        from attnc._blocks import converted
+        grad = np.full((8192, 8192), 0.25, np.float32)
+        for seconds in (0.01, 0.03, 0.06):
+            print("delay", sigint_delay_from_outside(seconds, lambda: converted(grad, np.float64)), "at", seconds)
+        small = np.random.default_rng(0).standard_normal((300, 700)).astype(np.float32)
+        np.testing.assert_array_equal(converted(small, np.float64), small.astype(np.float64))
+        x = np.random.default_rng(2).standard_normal((3, 5, 16)).astype(np.float32)
+        for m, args in ((attnc.SelfAttentionV2(16, rng=np.random.default_rng(1)), lambda x: (x,)),
+                        (attnc.nn.MultiheadAttention(16, 2, rng=np.random.default_rng(1)), lambda x: (x, x, x))):
+            grads = []
+            for given in (x, x.astype(np.float64)):
+                out = m(*args(given))
+                out = out[0] if isinstance(out, tuple) else out
+                grads.append(m.backward(np.ones_like(out)))
+                m.zero_grad()
+            for of_float32, of_float64 in zip(*(g if isinstance(g, tuple) else (g,) for g in grads)):
+                assert of_float64.dtype == np.float64
+                np.testing.assert_array_equal(of_float64, of_float32.astype(np.float64))
+        print("next call ok")
+    """, timeout=300, sigint=True)
+    assert "next call ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 def test_sigint_stops_a_streamed_task_between_slivers_of_x():
     """A streamed product's task multiplies all of x by its weight slivers: Ctrl-C was asked
     only between blocks of slivers there, and a block of one sliver (256 outputs, a sliver
