@@ -31,22 +31,30 @@ def _blocks(shape, axes, elements, index):
         yield index[:axis] + (slice(first, first + step),) + index[axis + 1:]
 
 
-# the elements converted between two Ctrl-C checks: 2 MiB of float64
-_CONVERT_BLOCK = 1 << 18
+# the elements a new array is filled with between two Ctrl-C checks: 2 MiB of float64
+_FILL_BLOCK = 1 << 18
+
+
+def filled(shape, dtype, values_of, axes=None):
+    """A new C-ordered array of `shape` and `dtype` whose every block (of
+    about _FILL_BLOCK elements, along `axes`: all by default) is assigned
+    values_of(index of the block), cast as an assignment casts: values_of
+    computes a block's values in temporaries of a block's size. An array of
+    one block is a copy of values_of(()) (an array's whole, as ``x[()]``
+    is): a small array costs about what NumPy's calls alone cost."""
+    if math.prod(shape) <= _FILL_BLOCK:
+        return np.array(values_of(()), dtype, order="C")
+    result = np.empty(shape, dtype)
+    for part in blocks(shape, range(len(shape)) if axes is None else axes, _FILL_BLOCK):
+        result[part] = values_of(part)
+    return result
 
 
 def converted(array, dtype):
     """`array` as `dtype`: the array itself when it has that dtype, else a
-    new C-ordered array of the values ``array.astype(dtype)`` gives,
-    converted a block of about _CONVERT_BLOCK elements at a time:
-    one astype of 512 MiB of float32 gradients to float64 took 2.2 s into
-    fresh pages here (0.13 s into reused ones), Ctrl-C waiting for all of it."""
+    new C-ordered array of the values ``array.astype(dtype)`` gives, filled
+    by blocks: one astype of 512 MiB of float32 gradients to float64 took
+    2.2 s into fresh pages here (0.13 s into reused ones), Ctrl-C waiting
+    for all of it."""
     dtype = np.dtype(dtype)
-    if array.dtype == dtype:
-        return array
-    if array.ndim == 0:
-        return array.astype(dtype)
-    result = np.empty(array.shape, dtype)
-    for part in blocks(array.shape, range(array.ndim), _CONVERT_BLOCK):
-        result[part] = array[part]
-    return result
+    return array if array.dtype == dtype else filled(array.shape, dtype, lambda part: array[part])

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _C
-from ._blocks import blocks, converted
+from ._blocks import blocks, converted, filled
 from ._checks import as_array, divides, flag, is_floating, positive_int
 from ._docs import shared_docs
 from ._random import draw_seed
@@ -476,20 +476,20 @@ class MultiheadAttention(Module):
         in the module dtype): views of the converted inputs, or with `keep`
         private C-contiguous copies for backward. An input given as the same
         object as another is converted (and copied) once."""
-        converted = {}
+        arrays = {}
         for name, x, dim in (("query", query, geometry.embed_dim), ("key", key, geometry.kdim),
                              ("value", value, geometry.vdim)):
-            if id(x) not in converted:
-                converted[id(x)] = _C.as_parameter(x, name=name, dtype=self.dtype)
-            a = converted[id(x)]
-            ndim = converted[id(query)].ndim
+            if id(x) not in arrays:
+                arrays[id(x)] = _C.as_parameter(x, name=name, dtype=self.dtype)
+            a = arrays[id(x)]
+            ndim = arrays[id(query)].ndim
             if a.ndim not in (2, 3) or a.ndim != ndim:
                 raise ValueError(f"{name}: expected 3 dimensions (batched) or 2 (unbatched), as many as query's "
                                  f"{ndim}; got shape {a.shape}")
             if a.shape[-1] != dim:
                 raise ValueError(f"{name}: expected {dim} features last, got shape {a.shape}")
-        batched = converted[id(query)].ndim == 3
-        batch_first = {i: _from_layout(a, batched, geometry) for i, a in converted.items()}
+        batched = arrays[id(query)].ndim == 3
+        batch_first = {i: _from_layout(a, batched, geometry) for i, a in arrays.items()}
         if keep:
             batch_first = {i: _C.copy(a) for i, a in batch_first.items()}
         q_in, k_in, v_in = (batch_first[id(x)] for x in (query, key, value))
@@ -502,42 +502,54 @@ class MultiheadAttention(Module):
     def _score_bias(self, attn_mask, key_padding_mask, batched, n, tgt_len, src_len, geometry, params):
         """The masks as one additive score bias broadcastable to (N, H, L, S'),
         S' = S plus the appended keys (allowed: bias 0); None without masks.
-        A value beyond the module dtype's range (float32's -1e9 in float16,
-        two finfo.min summed) is -inf, the key hidden: no overflow warning."""
+        Each mask's scores are in the module dtype (bool True -> -inf), then
+        summed in it; a value beyond its range (float32's -1e9 in float16, two
+        finfo.min summed) is -inf, the key hidden: no overflow warning. Made
+        in one pass by blocks of whole rows (_blocks.filled), Ctrl-C taken
+        between: whole-array NumPy calls over a (32, 2048, 2048) mask held it
+        for 0.9 s."""
         if attn_mask is None and key_padding_mask is None:
             return None
-        with np.errstate(over="ignore"):
-            heads = geometry.num_heads
-            bias = None
-            if attn_mask is not None:
-                stacked = (n * heads, tgt_len, src_len)
-                expected = (f"(L, S) = {(tgt_len, src_len)} or " +
-                            (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
-                mask = self._additive(attn_mask, "attn_mask", ((tgt_len, src_len), stacked), expected)
-                bias = mask if mask.shape == (tgt_len, src_len) else mask.reshape(n, heads, tgt_len, src_len)
-            if key_padding_mask is not None:
-                shape = (n, src_len) if batched else (src_len,)
-                mask = self._additive(key_padding_mask, "key_padding_mask", (shape,),
+        heads = geometry.num_heads
+        masks = []  # in the bias's axes: (L, S) or (N, H, L, S), and (N, 1, 1, S)
+        if attn_mask is not None:
+            stacked = (n * heads, tgt_len, src_len)
+            expected = (f"(L, S) = {(tgt_len, src_len)} or " +
+                        (f"(N * num_heads, L, S) = {stacked}" if batched else f"(num_heads, L, S) = {stacked}"))
+            mask = self._checked_mask(attn_mask, "attn_mask", ((tgt_len, src_len), stacked), expected)
+            masks.append(mask if mask.shape == (tgt_len, src_len) else mask.reshape(n, heads, tgt_len, src_len))
+        if key_padding_mask is not None:
+            shape = (n, src_len) if batched else (src_len,)
+            mask = self._checked_mask(key_padding_mask, "key_padding_mask", (shape,),
                                       f"{shape} ({'(N, S)' if batched else '(S,)'})")
-                padding = mask.reshape(n, 1, 1, src_len)
-                bias = padding if bias is None else bias + padding
-            extra = (params["bias_k"] is not None) + geometry.zero_attn
-            if bias is not None and extra:
-                bias = np.concatenate([bias, np.zeros(bias.shape[:-1] + (extra,), self.dtype)], axis=-1)
-            return bias
+            masks.append(mask.reshape(n, 1, 1, src_len))
+        given = np.broadcast(*masks).shape
+        extra = (params["bias_k"] is not None) + geometry.zero_attn
 
-    def _additive(self, mask, name, shapes, expected):
-        """A torch-convention mask as scores to add: bool True -> -inf, floats
-        as given; TypeError for another dtype, ValueError (`expected`) for a
-        shape not in `shapes`, both before anything is converted (a wrong,
-        broadcast one of 2**40 elements raised NumPy's MemoryError)."""
+        def scores(part):  # a block of the bias (() the whole): the masks' scores summed, then `extra` zeros
+            total = None
+            for mask in masks:
+                mask = mask if part == () else np.broadcast_to(mask, given)[part]
+                score = np.asarray(np.where(mask, -np.inf, 0.0) if mask.dtype.kind == "b" else mask, self.dtype)
+                total = score if total is None else total + score
+            return np.concatenate([total, np.zeros(total.shape[:-1] + (extra,), self.dtype)], axis=-1) if extra else total
+
+        with np.errstate(over="ignore"):
+            return filled(given[:-1] + (src_len + extra,), self.dtype, scores, axes=range(len(given) - 1))
+
+    def _checked_mask(self, mask, name, shapes, expected):
+        """A torch-convention mask (bool True: not allowed; floats: added to
+        the scores) as an array; TypeError for another dtype, ValueError
+        (`expected`) for a shape not in `shapes`, both before anything is
+        converted (a wrong, broadcast one of 2**40 elements raised NumPy's
+        MemoryError)."""
         mask = as_array(mask, name)
         if mask.dtype.kind != "b" and not is_floating(mask.dtype):
             raise TypeError(f"{name}: expected a bool mask (True: not allowed) or a floating one (added to the "
                             f"scores), got dtype {mask.dtype}")
         if mask.shape not in shapes:
             raise ValueError(f"{name}: expected shape {expected}, got {mask.shape}")
-        return np.where(mask, -np.inf, 0.0).astype(self.dtype) if mask.dtype.kind == "b" else mask.astype(self.dtype)
+        return mask
 
     def _project(self, inputs, params, geometry):
         """The Q, K, V projections of the batch-first inputs split into heads,

@@ -80,7 +80,7 @@ def test_converted_gives_astypes_values_by_blocks(name, array, dtype, monkeypatc
     between blocks): the values of NumPy's astype, in blocks small enough here to
     take many; the array itself when it has the dtype already."""
     dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    monkeypatch.setattr(_blocks, "_CONVERT_BLOCK", 97)
+    monkeypatch.setattr(_blocks, "_FILL_BLOCK", 97)
     with np.errstate(over="ignore", invalid="ignore"):
         got = converted(array, dtype)
         expected = array.astype(dtype)

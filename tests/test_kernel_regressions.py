@@ -753,6 +753,47 @@ def test_sigint_stops_the_conversion_of_a_gradient_between_blocks():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_the_masks_conversion_between_blocks():
+    """nn.MultiheadAttention turned its masks into one score bias by whole-array
+    NumPy calls, the GIL held: a bool attn_mask to float64 scores, those to the
+    module dtype, the key padding added, a zero column appended (add_zero_attn).
+    For (N * H, L, S) = (32, 2048, 2048) each pass is 0.5-1 GiB: Ctrl-C came
+    0.93 s late (2026-12-07). The bias is now made in one pass by blocks of
+    rows (_blocks.filled), Python asking between: SIGINTs 10-60 ms into the
+    forward land in it. The next forward must give torch's output for bool
+    and float masks."""
+    out = _run_child("""
+        import numpy as np
+        import torch
+        import attnc
+        n, heads, length = 4, 8, 2048
+        rng = np.random.default_rng(0)
+        m = attnc.nn.MultiheadAttention(64, heads, add_zero_attn=True, rng=rng).eval()
+        x = rng.random((length, n, 64), dtype=np.float32)
+        attn_mask = rng.random((n * heads, length, length)) < 0.5
+        padding = rng.random((n, length)) < 0.5
+        run = lambda: m(x, x, x, attn_mask=attn_mask, key_padding_mask=padding, need_weights=False)
+        for seconds in (0.01, 0.03, 0.06):
+            print("delay", sigint_delay_from_outside(seconds, run), "at", seconds)
+        torch.manual_seed(0)
+        twin = torch.nn.MultiheadAttention(16, 2, add_zero_attn=True, bias=True).eval()
+        small = attnc.from_torch(twin)
+        xs = rng.standard_normal((5, 3, 16)).astype(np.float32)
+        masks = rng.random((6, 5, 5)) < 0.3, rng.random((3, 5)) < 0.3
+        for as_given in (lambda mask: mask, lambda mask: np.where(mask, -np.inf, 0.0).astype(np.float32)):
+            got = small(xs, xs, xs, attn_mask=as_given(masks[0]), key_padding_mask=as_given(masks[1]))[0]
+            with torch.no_grad():
+                t = torch.from_numpy(xs)
+                expected = twin(t, t, t, attn_mask=torch.from_numpy(as_given(masks[0])),
+                                key_padding_mask=torch.from_numpy(as_given(masks[1])))[0].numpy()
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        print("next call ok")
+    """, timeout=300, sigint=True)
+    assert "next call ok" in out
+    for delay, seconds in _delay_runs(out, 3):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 def test_sigint_stops_a_streamed_task_between_slivers_of_x():
     """A streamed product's task multiplies all of x by its weight slivers: Ctrl-C was asked
     only between blocks of slivers there, and a block of one sliver (256 outputs, a sliver
