@@ -196,6 +196,25 @@ def test_forward_matches_torch(config, mask, weights, dtype):
     assert out.flags.c_contiguous and not np.shares_memory(out, q)
 
 
+@pytest.mark.parametrize("mask", [m for m in MASKS if m != "none"])
+@pytest.mark.parametrize("config", ["default", "bias_kv+zero_attn+nobias"])
+def test_a_score_bias_made_by_blocks_matches_torch(config, mask, dtype, monkeypatch):
+    """The masks' score bias is made by blocks of rows when it passes
+    _blocks._FILL_BLOCK elements (Ctrl-C taken between them), in one call
+    below: here blocks of 7 elements, a block a row of keys (with the
+    appended bias_k and zero keys), against torch."""
+    monkeypatch.setattr(attnc._blocks, "_FILL_BLOCK", 7)
+    options = CONFIGS[config]
+    tm, am = _pair(dtype, seed=1, **options)
+    rng = np.random.default_rng(2)
+    q, k, v = _qkv(rng, dtype, options)
+    masks = _masks(rng, mask, dtype)
+    t_out, t_w, _ = _torch_run(tm.eval(), q, k, v, masks, average_attn_weights=False)
+    out, w = am.eval()(q, k, v, **masks, average_attn_weights=False)
+    _close(out, t_out, dtype, "attn_output")
+    _close(w, t_w, dtype, "attn_weights")
+
+
 @pytest.mark.parametrize("mask", ["none", "attn_bool_2d", "attn_float_3d", "kpm_bool", "attn_bool_3d+kpm_bool"])
 @pytest.mark.parametrize("config", ["default", "bias_kv+zero_attn+nobias", "kdim_vdim", "batch_first"])
 def test_unbatched_matches_torch(config, mask, dtype):
