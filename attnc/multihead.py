@@ -528,11 +528,13 @@ class MultiheadAttention(Module):
 
         def scores(part):  # a block of the bias (() the whole): the masks' scores summed, then `extra` zeros
             total = None
-            for mask in masks:
-                mask = mask if part == () else np.broadcast_to(mask, given)[part]
-                score = np.asarray(np.where(mask, -np.inf, 0.0) if mask.dtype.kind == "b" else mask, self.dtype)
+            for whole in masks:
+                block = whole if part == () else np.broadcast_to(whole, given)[part]
+                score = np.asarray(np.where(block, -np.inf, 0.0) if block.dtype.kind == "b" else block, self.dtype)
                 total = score if total is None else total + score
-            return np.concatenate([total, np.zeros(total.shape[:-1] + (extra,), self.dtype)], axis=-1) if extra else total
+            if not extra:
+                return total
+            return np.concatenate([total, np.zeros(total.shape[:-1] + (extra,), self.dtype)], axis=-1)
 
         with np.errstate(over="ignore"):
             return filled(given[:-1] + (src_len + extra,), self.dtype, scores, axes=range(len(given) - 1))
