@@ -49,7 +49,8 @@ tar -C "$repo" --exclude=./.git --exclude=./build --exclude='*.so' --exclude=__p
 
 # -- a fresh venv with the test dependencies (pip's own config/caches apply) ---
 # The build needs NumPy alone: the other test dependencies (torch and the
-# rest, about 45 s to install) are installed while it runs.
+# rest: most of the 58 s the whole venv took alone, 2026-12-07) are
+# installed while it runs.
 installing_test_deps=
 if [[ -n ${ENV_PYTHON:-} ]]; then
     venv_py="$ENV_PYTHON"
