@@ -627,6 +627,7 @@ def test_sigint_stops_the_copies_a_freeze_makes(kind):
     packing by the pool's tasks, polled between. The module must be unchanged,
     and the next freeze give its forward bit for bit."""
     out = _run_child(f"""
+        import zlib
         import numpy as np
         import attnc
         kind = {kind!r}
@@ -634,14 +635,14 @@ def test_sigint_stops_the_copies_a_freeze_makes(kind):
             module = attnc.MultiHeadAttention(4096, 8, dtype=np.float64).eval()
         else:
             module = attnc.nn.MultiheadAttention(4096, 8, dtype=np.float64).eval()
-        before = {{name: value.copy() for name, value in module.named_parameters()}}
+        before = {{name: zlib.crc32(value) for name, value in module.named_parameters()}}  # (copies: 3.4 s of fresh pages)
         start = time.perf_counter()
         module.freeze()
         whole = time.perf_counter() - start
         for seconds in (0.02, 0.05, 0.1):
             print("delay", sigint_delay_from_outside(seconds, module.freeze), "whole", whole)
         for name, value in module.named_parameters():
-            np.testing.assert_array_equal(value, before[name], err_msg=name)
+            assert zlib.crc32(value) == before[name], name
         x = np.random.default_rng(1).standard_normal((3, 1, 4096))
         frozen, args = module.freeze(), (x,) if kind == "document" else (x, x, x)
         np.testing.assert_array_equal(frozen(*args)[0], module(*args)[0])
@@ -781,8 +782,8 @@ def test_sigint_stops_the_masks_conversion_between_blocks():
         rng = np.random.default_rng(0)
         m = attnc.nn.MultiheadAttention(64, heads, add_zero_attn=True, rng=rng).eval()
         x = rng.random((length, n, 64), dtype=np.float32)
-        attn_mask = rng.random((n * heads, length, length)) < 0.5
-        padding = rng.random((n, length)) < 0.5
+        attn_mask = rng.integers(0, 2, (n * heads, length, length), dtype=bool)  # (rng.random(...) < 0.5: 4.4 s)
+        padding = rng.integers(0, 2, (n, length), dtype=bool)
         run = lambda: m(x, x, x, attn_mask=attn_mask, key_padding_mask=padding, need_weights=False)
         for seconds in (0.01, 0.03, 0.06):
             print("delay", sigint_delay_from_outside(seconds, run), "at", seconds)
