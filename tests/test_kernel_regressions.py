@@ -69,15 +69,17 @@ def sigint_delay_from_outside(seconds, call):
     sent_read, sent_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(go_write)
-        os.close(sent_read)
-        if os.read(go_read, 1):
-            time.sleep(seconds)
-            parent = os.getppid()
-            sent = time.clock_gettime((~parent << 3) | 2)
-            os.kill(parent, signal.SIGINT)
-            os.write(sent_write, repr(sent).encode())
-        os._exit(0)
+        try:  # (an error here must not return into the caller's code in this child)
+            os.close(go_write)
+            os.close(sent_read)
+            if os.read(go_read, 1):
+                time.sleep(seconds)
+                parent = os.getppid()
+                sent = time.clock_gettime((~parent << 3) | 2)
+                os.kill(parent, signal.SIGINT)
+                os.write(sent_write, repr(sent).encode())
+        finally:
+            os._exit(0)
     os.close(go_read)
     os.close(sent_write)
     try:
