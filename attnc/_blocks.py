@@ -50,6 +50,15 @@ def filled(shape, dtype, values_of, axes=None):
     return result
 
 
+def in_place_blocks(shape):
+    """The index tuples of an array of `shape` for work written in place, a
+    block of about _FILL_BLOCK elements at a time: ``...`` alone (the
+    whole, 0-d arrays too) for an array of one block."""
+    if math.prod(shape) <= _FILL_BLOCK:
+        return [...]
+    return blocks(shape, range(len(shape)), _FILL_BLOCK)
+
+
 def converted(array, dtype):
     """`array` as `dtype`: the array itself when it has that dtype, else a
     new C-ordered array of the values ``array.astype(dtype)`` gives, filled

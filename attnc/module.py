@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from . import _C
-from ._blocks import blocks, converted
+from ._blocks import blocks, converted, filled, in_place_blocks
 from ._checks import as_array, bfloat16, flag, is_floating, module_dtype, positive_int
 from ._random import draw_seed, generator
 from .functional import linear_backward
@@ -148,10 +148,14 @@ def _sum_into(total, grad, dtype):
     rounded to dtype, as ``buffer += grad`` rounds it: in grad's memory
     (grad being a backward's own new array) when grad has that dtype, is
     writeable and shares no memory with total (so that no buffer is
-    written before commit), else a new array. The same bits either way."""
+    written before commit), else a new array. The same bits either way.
+    Added by blocks, Ctrl-C taken between them: one add of a float16
+    (8192, 8192) gradient took 0.63 s here, the GIL held."""
     if grad.dtype == dtype and grad.flags.writeable and not np.may_share_memory(total, grad):
-        return np.add(total, grad, out=grad)
-    return np.add(total, grad).astype(dtype, copy=False)
+        for part in in_place_blocks(grad.shape):
+            np.add(total[part], grad[part], out=grad[part])
+        return grad
+    return filled(total.shape, dtype, lambda part: np.add(total[part], grad[part]))
 
 
 # The arguments a module's constructor names its parameters' sizes by, while it

@@ -1,7 +1,9 @@
 """attnc._blocks: blocks(), the blocks in which softmax_backward, the heads'
 mean of the weights and the parameters' initial draws do their NumPy work
 (Ctrl-C taken between blocks), checked for what its callers rely on against
-counts made element by element; converted(), checked against NumPy's astype."""
+counts made element by element; converted(), checked against NumPy's astype;
+the sums of gradients made by blocks (in_place_blocks, filled), against
+NumPy's whole-array add."""
 import math
 
 import ml_dtypes
@@ -89,3 +91,29 @@ def test_converted_gives_astypes_values_by_blocks(name, array, dtype, monkeypatc
     assert got.dtype == dtype and got.shape == array.shape
     as_bytes = lambda a: np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # (NaNs' bits too)
     np.testing.assert_array_equal(as_bytes(got), as_bytes(expected))
+
+
+@pytest.mark.parametrize("grad_dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("name, array", [(name, array) for name, array in _arrays_to_convert() if name != "float32"],
+                         ids=[name for name, _ in _arrays_to_convert() if name != "float32"])
+def test_sums_of_gradients_by_blocks_give_numpys_whole_array_add(name, array, grad_dtype, monkeypatch):
+    """A parameter's gradients that commit cannot add in place are summed by
+    blocks (_sum_into, Ctrl-C taken between them): in the gradient's own memory
+    when it has the buffer's dtype (in_place_blocks), else into a new array
+    (filled). Both must give NumPy's whole-array add rounded to the buffer's
+    dtype, and leave the buffer unwritten; blocks small enough here to take
+    many."""
+    from attnc.module import _sum_into
+    monkeypatch.setattr(_blocks, "_FILL_BLOCK", 97)
+    with np.errstate(over="ignore", invalid="ignore"):
+        buffer = np.ascontiguousarray(array).astype(np.float16)
+        grad = (np.ascontiguousarray(array[..., ::-1] if array.ndim else array) / 3).astype(grad_dtype)
+        expected = np.add(buffer, grad).astype(np.float16)
+        kept = buffer.copy()
+        got = _sum_into(buffer, grad, buffer.dtype)
+    if grad_dtype == "float16":
+        assert got is grad  # (summed in its memory)
+    assert got.dtype == np.float16 and got.shape == buffer.shape
+    as_bytes = lambda a: np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    np.testing.assert_array_equal(as_bytes(got), as_bytes(expected))
+    np.testing.assert_array_equal(as_bytes(buffer), as_bytes(kept))

@@ -767,6 +767,39 @@ def test_sigint_stops_the_conversion_of_a_gradient_between_blocks():
         assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
 
 
+def test_sigint_stops_the_sum_of_a_parameters_gradients_between_blocks():
+    """A gradient commit cannot add in place (a float16 or bfloat16 buffer, a
+    gradient of another dtype) is summed first, by NumPy: one add of a float16
+    (8192, 8192) gradient took 0.63 s here, the GIL held, Ctrl-C waiting for
+    all of it (2026-12-07). The sums are now made by blocks of 2**18 elements
+    (_sum_into, called here alone so that the SIGINTs land in it), in the
+    gradient's own memory or into a new array. The next sums must give NumPy's
+    whole-array add rounded to the buffer's dtype, over arrays of several
+    blocks, and leave the buffer unwritten."""
+    out = _run_child("""
+        import numpy as np
+        from attnc.module import _sum_into
+        buffer = np.full((8192, 8192), 0.5, np.float16)
+        # the sum in grad's memory (a float16 grad), then into a new array (a float32 one)
+        for grad in (np.full(buffer.shape, 0.25, np.float16), np.full(buffer.shape, 0.25, np.float32)):
+            for seconds in (0.01, 0.05):
+                print("delay", sigint_delay_from_outside(seconds, lambda: _sum_into(buffer, grad, buffer.dtype)),
+                      "at", seconds)
+        rng = np.random.default_rng(0)
+        buffer = rng.standard_normal((301, 1000)).astype(np.float16)  # 2 blocks
+        kept = buffer.copy()
+        for dtype in (np.float16, np.float32, np.float64):
+            grad = rng.standard_normal(buffer.shape).astype(dtype)
+            expected = np.add(buffer, grad).astype(np.float16)
+            np.testing.assert_array_equal(_sum_into(buffer, grad, buffer.dtype), expected)
+        np.testing.assert_array_equal(buffer, kept)
+        print("next sum ok")
+    """, timeout=300, sigint=True)
+    assert "next sum ok" in out
+    for delay, seconds in _delay_runs(out, 4):
+        assert delay < (1.0 if UNDER_ASAN else 0.08), f"KeyboardInterrupt {delay:.3f} s after SIGINT ({seconds} s in)"
+
+
 def test_sigint_stops_the_masks_conversion_between_blocks():
     """nn.MultiheadAttention turned its masks into one score bias by whole-array
     NumPy calls, the GIL held: a bool attn_mask to float64 scores, those to the
