@@ -103,7 +103,9 @@ else
     deselect=()
     for t in "${rss_tests[@]}"; do deselect+=(--deselect "$t"); done
     echo "== sanitize.sh: the suite under ASan+UBSan, but the RSS-growth tests"
-    run tests "${deselect[@]}"
+    # (its 25 longest tests listed: the suite is most of this lane's time, and this
+    # lane about half of CI's)
+    run tests "${deselect[@]}" --durations=25
 fi
 echo "sanitize.sh: pytest status $status after $((SECONDS - start)) s"
 reports=$(cat "$log".* 2> /dev/null | grep -c -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" || true)
