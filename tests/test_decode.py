@@ -28,24 +28,30 @@ def visible(L, S, window=None):
 def oracle(q, k, v, window=None, bias=None, keep=None):
     """float64 (out, weights, lse) of bottom-right causal GQA attention: query head h uses
     key/value head h // (H // Hkv); keep: dropout factors applied to the weights before V.
-    A row with no visible key gives out 0, weights 0 and lse -inf."""
+    A row with no visible key gives out 0, weights 0 and lse -inf. The query heads of a
+    key/value head are one axis of their own, against that head broadcast (not repeated), and
+    the scores are turned into the weights in place: at 32768 keys the repeated K and V and the
+    temporaries of the scores' size took 1.5 of this oracle's 1.8 s (2026-12-07)."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    group = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
-    L, S = q.shape[-2], k.shape[-2]
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    *lead, heads, L, E = q.shape
+    kv_heads, S = k.shape[-3], k.shape[-2]
+    by_kv_head = (*lead, kv_heads, heads // kv_heads, L)   # query head h: (h // group, h % group)
+    s = (q.reshape(*by_kv_head, E) @ np.swapaxes(k, -1, -2)[..., None, :, :]).reshape(*lead, heads, L, S)
+    s /= np.sqrt(E)
     if bias is not None:
         s = s + bias
-    s = s + np.where(visible(L, S, window), 0, -np.inf)   # a NaN score stays NaN, as in torch's math path
+    s += np.where(visible(L, S, window), 0, -np.inf)   # a NaN score stays NaN, as in torch's math path
     m = s.max(-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(s - m)
+    s -= m
+    e = np.exp(s, out=s)
     total = e.sum(-1, keepdims=True)
     weights = np.divide(e, total, out=np.zeros_like(e), where=total != 0)
     dropped = weights if keep is None else weights * keep
     with np.errstate(divide="ignore"):
         lse = (m + np.log(total))[..., 0]
-    return dropped @ v, weights, lse
+    out = dropped.reshape(*by_kv_head, S) @ v[..., None, :, :]
+    return out.reshape(*lead, heads, L, v.shape[-1]), weights, lse
 
 
 def normal(rng, shape, dtype):
