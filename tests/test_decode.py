@@ -30,12 +30,13 @@ def oracle(q, k, v, window=None, bias=None, keep=None):
     key/value head h // (H // Hkv); keep: dropout factors applied to the weights before V.
     A row with no visible key gives out 0, weights 0 and lse -inf. The query heads of a
     key/value head are one axis of their own, against that head broadcast (not repeated), and
-    the scores are turned into the weights in place: at 32768 keys the repeated K and V and the
-    temporaries of the scores' size took 1.5 of this oracle's 1.8 s (2026-12-07)."""
+    the scores are turned into the weights in place: at 32768 keys (float32 inputs) repeating K
+    and V took 0.96 s of this oracle's 1.77 s, exp(s - m) with its temporary 0.5 s (2026-12-07)."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     *lead, heads, L, E = q.shape
     kv_heads, S = k.shape[-3], k.shape[-2]
-    by_kv_head = (*lead, kv_heads, heads // kv_heads, L)   # query head h: (h // group, h % group)
+    group = heads // kv_heads
+    by_kv_head = (*lead, kv_heads, group, L)   # query head h: (h // group, h % group)
     s = (q.reshape(*by_kv_head, E) @ np.swapaxes(k, -1, -2)[..., None, :, :]).reshape(*lead, heads, L, S)
     s /= np.sqrt(E)
     if bias is not None:
