@@ -40,7 +40,7 @@ UNDER_ASAN = os.environ.get("ATTNC_SANITIZER") == "asan"
 # MiB of fresh output per call, read 0.11 s of CPU time past Ctrl-C in three grader CI runs,
 # the last after the work between two polls had been cut 16-fold: a delay that did not
 # shrink with the call's work (the likely cause, not reproduced here, where its delays read
-# 21-25 ms of CPU time, 4-16 ms of them system time). /proc/<pid>/stat counts it in clock
+# 21-25 ms of CPU time, 4-17 ms of them system time). /proc/<pid>/stat counts it in clock
 # ticks (10 ms), and Linux splits a thread's time into user and system by where its
 # scheduler ticks (4 ms) found it: a delay may be 10 ms or so off.
 _SIGINT_AFTER = """
